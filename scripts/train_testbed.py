@@ -156,37 +156,32 @@ def lm_example(prob: TestbedProblem, style: str) -> tuple[list[int], list[int]]:
     return prompt + target, [-100] * len(prompt) + target
 
 
-def _op_steps(prob: TestbedProblem, style: str) -> tuple[list[str], list[str], list[str]]:
-    """(opening steps, one step per operation, closing steps) of a style."""
-    steps = prob.steps(style)
-    return (steps[:1], steps[1:-1], steps[-1:]) if style == "verbose" else ([], steps[:-1], steps[-1:])
-
-
 def stitched_example(prob: TestbedProblem, style: str, rng: random.Random) -> tuple[list[int], list[int]]:
-    """A solution begun in the other model's style and finished in `style`.
+    """A solution begun by the other model, cut at any token, continued by a model of `style`.
 
-    R-Stitch hands positions between the models mid-solution, so each model must continue the
-    other's text: the context (no loss) is the first k operations in the other style, for the LLM
-    often cut inside the next concise step right before its result (where the SLM is unsure);
-    the target is the rest in `style`.
+    R-Stitch hands single tokens between the models mid-step, so each model must continue the
+    other's text wherever it stops. The LLM ("verbose") continues concise text concisely: it
+    adapts to the text it is given, so a stitched solution keeps one style. The SLM ("concise")
+    finishes a verbose step as written, then goes on concisely. Loss on the continuation only.
     """
-    other = "verbose" if style == "concise" else "concise"
-    head, ops, _ = _op_steps(prob, other)
-    own_head, own_ops, own_tail = _op_steps(prob, style)
-    k = rng.randrange(len(prob.ops))
-    context = STEP_SEPARATOR.join(head + ops[:k]) + (STEP_SEPARATOR if head or k else "")
-    rest = own_ops[k:] + own_tail
-    if style == "verbose" and rng.random() < 0.6:  # finish the SLM's half-written step concisely
-        step = ops[k]
-        cut = step.index("=") + 1
-        context, rest = context + step[:cut], [step[cut:]] + own_ops[k + 1:] + own_tail
-    prompt = render_prompt(tok, prob.problem)
-    text = prompt + context + STEP_SEPARATOR.join(rest)
+    if style == "verbose":
+        text, cut_lo, cut_hi = prob.solution("concise"), 1, None
+    else:
+        verbose = prob.steps("verbose")
+        i = rng.randrange(len(verbose))  # step the cut falls in: 0 opening, 1..n operations, n+1 closing
+        concise_rest = prob.steps("concise")[i:] if i <= len(prob.ops) else []
+        head = STEP_SEPARATOR.join(verbose[: i + 1])
+        cut_lo = len(STEP_SEPARATOR.join(verbose[:i])) + (len(STEP_SEPARATOR) if i else 0)
+        cut_hi = len(head)
+        text = STEP_SEPARATOR.join([head, *concise_rest])
+    prompt = tok.encode(render_prompt(tok, prob.problem), add_special_tokens=False)
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-    boundary = len(prompt) + len(context)
-    ids = enc["input_ids"] + [EOS]
-    labels = [t if start >= boundary else -100 for t, (start, _) in zip(enc["input_ids"], enc["offset_mapping"])]
-    return ids, labels + [EOS]
+    starts = [a for a, _ in enc["offset_mapping"]]
+    hi = len(text) if cut_hi is None else cut_hi
+    cuts = [j for j, a in enumerate(starts) if j >= 1 and cut_lo <= a < hi] or [len(starts)]
+    cut = rng.choice(cuts)
+    body = enc["input_ids"] + [EOS]
+    return prompt + body, [-100] * (len(prompt) + cut) + body[cut:]
 
 
 def mixed_steps(prob: TestbedProblem, rng: random.Random, corrupt: bool) -> list[str]:

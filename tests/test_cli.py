@@ -115,3 +115,16 @@ def test_wandb_offline_run_holds_the_pareto_point(tmp_path, tiny_pair, problems_
     offline_runs = list((tmp_path / "runs" / "wandb").glob("offline-run-*"))
     assert len(offline_runs) == 1, proc.stdout[-2000:]
     assert "accuracy" in proc.stdout and "latency_s" in proc.stdout
+
+
+def test_prm_group_feeds_the_prm_methods_and_their_run_key():
+    from rstitch.cli.run import compose_config
+    from rstitch.results.keys import run_tag
+
+    rsd_default, rsd_oracle = compose_config(["method=rsd"]), compose_config(["method=rsd", "prm=oracle"])
+    assert rsd_default["method"]["prm"]["name"] == "testbed" and rsd_oracle["method"]["prm"] == {"name": "oracle"}
+    assert "prm" not in rsd_oracle and run_tag(rsd_default) != run_tag(rsd_oracle)
+    rstitch = compose_config(["method=rstitch", "prm=oracle"])
+    assert "prm" not in rstitch and "prm" not in rstitch["method"]
+    with pytest.raises(SystemExit):
+        compose_config(["method=rsd", "prm=nope"])

@@ -141,8 +141,13 @@ def test_oracle_parses_testbed_problems_back():
         parsed = parse_problem(problem.problem)
         assert (parsed.start, parsed.ops, parsed.answer) == (problem.start, problem.ops, problem.answer)
     for text in ("What is 2 + 2?", "Start with 5. Divide by 2. What is the result?"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ConfigError, match="testbed problems only"):
             parse_problem(text)
+
+
+def test_shipped_testbed_prm_refuses_other_benchmarks():
+    with pytest.raises(ConfigError, match="testbed problems only"):
+        load_prm("testbed").score("What is 2 + 2?", ["2 + 2 = 4"])
 
 
 def test_oracle_scores_correct_steps_one_and_wrong_steps_zero():

@@ -39,8 +39,15 @@ def compose_config(overrides: list[str] = ()) -> dict:
     check_group_choices(list(overrides))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=list(overrides))
+    return _run_config(cfg)
+
+
+def _run_config(cfg: DictConfig) -> dict:
+    """Resolved config minus the groups that only feed interpolations (experiment; prm, which
+    the PRM-based methods read as method.prm and so is part of their run key)."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    resolved.pop("experiment", None)
+    for key in ("experiment", "prm"):
+        resolved.pop(key, None)
     return resolved
 
 
@@ -79,8 +86,7 @@ def app(cfg: DictConfig) -> None:
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        resolved = OmegaConf.to_container(cfg, resolve=True)
-        resolved.pop("experiment", None)
+        resolved = _run_config(cfg)
         logger = instantiate(resolved.pop("logger"))
         summary = run(resolved, run_dir, logger=logger, results_root=comparison_root(resolved.pop("results_root"), resolved))
     except ConfigError as err:

@@ -69,8 +69,15 @@ class TestbedPRM(HFProcessRewardModel):
         model, tokenizer = _load(path, "AutoModelForTokenClassification", device, dtype)
         super().__init__("testbed", tokenizer, getattr(model, model.base_model_prefix), model.score)
         self.separator = separator
+        self._checked: set[str] = set()
+        self._testbed_only = path == str(_testbed_prm_dir())  # the shipped PRM knows nothing else
 
     def encode(self, problem: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
+        if self._testbed_only and problem not in self._checked:
+            from rstitch.rewards.oracle import parse_problem
+
+            parse_problem(problem)
+            self._checked.add(problem)
         # Pieces are tokenized one by one: the testbed tokenizer isolates newline runs, so this
         # equals tokenizing the joined text, and a prefix of steps gives a prefix of ids.
         ids = self._ids(problem + "\n")

@@ -10,28 +10,31 @@ import re
 import time
 from typing import Sequence
 
+from rstitch.errors import ConfigError
 from rstitch.rewards.base import ProcessRewardModel
 from rstitch.testbed.task import TestbedProblem, check_steps, make_problem, problem_text
 
 _PROBLEM_RE = re.compile(r"^Start with (\d+)\. (.+)\. What is the result\?$")
 _OPERATION_RE = re.compile(r"^(add|subtract|multiply by) (\d+)$")
+_WHO = "testbed step checker / PRM"
 _OPS_BY_WORD = {"add": "+", "subtract": "-", "multiply by": "*"}
 
 
 def parse_problem(text: str) -> TestbedProblem:
-    """The testbed problem whose text is `text`; ValueError for any other text."""
+    """The testbed problem whose text is `text`; ConfigError for any other text (a testbed-only
+    scorer asked to score another benchmark)."""
     match = _PROBLEM_RE.match(text.strip())
     if match is None:
-        raise ValueError(f"not a testbed problem: {text[:80]!r}")
+        raise ConfigError(f"not a testbed problem (the {_WHO} scores testbed problems only; choose another prm): {text[:80]!r}")
     ops = []
     for phrase in match.group(2).split(", then "):
         op = _OPERATION_RE.match(phrase[:1].lower() + phrase[1:])
         if op is None:
-            raise ValueError(f"not a testbed operation: {phrase!r}")
+            raise ConfigError(f"not a testbed problem (the {_WHO} scores testbed problems only; choose another prm): {text[:80]!r}")
         ops.append((_OPS_BY_WORD[op.group(1)], int(op.group(2))))
     start = int(match.group(1))
     if problem_text(start, ops) != text.strip():  # round trip: no silently different parse
-        raise ValueError(f"not a testbed problem: {text[:80]!r}")
+        raise ConfigError(f"not a testbed problem (the {_WHO} scores testbed problems only; choose another prm): {text[:80]!r}")
     return make_problem(start, ops)
 
 
