@@ -27,6 +27,7 @@ WARMUP_TOKENS = 16
 def get_pair(pair_cfg: dict[str, Any], engine_cfg: dict[str, Any]) -> ModelPair:
     cache_key = json.dumps([pair_cfg, engine_cfg], sort_keys=True)
     if cache_key not in _PAIRS:
+        _PAIRS.clear()  # one pair at a time: a sweep over pairs must not keep every pair in (GPU) memory
         options = {k: v for k, v in engine_cfg.items() if k != "name"}
         _PAIRS[cache_key] = load_pair(
             pair_cfg["slm"], pair_cfg["llm"], engine=engine_cfg["name"],
@@ -144,6 +145,16 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
 
     wanted = {(r.id, k) for r in records for k in range(n_samples)}
     samples = [s for key, s in store.records.items() if key in wanted]
+    summary = summarize_run(cfg, method, samples, results_root if results_root is not None else Path(run_dir).parent)
+    store.write_summary(summary)
+    if logger is not None:
+        logger.finish(summary, samples)
+    return summary
+
+
+def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, Any]], results_root: str | Path) -> dict[str, Any]:
+    """summary.json of a run (or of merged shards): the common metrics, the method's own, and the
+    speedup over the `llm_only` run with the same comparison key under `results_root`."""
     summary = {
         "method": method.name,
         "pair": cfg["pair"]["name"],
@@ -154,11 +165,7 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
         "comparison_key": comparison_key(cfg),
         "config": cfg,
     }
-    root = results_root if results_root is not None else Path(run_dir).parent
-    summary["speedup"] = 1.0 if method.name == "llm_only" else find_speedup(summary, find_summaries(root))
-    store.write_summary(summary)
-    if logger is not None:
-        logger.finish(summary, samples)
+    summary["speedup"] = 1.0 if method.name == "llm_only" else find_speedup(summary, find_summaries(results_root))
     return summary
 
 

@@ -56,6 +56,7 @@ from rstitch.testbed.task import (  # noqa: E402
 )
 from rstitch.testbed.tokenizer import (  # noqa: E402
     build_tokenizer,
+    load_tokenizer,
     prm_text,
     render_judge_prompt,
     render_prompt,
@@ -71,7 +72,9 @@ p.add_argument("--threads", type=int, default=2)
 p.add_argument("--data-seed", type=int, default=None, help="seed of the training-problem stream (default: --seed)")
 p.add_argument("--only", default="slm,llm,prm", help="comma list of phases to train (the others are loaded from --out)")
 p.add_argument("--init-llm", type=Path, default=None, help="start the LLM from this checkpoint instead of a fresh init")
-p.add_argument("--prm-init", type=Path, default=None, help="initialise the PRM body from this causal-LM checkpoint (e.g. the LLM)")
+p.add_argument("--prm-init", default="llm",
+               help="PRM body: 'llm' (the LLM of this run: verifying a chain takes what writing it takes), "
+                    "'scratch' (--prm-layers/--prm-hidden), or a causal-LM checkpoint dir")
 p.add_argument("--prm-from", type=Path, default=None, help="with prm not in --only: evaluate the PRM of this dir")
 # model sizes
 p.add_argument("--slm-layers", type=int, default=2)
@@ -83,18 +86,20 @@ p.add_argument("--prm-hidden", type=int, default=96)
 # optimisation
 p.add_argument("--batch-size", type=int, default=16)
 p.add_argument("--lr", type=float, default=2e-3)
+p.add_argument("--lr-prm", type=float, default=5e-4, help="PRM learning rate (its body starts trained)")
 p.add_argument("--steps-slm", type=int, default=3000)
 p.add_argument("--steps-llm", type=int, default=4000)
 p.add_argument("--steps-prm", type=int, default=3000)
 p.add_argument("--minutes-slm", type=float, default=5.0)
 p.add_argument("--minutes-llm", type=float, default=38.0)
-p.add_argument("--minutes-prm", type=float, default=9.0)
+p.add_argument("--minutes-prm", type=float, default=22.0)
 p.add_argument("--judge-frac", type=float, default=0.2, help="fraction of LLM examples in the judge format")
-p.add_argument("--stitch-frac", type=float, default=0.0,
+p.add_argument("--stitch-frac", type=float, default=0.3,
                help="fraction of SLM/LLM examples that continue a solution begun in the other model's style")
+p.add_argument("--tokenizer", type=Path, default=None, help="use this tokenizer instead of training one (with --init-*)")
 p.add_argument("--init-slm", type=Path, default=None, help="start the SLM from this checkpoint instead of a fresh init")
 p.add_argument("--sample-slm", type=int, default=1024, help="training problems sampled from the SLM for judge/PRM data")
-p.add_argument("--sample-llm", type=int, default=96, help="training problems sampled from the LLM for PRM data")
+p.add_argument("--sample-llm", type=int, default=192, help="training problems sampled from the LLM for PRM data")
 p.add_argument("--eval-n", type=int, default=200, help="validation problems for the final evaluation")
 p.add_argument("--max-new-concise", type=int, default=120)
 p.add_argument("--max-new-verbose", type=int, default=400)
@@ -129,7 +134,11 @@ def log(msg: str) -> None:
 
 # ----------------------------------------------------------------------------- 1. tokenizer
 
-tok = build_tokenizer(OUT / "tokenizer")
+if args.tokenizer is not None:  # continuing from checkpoints: keep their token ids
+    tok = load_tokenizer(args.tokenizer)
+    tok.save_pretrained(str(OUT / "tokenizer"))
+else:
+    tok = build_tokenizer(OUT / "tokenizer")
 EOS, PAD = tok.eos_token_id, tok.pad_token_id
 DIGIT_IDS = [tok.convert_tokens_to_ids(str(d)) for d in range(10)]
 assert all(len(tok.encode(str(d), add_special_tokens=False)) == 1 for d in range(10))
@@ -277,6 +286,7 @@ def llama_config(layers: int, hidden: int, **kw) -> LlamaConfig:
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=4,
+        head_dim=32,  # vLLM's CPU attention takes head sizes 32, 64, 80, ... (not hidden / 4)
         max_position_embeddings=1024,
         rms_norm_eps=1e-5,
         rope_theta=10000.0,
@@ -303,8 +313,9 @@ def lr_at(step: int, total: int, base: float, time_frac: float = 0.0, warmup: in
     return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
-def train_loop(model, batches, steps: int, minutes: float, name: str, loss_fn, eval_fn=None) -> dict:
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
+def train_loop(model, batches, steps: int, minutes: float, name: str, loss_fn, eval_fn=None, lr: float | None = None) -> dict:
+    lr = args.lr if lr is None else lr
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     model.train()
     t0, ema, step = time.time(), None, 0
     for step in range(steps):
@@ -313,7 +324,7 @@ def train_loop(model, batches, steps: int, minutes: float, name: str, loss_fn, e
             log(f"{name}: time cap reached at step {step}")
             break
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, args.lr, time_frac)
+            g["lr"] = lr_at(step, steps, lr, time_frac)
         loss = loss_fn(model, next(batches))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -531,9 +542,10 @@ def prm_scores(model, items) -> tuple[list[float], list[bool]]:
 
 if "prm" in PHASES:
     torch.manual_seed(args.seed + 4)
-    if args.prm_init is not None:
-        prm = LlamaForTokenClassification.from_pretrained(args.prm_init, num_labels=1)
-        log(f"PRM: body initialised from {args.prm_init}")
+    if args.prm_init != "scratch":
+        body = OUT / "llm" if args.prm_init == "llm" else Path(args.prm_init)
+        prm = LlamaForTokenClassification.from_pretrained(body, num_labels=1)
+        log(f"PRM: body initialised from {body}")
     else:
         prm = LlamaForTokenClassification(llama_config(args.prm_layers, args.prm_hidden, num_labels=1))
     log(f"PRM: {prm.config.num_hidden_layers} layers, hidden {prm.config.hidden_size}, {n_params(prm) / 1e6:.3f}M params")
@@ -545,7 +557,7 @@ if "prm" in PHASES:
         return prm_example(q, steps, labels)
 
     batches = bucketed(prm_item, args.batch_size, rng)
-    REPORT["prm_train"] = train_loop(prm, batches, args.steps_prm, args.minutes_prm, "prm", prm_loss)
+    REPORT["prm_train"] = train_loop(prm, batches, args.steps_prm, args.minutes_prm, "prm", prm_loss, lr=args.lr_prm)
     REPORT["prm_train"]["params"] = n_params(prm)
     save(prm, "prm")
 else:

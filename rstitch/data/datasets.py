@@ -86,16 +86,22 @@ def load_dataset_records(
     ids: list[str] | None = None,
     shuffle_seed: int | None = None,
     revision: str | None = None,
+    shard: int = 0,
+    num_shards: int = 1,
     **options: Any,
 ) -> list[Record]:
     """Records of dataset ``name``, from the hub at its pinned revision or from ``path``.
 
     ``ids`` keeps only those records (in the order given), ``shuffle_seed`` shuffles
-    deterministically, then ``limit`` keeps the first ones. ``options`` are dataset-specific
-    (e.g. ``split`` and ``n`` for the testbed); an option set to None keeps its default.
+    deterministically, then ``limit`` keeps the first ones. Of that selection, shard ``shard`` of
+    ``num_shards`` keeps every ``num_shards``-th record from position ``shard``: the shards are
+    disjoint, cover the selection, and mix easy and hard problems when a benchmark is ordered by
+    difficulty. ``options`` are dataset-specific (e.g. ``split`` and ``n`` for the testbed); an
+    option set to None keeps its default.
     """
     spec = get_dataset_spec(name)
     _check_selection(limit, shuffle_seed)
+    _check_shard(shard, num_shards)
     resolved = _resolve_options(spec, {k: v for k, v in options.items() if v is not None})
     rows = _read_rows(spec, path, revision, resolved)
     records = _unique([_to_record(spec, row, index) for index, row in enumerate(rows)], spec.name)
@@ -105,7 +111,24 @@ def load_dataset_records(
         random.Random(shuffle_seed).shuffle(records)
     if limit is not None:
         records = records[:limit]
-    return records
+    return _shard_of(records, shard, num_shards, spec.name)
+
+
+def _shard_of(records: list[Record], shard: int, num_shards: int, dataset: str) -> list[Record]:
+    if num_shards > max(1, len(records)):
+        raise ConfigError(f"dataset.num_shards={num_shards} exceeds the {len(records)} records selected from '{dataset}'")
+    return records[shard::num_shards]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_shard(shard: Any, num_shards: Any) -> None:
+    if not _is_int(num_shards) or num_shards < 1:
+        raise ConfigError(f"dataset.num_shards must be an integer >= 1, got {num_shards!r}")
+    if not _is_int(shard) or not 0 <= shard < num_shards:
+        raise ConfigError(f"dataset.shard must be an integer in [0, {num_shards - 1}] (dataset.num_shards={num_shards}), got {shard!r}")
 
 
 def _check_selection(limit: Any, shuffle_seed: Any) -> None:

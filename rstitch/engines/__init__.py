@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,14 +13,21 @@ from rstitch.errors import ConfigError
 # name -> "module:Class"; imported lazily so an engine's heavy dependencies load only when used.
 ENGINES = {
     "hf": "rstitch.engines.hf:HFModelRunner",
+    "vllm": "rstitch.engines.vllm:VLLMModelRunner",
 }
+ROLES = ("slm", "llm")
 
 
 def load_model(engine: str, path: str, **options: Any) -> ModelRunner:
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine '{engine}'; valid: {', '.join(sorted(ENGINES))}")
-    module, cls = ENGINES[engine].split(":")
-    return getattr(importlib.import_module(module), cls)(path, **options)
+    module, name = ENGINES[engine].split(":")
+    cls = getattr(importlib.import_module(module), name)
+    try:
+        inspect.signature(cls).bind(path, **options)
+    except TypeError as err:  # an option this engine does not have
+        raise ConfigError(f"engine '{engine}': {err}") from None
+    return cls(path, **options)
 
 
 @dataclass
@@ -38,13 +46,20 @@ class ModelPair:
 
 
 def load_pair(slm: dict, llm: dict, engine: str = "hf", **shared: Any) -> ModelPair:
-    """Load both models (each a dict with `path` and optional `name`, per-model options)."""
+    """Load both models (each a dict with `path` and optional `name`, per-model options).
+    `shared` options apply to both, except `per_model: {slm: {...}, llm: {...}}`, whose entries
+    (e.g. an engine's memory share of each model) apply to one of them."""
     for spec in (slm, llm):  # fail on a bad path before spending time loading the other model
         if "path" not in spec:
             raise ConfigError(f"pair model {spec} has no path")
         check_model_path(spec["path"])
-    small = load_model(engine, **{**shared, **slm})
-    large = load_model(engine, **{**shared, **llm})
+    per_model = dict(shared.pop("per_model", None) or {})
+    unknown = sorted(set(per_model) - set(ROLES))
+    if unknown:
+        raise ConfigError(f"engine.per_model has unknown model keys {unknown}; valid: {', '.join(ROLES)}")
+    per_role = {role: dict(per_model.get(role) or {}) for role in ROLES}
+    small = load_model(engine, **{**shared, **per_role["slm"], **slm})
+    large = load_model(engine, **{**shared, **per_role["llm"], **llm})
     check_same_tokenizer(small, large)
     return ModelPair(small, large)
 

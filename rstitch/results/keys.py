@@ -6,12 +6,35 @@ import hashlib
 import json
 from typing import Any
 
+SHARD_KEYS = ("shard", "num_shards")
+
+
+def is_sharded(dataset: dict[str, Any]) -> bool:
+    """A run over one shard of the selected records (`dataset.num_shards > 1`). A malformed value
+    counts as unsharded here, so that naming the run directory never fails; loading the records
+    rejects it with one error line."""
+    count = dataset.get("num_shards")
+    return isinstance(count, int) and not isinstance(count, bool) and count > 1
+
+
+def dataset_key(dataset: dict[str, Any]) -> dict[str, Any]:
+    """The dataset options that identify a run. An unsharded run's key carries no shard fields, so
+    it is the key runs had before sharding existed, and the key of its shards once merged."""
+    if is_sharded(dataset):
+        return dict(dataset)
+    return {k: v for k, v in dataset.items() if k not in SHARD_KEYS}
+
+
+def unsharded(dataset: dict[str, Any]) -> dict[str, Any]:
+    """The dataset options of the whole selection a shard belongs to."""
+    return {**dataset, "shard": 0, "num_shards": 1}
+
 
 def comparison_key(cfg: dict[str, Any]) -> dict[str, Any]:
     return {
         "pair": cfg["pair"],
         "engine": cfg["engine"],
-        "dataset": cfg["dataset"],
+        "dataset": dataset_key(cfg["dataset"]),
         "prompt": cfg["prompt"],
         "max_new_tokens": cfg["max_new_tokens"],
         "decoding": cfg["decoding"],
@@ -28,6 +51,10 @@ def short_hash(obj: Any) -> str:
 
 
 def run_tag(cfg: dict[str, Any]) -> str:
-    """Readable and unique: the method's parameters, then a hash of the whole run key."""
-    params = "_".join(f"{k}={v}" for k, v in sorted(cfg["method"].items()) if k != "name" and not isinstance(v, (dict, list)))
-    return f"{params}_{short_hash(run_key(cfg))}" if params else short_hash(run_key(cfg))
+    """Readable and unique: the method's parameters, the shard (`shard=1of4`), then a hash of the
+    whole run key."""
+    params = [f"{k}={v}" for k, v in sorted(cfg["method"].items()) if k != "name" and not isinstance(v, (dict, list))]
+    dataset = cfg["dataset"]
+    if is_sharded(dataset):
+        params.append(f"shard={dataset.get('shard')}of{dataset['num_shards']}")
+    return "_".join([*params, short_hash(run_key(cfg))])

@@ -51,12 +51,7 @@ class SampleStore:
                 f.truncate(data.rfind(b"\n") + 1)
 
     def _read(self) -> Iterator[dict[str, Any]]:
-        if not self.path.exists():
-            return
-        with open(self.path) as f:
-            for line in f:
-                if line.strip():
-                    yield json.loads(line)
+        return iter_samples(self.path) if self.path.exists() else iter(())
 
     def done(self, problem_id: str, sample_index: int) -> bool:
         return (str(problem_id), sample_index) in self.records
@@ -78,9 +73,32 @@ class SampleStore:
         return path
 
 
+def iter_samples(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    """The records of a samples.jsonl file; a line that is not JSON is one error line naming it."""
+    with open(path) as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ConfigError(f"{path}:{number}: not a JSON sample ({err.msg})") from None
+
+
+def write_samples(run_dir: str | os.PathLike, samples: list[dict[str, Any]]) -> Path:
+    """Replace a run's samples.jsonl at once (a merge of shards): readers see the old file or the
+    whole new one, never a part."""
+    path = Path(run_dir) / SAMPLES_FILE
+    _atomic_write(path, "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))
+    return path
+
+
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 

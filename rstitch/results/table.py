@@ -5,6 +5,7 @@ import os
 
 import pandas as pd
 
+from rstitch.results.keys import is_sharded
 from rstitch.results.store import find_summaries
 
 COLUMNS = ("pair", "dataset", "method", "run_tag", "n_samples", "accuracy", "latency_s", "speedup", "tokens",
@@ -12,9 +13,12 @@ COLUMNS = ("pair", "dataset", "method", "run_tag", "n_samples", "accuracy", "lat
 
 
 def load_summaries(root: str | os.PathLike) -> pd.DataFrame:
-    """One row per run under `root`, with the method's parameters as `method.<name>` columns."""
+    """One row per run under `root`, with the method's parameters as `method.<name>` columns. Runs
+    over one shard of a dataset are left out: they are parts of a run (`rstitch-merge` makes it)."""
     rows = []
     for summary in find_summaries(root):
+        if is_sharded(summary.get("config", {}).get("dataset", {})):
+            continue
         row = {c: summary.get(c) for c in COLUMNS}
         params = summary.get("config", {}).get("method", {})
         row.update({f"method.{k}": v for k, v in params.items() if k != "name" and not isinstance(v, (dict, list))})

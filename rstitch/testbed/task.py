@@ -10,13 +10,14 @@ two-digit (or one-digit) number times a one-digit number.
 
 Two solution styles share the step separator "\\n\\n" and end in \\boxed{answer}:
 
-* ``concise`` (small-model style): one equation per step, carries done
-  internally::
+* ``concise`` (small-model style): one equation chain per step, splitting the
+  operand (or, for a product, the multiplicand) into tens and ones::
 
-      47 + 38 = 85\\n\\n85 * 6 = 510\\n\\n510 - 129 = 381\\n\\n\\boxed{381}
+      47 + 38 = 47 + 30 + 8 = 77 + 8 = 85\\n\\n85 * 6 = 80 * 6 + 5 * 6 = 480 + 30 = 510
+      \\n\\n...\\n\\n\\boxed{381}
 
-* ``verbose`` (large-model style): a restatement, the equation written as a
-  chain that splits the operand into tens and ones, and a check::
+* ``verbose`` (large-model style): the same chains, with an opening
+  restatement, a header per step, a check, and a closing sentence::
 
       We start with 47.\\n\\nAdding 38: 47 + 38 = 47 + 30 + 8 = 77 + 8 = 85.
       Check: 85 - 38 = 47.\\n\\n...\\n\\nSo the answer is \\boxed{381}.
@@ -169,7 +170,7 @@ class TestbedProblem:
     def steps(self, style: str = "concise") -> list[str]:
         vals = self.values
         if style == "concise":
-            out = [f"{vals[i]} {op} {b} = {vals[i + 1]}" for i, (op, b) in enumerate(self.ops)]
+            out = [" = ".join(_chain(vals[i], op, b)) for i, (op, b) in enumerate(self.ops)]
             return out + [f"\\boxed{{{self.answer}}}"]
         if style == "verbose":
             out = [f"We start with {self.start}."]
@@ -494,15 +495,15 @@ def corrupt_steps(
     if style == "verbose":
         steps.append(f"We start with {problem.start}.")
     for a, op, b, c in lines_ops:
-        if style == "concise":
-            steps.append(f"{a} {op} {b} = {c}")
+        true_c = _safe(a, op, b)
+        if true_c is not None and 0 <= true_c and (op != "*" or a < 100):
+            chain = _chain(a, op, b)
+            chain[-1] = str(c)  # the slip (if any) lands on the last link
         else:
-            true_c = _safe(a, op, b)
-            if true_c is not None and 0 <= true_c and (op != "*" or a < 100):
-                chain = _chain(a, op, b)
-                chain[-1] = str(c)  # the slip (if any) lands on the last link
-            else:
-                chain = [f"{a} {op} {b}", str(c)]
+            chain = [f"{a} {op} {b}", str(c)]
+        if style == "concise":
+            steps.append(" = ".join(chain))
+        else:
             steps.append(f"{_OP_GERUNDS[op]} {b}: {' = '.join(chain)}. Check: {c} {_INVERSE[op]} {b} = {a}.")
     box = f"\\boxed{{{final}}}"
     steps.append(box if style == "concise" else f"So the answer is {box}.")

@@ -1,0 +1,284 @@
+"""Runs of the results store as pandas frames: one row per run, or one row per sample.
+
+A run is a directory holding `summary.json` (and `samples.jsonl`). Runs are comparable when they
+share the comparison key (pair, engine, dataset options, prompt, budget, decoding, samples); the
+`comparison` column is a short hash of it, and `group` a readable label of the comparison.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+import yaml
+
+from rstitch.errors import ConfigError
+from rstitch.results.keys import comparison_key, is_sharded, short_hash
+from rstitch.results.store import SAMPLES_FILE, SUMMARY_FILE, iter_samples
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+BASELINE = "llm_only"
+# Methods listed first in tables, in this order; the others follow alphabetically.
+METHOD_ORDER = ("llm_only", "slm_only")
+# Token-level hybrids: the SLM writes a token unless the policy hands the position to the LLM.
+TOKEN_LEVEL = ("rstitch", "rstitch_plus", "random")
+
+RUN_METRICS = ("n_problems", "n_samples", "accuracy", "latency_s", "latency_median_s", "latency_estimate_s", "tokens",
+               "tokens_slm", "tokens_llm", "llm_token_share", "discarded_tokens", "switches", "flops")
+SAMPLE_COLUMNS = ("id", "sample_index", "correct", "latency_s", "latency_estimate_s", "tokens", "tokens_slm",
+                  "tokens_llm", "discarded_tokens", "switches", "finish_reason", "flops")
+TRACE_COLUMNS = ("output_token_ids", "token_sources")
+
+PathsLike = str | os.PathLike | Iterable[str | os.PathLike]
+
+
+def _as_paths(paths: PathsLike) -> list[Path]:
+    return [Path(paths)] if isinstance(paths, (str, os.PathLike)) else [Path(p) for p in paths]
+
+
+def find_run_dirs(paths: PathsLike) -> list[Path]:
+    """Every finished run (a directory with summary.json) under `paths`, each once."""
+    found: dict[Path, None] = {}
+    roots = _as_paths(paths)
+    if not roots:
+        raise ConfigError("no results directory given")
+    for root in roots:
+        if not root.is_dir():
+            raise ConfigError(f"no such results directory: {root}")
+        for summary in sorted(root.rglob(SUMMARY_FILE)):
+            found.setdefault(summary.parent.resolve(), None)
+    if not found:
+        raise ConfigError(f"no finished runs ({SUMMARY_FILE}) under {', '.join(map(str, roots))}")
+    return list(found)
+
+
+def unfinished_run_dirs(paths: PathsLike) -> list[Path]:
+    """Run directories with samples but no summary (killed or still running)."""
+    return sorted({p.parent.resolve() for root in _as_paths(paths) if root.is_dir()
+                   for p in root.rglob(SAMPLES_FILE) if not (p.parent / SUMMARY_FILE).exists()})
+
+
+def read_summary(run_dir: str | os.PathLike) -> dict[str, Any]:
+    summary = _read_json(Path(run_dir) / SUMMARY_FILE)
+    if "config" not in summary:
+        raise ConfigError(f"{Path(run_dir) / SUMMARY_FILE} has no config; rerun rstitch-run to rewrite it")
+    return summary
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"unreadable {path.name} in {path.parent}: {err}") from None
+
+
+def method_params(method_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The method's scalar knobs (nested options such as a PRM spec are left out, as in run tags)."""
+    return {k: v for k, v in method_cfg.items() if k != "name" and not isinstance(v, (dict, list))}
+
+
+def setting_label(params: Mapping[str, Any], keys: Iterable[str] | None = None) -> str:
+    """`k=v` for `keys` (all knobs by default); paths are shortened to their last component."""
+    keys = sorted(params) if keys is None else [k for k in params if k in set(keys)]
+    return " ".join(f"{k}={_short(params[k])}" for k in keys)
+
+
+def _short(value: Any) -> Any:
+    return Path(value).name if isinstance(value, str) and os.sep in value else value
+
+
+@functools.lru_cache(maxsize=None)
+def method_defaults(method: str) -> tuple[tuple[str, Any], ...]:
+    """The knobs of conf/method/<method>.yaml in file order (empty when not in this checkout)."""
+    path = CONF_DIR / "method" / f"{method}.yaml"
+    if not path.exists():
+        return ()
+    return tuple((k, v) for k, v in (yaml.safe_load(path.read_text()) or {}).items() if k != "name")
+
+
+def shown_knobs(method: str, params: Mapping[str, Any], varying: set[str]) -> list[str]:
+    """The knobs that tell a method's runs apart in tables and plots: those that vary among its
+    runs or differ from the config default; else its first (main) knob, e.g. tau or delta."""
+    defaults = dict(method_defaults(method))
+    keys = [k for k in params if k in varying or (k in defaults and defaults[k] != params[k])]
+    if keys or not params:
+        return keys
+    first = next((k for k, _ in method_defaults(method) if k in params), None)
+    return [first] if first is not None else sorted(params)[:1]
+
+
+def acceptance_of(method: str, summary: Mapping[str, Any]) -> tuple[float | None, str | None]:
+    """The share of the small model's proposals that were kept, and what was counted: drafted
+    steps (step-level methods), draft tokens (speculative decoding), or the SLM's share of the
+    output tokens (token-level hybrids, whose SLM proposes every position it holds)."""
+    if summary.get("acceptance_rate") is not None:
+        return float(summary["acceptance_rate"]), "steps"
+    if summary.get("spec_acceptance_rate") is not None:
+        return float(summary["spec_acceptance_rate"]), "draft tokens"
+    if method in TOKEN_LEVEL + METHOD_ORDER and summary.get("llm_token_share") is not None:
+        return 1.0 - float(summary["llm_token_share"]), "SLM token share"
+    return None, None
+
+
+def run_row(summary: Mapping[str, Any], config: Mapping[str, Any], run_dir: str | None = None) -> dict[str, Any]:
+    """One run as a frame row, from its summary metrics and its resolved config."""
+    method = config["method"]["name"]
+    params = method_params(config["method"])
+    acceptance, kind = acceptance_of(method, summary)
+    row = {
+        "pair": config["pair"]["name"], "dataset": config["dataset"]["name"], "method": method,
+        "setting_full": setting_label(params), "method_id": short_hash(config["method"]),
+        "budget": config.get("max_new_tokens"),
+        "comparison": short_hash(comparison_key(config)), "run_dir": run_dir,
+        **{k: summary.get(k) for k in RUN_METRICS},
+        "speedup_recorded": summary.get("speedup"),
+        "acceptance": acceptance, "acceptance_kind": kind, "params": params,
+    }
+    row.update({f"method.{k}": v for k, v in params.items()})
+    return row
+
+
+def runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Rows to the runs frame: speedups against the LLM-only run of each comparison, group labels, order."""
+    frame = pd.DataFrame(rows)
+    frame["setting"] = _settings(frame)
+    frame["speedup"] = _speedups(frame)
+    frame["group"] = _group_labels(frame)
+    order = frame["method"].map(method_rank)
+    frame = frame.assign(_order=order).sort_values(["pair", "dataset", "budget", "comparison", "_order", "latency_s"])
+    return frame.drop(columns="_order").reset_index(drop=True)
+
+
+def load_runs(paths: PathsLike) -> pd.DataFrame:
+    """One row per finished run under `paths` (results roots or run directories).
+
+    Columns: pair, dataset, method, setting (the method's knobs), budget (max_new_tokens),
+    comparison, group, run_dir, the run metrics of summary.json (accuracy, latency_s, tokens per
+    model, flops, ...), speedup (Lat(llm_only) / Lat(run) within the comparison; the recorded
+    value when the LLM-only run is not among `paths`), acceptance and acceptance_kind, params
+    (a dict) and one `method.<knob>` column per knob. Shard runs are left out: they are parts of
+    a run (`rstitch-merge` combines them).
+    """
+    rows = []
+    for run_dir in find_run_dirs(paths):
+        summary = read_summary(run_dir)
+        if not is_sharded(summary["config"]["dataset"]):
+            rows.append(run_row(summary, summary["config"], str(run_dir)))
+    if not rows:
+        raise ConfigError("only shard runs found; combine them with rstitch-merge first")
+    return runs_frame(rows)
+
+
+def _settings(frame: pd.DataFrame) -> pd.Series:
+    settings = pd.Series("", index=frame.index, dtype=object)
+    for method, runs in frame.groupby("method"):
+        keys = set().union(*(p.keys() for p in runs["params"]))
+        varying = {k for k in keys if len({repr(p.get(k)) for p in runs["params"]}) > 1}
+        for index, params in runs["params"].items():
+            settings[index] = setting_label(params, shown_knobs(method, params, varying))
+    # Configurations that differ only in nested options (e.g. the PRM) keep apart by their hash.
+    clash = frame.assign(s=settings).groupby(["method", "s"])["method_id"].transform("nunique") > 1
+    return settings.where(~clash, settings + " [" + frame["method_id"] + "]")
+
+
+def method_rank(method: str) -> tuple[int, str]:
+    return (METHOD_ORDER.index(method), "") if method in METHOD_ORDER else (len(METHOD_ORDER), method)
+
+
+def _speedups(frame: pd.DataFrame) -> pd.Series:
+    baseline = frame[frame["method"] == BASELINE].groupby("comparison")["latency_s"].min()
+    measured = frame["comparison"].map(baseline) / frame["latency_s"]
+    return measured.where(measured.notna(), frame["speedup_recorded"]).astype(float)
+
+
+def _group_labels(frame: pd.DataFrame) -> pd.Series:
+    """`pair / dataset / budget N`, plus the comparison hash where one label would cover several
+    comparisons (e.g. two dataset limits)."""
+    base = frame["pair"] + " / " + frame["dataset"] + " / budget " + frame["budget"].astype(str)
+    ambiguous = frame.groupby(base)["comparison"].transform("nunique") > 1
+    return base.where(~ambiguous, base + " [" + frame["comparison"] + "]")
+
+
+def dataset_labels(runs: pd.DataFrame) -> pd.Series:
+    """Dataset names as table columns: with the comparison hash when a (pair, dataset, budget)
+    holds several comparisons."""
+    keys = [runs["pair"], runs["dataset"], runs["budget"]]
+    ambiguous = runs.groupby(keys)["comparison"].transform("nunique") > 1
+    return runs["dataset"].where(~ambiguous, runs["dataset"] + " [" + runs["comparison"] + "]")
+
+
+# --------------------------------------------------------------------------- samples
+
+
+def load_samples(runs: pd.DataFrame, traces: bool = False) -> pd.DataFrame:
+    """One row per (run, problem, sample) of the runs in `runs`, with the run's identifying columns.
+    `traces` adds the output token ids and the model that wrote each (0 SLM, 1 LLM), and `stats`."""
+    run_columns = ["run_dir", "pair", "dataset", "method", "setting", "budget", "comparison", "group"]
+    wanted = list(SAMPLE_COLUMNS) + (list(TRACE_COLUMNS) + ["stats"] if traces else [])
+    rows = []
+    for run in runs[run_columns].to_dict("records"):
+        for record in read_samples(Path(run["run_dir"])):
+            rows.append({**run, **{k: record.get(k) for k in wanted}})
+    return pd.DataFrame(rows, columns=run_columns + wanted)
+
+
+def read_samples(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    path = Path(run_dir) / SAMPLES_FILE
+    if not path.exists():
+        raise ConfigError(f"{run_dir} has a summary but no {SAMPLES_FILE}")
+    return list(iter_samples(path))
+
+
+def paired_with_baseline(samples: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
+    """Each sample of a non-baseline run next to the baseline's sample of the same problem in the
+    same comparison: per-sample `speedup` (baseline latency / latency), `token_reduction`
+    (1 - tokens / baseline tokens) and `outcome` (both correct, both wrong, or which one is)."""
+    base = samples[samples["method"] == baseline]
+    keys = ["comparison", "id", "sample_index"]
+    base = base[keys + ["latency_s", "tokens", "correct"]].rename(
+        columns={"latency_s": "baseline_latency_s", "tokens": "baseline_tokens", "correct": "baseline_correct"})
+    if base.duplicated(keys).any():
+        raise ConfigError(f"several '{baseline}' runs share one comparison; pass one of them")
+    paired = samples[samples["method"] != baseline].merge(base, on=keys, how="inner")
+    paired["speedup"] = paired["baseline_latency_s"] / paired["latency_s"]
+    paired["token_reduction"] = 1.0 - paired["tokens"] / paired["baseline_tokens"]
+    paired["outcome"] = [outcome(bool(c), bool(b), baseline) for c, b in zip(paired["correct"], paired["baseline_correct"])]
+    return paired
+
+
+def outcome(correct: bool, baseline_correct: bool, baseline: str = BASELINE) -> str:
+    if correct and baseline_correct:
+        return "both correct"
+    if not correct and not baseline_correct:
+        return "both wrong"
+    return "only this method correct" if correct else f"only {baseline} correct"
+
+
+# --------------------------------------------------------------------------- W&B
+
+
+def runs_from_wandb(wandb_runs: Iterable[Any]) -> pd.DataFrame:
+    """The runs frame from W&B runs (objects with `.config`, `.summary` and `.url`, as
+    `wandb.Api().runs(...)` returns): `WandbLogger` stores the resolved config and the run metrics.
+    Runs without a method config (e.g. sweep summaries) and shard runs are left out; run_dir holds
+    the run's URL."""
+    rows = []
+    for run in wandb_runs:
+        config, summary = dict(run.config), dict(run.summary)
+        if not isinstance(config.get("method"), Mapping) or "pair" not in config or is_sharded(config["dataset"]):
+            continue
+        rows.append(run_row(summary, config, getattr(run, "url", None)))
+    if not rows:
+        raise ConfigError("no rstitch runs (with a method config) among the W&B runs")
+    return runs_frame(rows)
+
+
+def load_wandb_runs(project: str, entity: str | None = None, filters: dict | None = None) -> pd.DataFrame:
+    """The runs frame of a W&B project (needs network access and an API key)."""
+    import wandb
+
+    path = f"{entity}/{project}" if entity else project
+    return runs_from_wandb(wandb.Api().runs(path, filters=filters))

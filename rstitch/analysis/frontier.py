@@ -1,0 +1,98 @@
+"""Pareto frontiers on (latency, accuracy) and the speedup of one method over another at matched
+accuracy (how Arbitrage compares curves: at an accuracy both reach, the ratio of the latencies
+each needs to reach it)."""
+from __future__ import annotations
+
+import pandas as pd
+
+from rstitch.analysis.collect import BASELINE, METHOD_ORDER
+from rstitch.errors import ConfigError
+from rstitch.results.table import pareto_front
+
+LATENCY_COLUMNS = ("latency_s", "latency_estimate_s", "latency_median_s")
+# Accuracies are means over samples; two that differ by less than this are the same level.
+ACCURACY_TOLERANCE = 1e-9
+
+
+def check_latency_column(runs: pd.DataFrame, latency: str) -> None:
+    if latency not in LATENCY_COLUMNS:
+        raise ConfigError(f"unknown latency column '{latency}'; valid: {', '.join(LATENCY_COLUMNS)}")
+    if runs[latency].isna().any():
+        missing = runs.loc[runs[latency].isna(), "run_dir"].iloc[0]
+        raise ConfigError(f"runs without {latency} (e.g. {missing}); choose another latency column")
+
+
+def mark_frontier(runs: pd.DataFrame, latency: str = "latency_s") -> pd.DataFrame:
+    """`runs` with `on_frontier`: no run of the same comparison group (all methods) is at least as
+    accurate and faster, or more accurate and as fast."""
+    check_latency_column(runs, latency)
+    marked = runs.copy()
+    marked["on_frontier"] = False
+    for _, group in runs.groupby("comparison"):
+        marked.loc[pareto_front(group, latency=latency).index, "on_frontier"] = True
+    return marked
+
+
+def latency_to_reach(points: pd.DataFrame, accuracy: float, latency: str = "latency_s") -> float:
+    """The lowest latency among `points` whose accuracy is at least `accuracy` (inf if none)."""
+    reached = points[points["accuracy"] >= accuracy - ACCURACY_TOLERANCE]
+    return float(reached[latency].min()) if len(reached) else float("inf")
+
+
+def speedup_at_matched_accuracy(runs: pd.DataFrame, method: str, baseline: str, latency: str = "latency_s") -> pd.DataFrame:
+    """Per comparison group holding both methods, one row per accuracy level both reach (the
+    accuracies of either method's points up to the lower of their best): the latency each
+    method needs to reach it, and `speedup` = baseline latency / method latency.
+
+    Latency as a function of accuracy is the step function of the measured points (no
+    interpolation between runs), so every number is a measured run's latency.
+    """
+    check_latency_column(runs, latency)
+    rows = []
+    for comparison, group in runs.groupby("comparison", sort=False):
+        ours, theirs = group[group["method"] == method], group[group["method"] == baseline]
+        if ours.empty or theirs.empty:
+            continue
+        top = min(ours["accuracy"].max(), theirs["accuracy"].max())
+        levels = sorted({a for a in pd.concat([ours["accuracy"], theirs["accuracy"]]) if a <= top + ACCURACY_TOLERANCE})
+        for level in levels:
+            lat_ours, lat_theirs = latency_to_reach(ours, level, latency), latency_to_reach(theirs, level, latency)
+            rows.append({"group": group["group"].iloc[0], "comparison": comparison, "method": method,
+                         "baseline": baseline, "accuracy": level, "latency": lat_ours,
+                         "baseline_latency": lat_theirs, "speedup": lat_theirs / lat_ours})
+    return pd.DataFrame(rows, columns=["group", "comparison", "method", "baseline", "accuracy", "latency",
+                                       "baseline_latency", "speedup"])
+
+
+def curve_pairs(runs: pd.DataFrame) -> list[tuple[str, str]]:
+    """The comparisons worth reporting: every method against LLM-only, and every two methods that
+    both have a curve (two or more runs) in some group."""
+    present = list(dict.fromkeys(runs["method"]))
+    pairs = [(m, BASELINE) for m in present if m not in METHOD_ORDER and BASELINE in present]
+    curves = runs.groupby(["comparison", "method"]).size()
+    for (comparison, method), count in curves.items():
+        others = curves[comparison]
+        for other, other_count in others.items():
+            if method != other and count > 1 and other_count > 1 and (method, other) not in pairs:
+                pairs.append((method, other))
+    return pairs
+
+
+def matched_speedup_summary(runs: pd.DataFrame, pairs: list[tuple[str, str]] | None = None,
+                            latency: str = "latency_s") -> pd.DataFrame:
+    """For each group and (method, baseline) pair present in it: the speedup at the highest
+    accuracy both reach (`top_accuracy`, `speedup_at_top`) and the largest speedup over all
+    matched levels (`max_speedup` at `max_speedup_accuracy`). `pairs` defaults to `curve_pairs`."""
+    rows = []
+    for method, baseline in pairs if pairs is not None else curve_pairs(runs):
+        if method == baseline:
+            raise ConfigError(f"cannot compare method '{method}' with itself")
+        curve = speedup_at_matched_accuracy(runs, method, baseline, latency)
+        for (group, comparison), levels in curve.groupby(["group", "comparison"], sort=False):
+            top = levels.loc[levels["accuracy"].idxmax()]
+            best = levels.loc[levels["speedup"].idxmax()]
+            rows.append({"group": group, "comparison": comparison, "method": method, "baseline": baseline,
+                         "top_accuracy": top["accuracy"], "speedup_at_top": top["speedup"],
+                         "max_speedup": best["speedup"], "max_speedup_accuracy": best["accuracy"]})
+    return pd.DataFrame(rows, columns=["group", "comparison", "method", "baseline", "top_accuracy", "speedup_at_top",
+                                       "max_speedup", "max_speedup_accuracy"])

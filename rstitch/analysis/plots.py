@@ -1,0 +1,225 @@
+"""The papers' figures from our runs, as matplotlib Figures (no pyplot state, so they render the
+same in scripts, reports and notebooks; a notebook displays a returned Figure).
+
+- `accuracy_latency_figure`: accuracy vs latency per method, the Pareto frontier marked, random
+  routing as grey crosses (R-Stitch Fig. 4).
+- `accuracy_acceptance_figure`: accuracy vs acceptance rate (Arbitrage Fig. 4).
+- `sample_speedup_figure`: per-problem speedup bars coloured by correctness outcome, with the
+  token-reduction curve (R-Stitch Fig. 6).
+- `entropy_figure`: mean entropy of correct vs incorrect traces as violins, and the token
+  entropy histogram (R-Stitch Fig. 3).
+- `speedup_consistency_figure`: speculative decoding's speedup vs token consistency (R-Stitch Fig. 1a).
+"""
+from __future__ import annotations
+
+import io
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from rstitch.analysis.collect import BASELINE, method_rank
+from rstitch.analysis.frontier import check_latency_column, mark_frontier
+
+LATENCY_LABELS = {
+    "latency_s": "mean latency per problem (s, wall clock)",
+    "latency_median_s": "median latency per problem (s, wall clock)",
+    "latency_estimate_s": "mean latency per problem (s, latency model)",
+}
+OUTCOME_COLORS = {"both correct": "#2ca02c", "only this method correct": "#1f77b4",
+                  f"only {BASELINE} correct": "#d62728", "both wrong": "#9e9e9e"}
+RANDOM = "random"
+
+
+MARKERS = "osD^vP*X"
+
+
+def method_styles(methods: Iterable[str]) -> dict[str, tuple[str, str]]:
+    """A (colour, marker) per method, by table order among `methods` (pass every method of the
+    runs, so that one method looks the same in all figures of a report); the marker keeps
+    coinciding points of two methods visible."""
+    ordered = sorted(set(methods), key=method_rank)
+    return {m: (f"C{i % 10}", MARKERS[i % len(MARKERS)]) for i, m in enumerate(ordered)}
+
+
+def _figure(width: float = 7.0, height: float = 4.2) -> tuple[Figure, object]:
+    fig = Figure(figsize=(width, height), layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def png_bytes(fig: Figure, dpi: int = 130) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()
+
+
+def _log_x_if_wide(ax, values: pd.Series) -> None:
+    """Latencies of SLM-only and LLM-only runs can be an order of magnitude apart."""
+    positive = values[values > 0]
+    if len(positive) and positive.max() / positive.min() > 20:
+        ax.set_xscale("log")
+
+
+def _accuracy_axis(ax, accuracies: pd.Series) -> None:
+    ax.set_ylabel("accuracy (%)")
+    top = float(accuracies.max()) * 100 if len(accuracies) else 100
+    ax.set_ylim(-3, min(103, max(10, top * 1.1 + 5)))
+    ax.grid(alpha=0.3)
+
+
+def accuracy_latency_figure(runs: pd.DataFrame, group: str, latency: str = "latency_s") -> Figure:
+    """One comparison group: a line per method through its runs (by latency), random routing as
+    crosses, and the frontier over all methods as a dashed step line with ringed points."""
+    points = runs[runs["group"] == group]
+    if "on_frontier" not in points:
+        points = mark_frontier(points, latency)
+    check_latency_column(points, latency)
+    styles = method_styles(runs["method"])
+    fig, ax = _figure()
+    for method, mine in sorted(points.groupby("method"), key=lambda item: method_rank(item[0])):
+        mine = mine.sort_values(latency)
+        if method == RANDOM:
+            ax.scatter(mine[latency], mine["accuracy"] * 100, marker="x", s=40, color="grey", label="random routing", zorder=3)
+        else:
+            color, marker = styles[method]
+            ax.plot(mine[latency], mine["accuracy"] * 100, ls="-" if len(mine) > 1 else "", marker=marker, color=color,
+                    label=method, ms=6, alpha=0.85, zorder=3)
+    front = points[points["on_frontier"]].sort_values(latency)
+    ax.step(front[latency], front["accuracy"] * 100, "k--", where="post", lw=1, alpha=0.6, zorder=2)
+    ax.scatter(front[latency], front["accuracy"] * 100, s=160, facecolors="none", edgecolors="black", lw=1.2,
+               label="Pareto frontier", zorder=4)
+    for _, run in front.iterrows():
+        if run["setting"]:
+            ax.annotate(run["setting"], (run[latency], run["accuracy"] * 100), textcoords="offset points",
+                        xytext=(6, 6), fontsize=7)
+    _log_x_if_wide(ax, points[latency])
+    ax.set_xlabel(LATENCY_LABELS[latency])
+    _accuracy_axis(ax, points["accuracy"])
+    ax.set_title(group, fontsize=10)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
+    return fig
+
+
+def accuracy_acceptance_figure(runs: pd.DataFrame, group: str) -> Figure:
+    """Accuracy vs the share of the small model's proposals kept, one line per method (the legend
+    says what each counts: drafted steps, draft tokens, or the SLM's token share)."""
+    points = runs[(runs["group"] == group) & runs["acceptance"].notna()]
+    styles = method_styles(runs["method"])
+    fig, ax = _figure()
+    for method, mine in sorted(points.groupby("method"), key=lambda item: method_rank(item[0])):
+        mine = mine.sort_values("acceptance")
+        color, marker = styles[method]
+        ax.plot(mine["acceptance"] * 100, mine["accuracy"] * 100, ls="-" if len(mine) > 1 else "", marker=marker,
+                color=color, label=f"{method} ({mine['acceptance_kind'].iloc[0]})", ms=6, alpha=0.85)
+    ax.set_xlabel("acceptance rate (%): small-model proposals kept")
+    ax.set_xlim(-3, 103)
+    _accuracy_axis(ax, points["accuracy"])
+    ax.set_title(group, fontsize=10)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
+    return fig
+
+
+def sample_speedup_figure(paired: pd.DataFrame, title: str) -> Figure:
+    """One run's problems (from `paired_with_baseline`), sorted by speedup: bars of the speedup
+    over the baseline coloured by who was correct, and the token reduction on the right axis."""
+    ordered = paired.sort_values("speedup", ascending=False).reset_index(drop=True)
+    fig, ax = _figure(7.5, 4.4)
+    x = np.arange(len(ordered))
+    ax.bar(x, ordered["speedup"], color=[OUTCOME_COLORS[o] for o in ordered["outcome"]], width=0.8)
+    ax.axhline(1.0, color="black", lw=0.8, ls=":")
+    ax.set_xlabel("problem (sorted by speedup)")
+    ax.set_ylabel(f"speedup over {BASELINE} (×)")
+    ax.set_xlim(-0.7, len(ordered) - 0.3)
+    if len(ordered) > 40:
+        ax.set_xticks([])
+    else:
+        ax.set_xticks(x, [str(i + 1) for i in x], fontsize=7)
+    right = ax.twinx()
+    right.plot(x, ordered["token_reduction"] * 100, "k.-", lw=1, ms=5)
+    right.set_ylabel(f"token reduction vs {BASELINE} (%)")
+    handles = [Patch(color=c, label=o) for o, c in OUTCOME_COLORS.items() if o in set(ordered["outcome"])]
+    handles.append(Line2D([], [], color="black", marker=".", label="token reduction"))
+    ax.set_title(title, fontsize=10)
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+    return fig
+
+
+OUTCOME_SHADES = (("correct", True, "#2ca02c"), ("incorrect", False, "#d62728"))
+
+
+def _violin(ax, values: list[np.ndarray], labels: list[str], colors: list[str]) -> None:
+    """Violins where a density exists (two distinct values or more), the points always."""
+    rng = np.random.default_rng(0)
+    for position, (data, color) in enumerate(zip(values, colors), start=1):
+        if len(data) > 1 and np.ptp(data) > 0:
+            body = ax.violinplot([data], positions=[position], showmeans=True, widths=0.7)
+            for part in body["bodies"]:
+                part.set_facecolor(color)
+                part.set_alpha(0.35)
+            for key in ("cbars", "cmins", "cmaxes", "cmeans"):
+                body[key].set_color(color)
+        jitter = rng.uniform(-0.08, 0.08, size=len(data))
+        ax.scatter(position + jitter, data, s=10, color="black", alpha=0.6, zorder=3)
+    ax.set_xticks(range(1, len(values) + 1), labels)
+    ax.set_xlim(0.4, len(values) + 0.6)
+
+
+def entropy_figure(tokens: pd.DataFrame, title: str, thresholds: Iterable[float] = ()) -> Figure:
+    """From `traces.token_scores`: left, the mean normalized entropy per trace, correct vs
+    incorrect; right, the histogram of token entropies (log count) by trace outcome, with the
+    R-Stitch thresholds `thresholds` as dotted lines."""
+    from rstitch.analysis.traces import trace_entropy
+
+    traces = trace_entropy(tokens)
+    fig = Figure(figsize=(9, 4), layout="constrained")
+    left, right = fig.subplots(1, 2, width_ratios=[1, 1.6])
+    values = [traces.loc[traces["correct"] == flag, "mean_entropy"].to_numpy() for _, flag, _ in OUTCOME_SHADES]
+    _violin(left, values, [f"{name}\n(n={len(v)} traces)" for (name, _, _), v in zip(OUTCOME_SHADES, values)],
+            [color for _, _, color in OUTCOME_SHADES])
+    left.set_ylabel("mean normalized entropy per trace (H / log V)")
+    left.grid(alpha=0.3, axis="y")
+    bins = np.linspace(0.0, max(float(tokens["normalized_entropy"].max()), 1e-3), 41)
+    for name, flag, color in OUTCOME_SHADES:
+        data = tokens.loc[tokens["correct"] == flag, "normalized_entropy"]
+        right.hist(data, bins=bins, histtype="stepfilled", alpha=0.3, color=color)
+        right.hist(data, bins=bins, histtype="step", lw=1.2, color=color, label=f"tokens of {name} traces (n={len(data)})")
+    taus = sorted(thresholds)
+    for tau in taus:
+        right.axvline(tau, color="black", ls=":", lw=1)
+    if taus:
+        right.plot([], [], color="black", ls=":", lw=1, label="R-Stitch τ = " + ", ".join(f"{t:g}" for t in taus))
+    right.set_yscale("log")
+    right.set_xlabel("normalized entropy per token (H / log V)")
+    right.set_ylabel("tokens (count, log scale)")
+    right.legend(fontsize=8, frameon=False)
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def speedup_consistency_figure(points: pd.DataFrame, runs: pd.DataFrame, methods: Iterable[str] | None = None) -> Figure:
+    """From `speedup_vs_consistency`: each problem as a small dot, each run (pooled consistency,
+    run speedup) as a large marker, per speculative method (styled among `methods`, default the
+    methods plotted)."""
+    styles = method_styles(runs["method"] if methods is None else methods)
+    fig, ax = _figure()
+    for method, mine in sorted(points.groupby("method"), key=lambda item: method_rank(item[0])):
+        color, marker = styles[method]
+        ax.scatter(mine["consistency"] * 100, mine["speedup"], s=14, alpha=0.5, color=color, marker=marker)
+    for method, mine in sorted(runs.groupby("method"), key=lambda item: method_rank(item[0])):
+        color, marker = styles[method]
+        ax.scatter(mine["consistency"] * 100, mine["speedup"], s=110, color=color, marker=marker, edgecolors="black",
+                   alpha=0.85, label=f"{method} (run)", zorder=3)
+    ax.axhline(1.0, color="black", lw=0.8, ls=":")
+    ax.set_xlabel("token consistency (%): SLM greedy token = LLM token")
+    ax.set_ylabel(f"speedup over {BASELINE} (×)")
+    ax.set_xlim(-3, 103)
+    ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    handles.append(Line2D([], [], ls="", marker="o", ms=4, color="grey", alpha=0.5))
+    labels.append("one problem")
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
+    ax.set_title(", ".join(sorted(set(points["group"]))), fontsize=10)
+    return fig

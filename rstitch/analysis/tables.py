@@ -1,0 +1,262 @@
+"""Tables in the papers' layouts, rendered as Markdown or LaTeX (booktabs).
+
+- `accuracy_latency_tables`: R-Stitch Table 1, Acc / Lat / Spd per dataset and method, one table
+  per pair and budget.
+- `token_tables`: R-Stitch's token tables, LLM / SLM / total tokens and the reduction of the total
+  against LLM-only, per dataset.
+- `benchmark_accuracy_tables`: RSD Table 2, accuracy per benchmark, the average, and its
+  difference to the target-only (`llm_only`) row.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pandas as pd
+
+from rstitch.analysis.collect import BASELINE, dataset_labels, method_rank
+
+Formatter = Callable[[Any], tuple[str, str]]  # value -> (markdown, latex)
+
+
+def _number(fmt: str, suffix_md: str = "", suffix_tex: str = "") -> Formatter:
+    def render(value: Any) -> tuple[str, str]:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "-", "--"
+        text = fmt.format(value)
+        return text + suffix_md, text + suffix_tex
+
+    return render
+
+
+def _text(value: Any) -> tuple[str, str]:
+    text = "-" if value in (None, "") else str(value)
+    return text, latex_escape(text)
+
+
+FORMATS: dict[str, Formatter] = {
+    "text": _text,
+    "percent": _number("{:.1f}"),  # fractions are multiplied by 100 before formatting
+    "seconds": _number("{:.3f}"),
+    "speedup": _number("{:.2f}", "×", r"$\times$"),
+    "tokens": _number("{:.1f}"),
+    "count": _number("{:.0f}"),
+    "number": _number("{:.4f}"),
+    "delta": _number("{:+.1f}"),
+}
+
+
+def latex_escape(text: str) -> str:
+    for char, escaped in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"), ("#", r"\#"),
+                          ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("~", r"\textasciitilde{}"), ("^", r"\^{}"),
+                          ("Δ", r"$\Delta$"), ("τ", r"$\tau$"), ("×", r"$\times$")):
+        text = text.replace(char, escaped)
+    return text
+
+
+@dataclass
+class Column:
+    name: str
+    kind: str = "text"  # a FORMATS key
+    group: str | None = None  # the spanning header (a dataset)
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[Column]
+    rows: list[list[Any]] = field(default_factory=list)
+    note: str = ""
+
+    def cells(self, index: int) -> list[list[str]]:
+        """Formatted cells: index 0 for Markdown, 1 for LaTeX."""
+        return [[FORMATS[c.kind](v)[index] for c, v in zip(self.columns, row)] for row in self.rows]
+
+    def to_markdown(self) -> str:
+        header = [f"{c.group} {c.name}" if c.group else c.name for c in self.columns]
+        align = ["---" if c.kind == "text" else "---:" for c in self.columns]
+        lines = [f"**{self.title}**", "", _md_row(header), _md_row(align)]
+        lines += [_md_row(row) for row in self.cells(0)]
+        if self.note:
+            lines += ["", self.note]
+        return "\n".join(lines) + "\n"
+
+    def to_latex(self) -> str:
+        spec = "".join("l" if c.kind == "text" else "r" for c in self.columns)
+        lines = [r"\begin{table}[t]", r"\centering", f"\\caption{{{latex_escape(self.title)}}}",
+                 f"\\begin{{tabular}}{{{spec}}}", r"\toprule"]
+        spans = _spans(self.columns)
+        if any(group for group, _, _ in spans):
+            heads, rules = [], []
+            for group, start, width in spans:
+                heads.append(f"\\multicolumn{{{width}}}{{c}}{{{latex_escape(group)}}}" if group else "")
+                if group:
+                    rules.append(f"\\cmidrule(lr){{{start + 1}-{start + width}}}")
+            lines += [" & ".join(heads) + r" \\", " ".join(rules)]
+        lines.append(" & ".join(latex_escape(c.name) for c in self.columns) + r" \\")
+        lines.append(r"\midrule")
+        lines += [" & ".join(row) + r" \\" for row in self.cells(1)]
+        lines += [r"\bottomrule", r"\end{tabular}"]
+        if self.note:
+            lines.append(f"\\par\\smallskip{{\\footnotesize {latex_escape(self.note)}}}")
+        lines.append(r"\end{table}")
+        return "\n".join(lines) + "\n"
+
+    def to_html(self) -> str:
+        import html
+
+        head = "".join(f"<th>{html.escape(f'{c.group} {c.name}' if c.group else c.name)}</th>" for c in self.columns)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in self.cells(0))
+        note = f"<p class='note'>{html.escape(self.note)}</p>" if self.note else ""
+        return f"<h4>{html.escape(self.title)}</h4><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}"
+
+
+def _md_row(cells: list[str]) -> str:
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+def _spans(columns: list[Column]) -> list[tuple[str | None, int, int]]:
+    """Consecutive columns under one group header: (group, first index, width)."""
+    spans: list[tuple[str | None, int, int]] = []
+    for index, column in enumerate(columns):
+        if spans and column.group and spans[-1][0] == column.group:
+            group, start, width = spans[-1]
+            spans[-1] = (group, start, width + 1)
+        else:
+            spans.append((column.group, index, 1))
+    return spans
+
+
+# --------------------------------------------------------------------------- paper layouts
+
+
+def _row_key(run: pd.Series) -> tuple:
+    """Tables list llm_only and slm_only first, then methods by name, knobs in ascending order."""
+    params = tuple(sorted((k, (0, v) if isinstance(v, (int, float)) else (1, str(v))) for k, v in run["params"].items()))
+    return method_rank(run["method"]), params
+
+
+def _tables_per_pair_budget(runs: pd.DataFrame, build: Callable[[str, int, pd.DataFrame, list[str]], Table]) -> list[Table]:
+    runs = runs.assign(dataset_label=dataset_labels(runs))
+    tables = []
+    for (pair, budget), block in runs.groupby(["pair", "budget"], sort=True):
+        datasets = list(dict.fromkeys(block.sort_values("dataset_label")["dataset_label"]))
+        tables.append(build(pair, budget, block, datasets))
+    return tables
+
+
+def _method_rows(block: pd.DataFrame) -> list[tuple[tuple[str, str], dict[str, pd.Series]]]:
+    """(method, setting) in table order, with that configuration's run per dataset label."""
+    ordered = sorted((r for _, r in block.iterrows()), key=_row_key)
+    rows: dict[tuple[str, str], dict[str, pd.Series]] = {}
+    for run in ordered:
+        rows.setdefault((run["method"], run["setting"]), {})[run["dataset_label"]] = run
+    return list(rows.items())
+
+
+def _value(run: pd.Series | None, column: str, scale: float = 1.0) -> float | None:
+    if run is None or run[column] is None or pd.isna(run[column]):
+        return None
+    return float(run[column]) * scale
+
+
+def accuracy_latency_tables(runs: pd.DataFrame, latency: str = "latency_s") -> list[Table]:
+    """R-Stitch Table 1: per dataset, accuracy (%), mean latency (s) and speedup over LLM-only."""
+    def build(pair: str, budget: int, block: pd.DataFrame, datasets: list[str]) -> Table:
+        columns = [Column("Method"), Column("Setting")]
+        for d in datasets:
+            columns += [Column("Acc (%)", "percent", d), Column("Lat (s)", "seconds", d), Column("Spd", "speedup", d)]
+        table = Table(f"Accuracy, latency and speedup: {pair}, budget {budget} tokens", columns,
+                      note=f"Lat: mean {latency} per problem; Spd: Lat(llm_only) / Lat at the same comparison key.")
+        for (method, setting), by_dataset in _method_rows(block):
+            cells: list[Any] = [method, setting]
+            for d in datasets:
+                run = by_dataset.get(d)
+                speedup = None if run is None or pd.isna(run[latency]) else _speedup(block, run, latency)
+                cells += [_value(run, "accuracy", 100), _value(run, latency), speedup]
+            table.rows.append(cells)
+        return table
+
+    return _tables_per_pair_budget(runs, build)
+
+
+def _speedup(block: pd.DataFrame, run: pd.Series, latency: str) -> float | None:
+    if latency == "latency_s":
+        return _value(run, "speedup")
+    base = block[(block["comparison"] == run["comparison"]) & (block["method"] == BASELINE)]
+    if base.empty or pd.isna(base[latency].iloc[0]):
+        return None
+    return float(base[latency].iloc[0]) / float(run[latency])
+
+
+def token_tables(runs: pd.DataFrame) -> list[Table]:
+    """R-Stitch's token tables: mean output tokens written by the LLM and the SLM, their total,
+    and the reduction of the total against LLM-only (%)."""
+    def build(pair: str, budget: int, block: pd.DataFrame, datasets: list[str]) -> Table:
+        columns = [Column("Method"), Column("Setting")]
+        for d in datasets:
+            columns += [Column("LLM tok", "tokens", d), Column("SLM tok", "tokens", d), Column("Total", "tokens", d),
+                        Column("Red. (%)", "percent", d)]
+        table = Table(f"Output tokens per problem: {pair}, budget {budget} tokens", columns,
+                      note="Red.: 1 - total / total of llm_only at the same comparison key.")
+        baseline = block[block["method"] == BASELINE].set_index("comparison")["tokens"]
+        for (method, setting), by_dataset in _method_rows(block):
+            cells: list[Any] = [method, setting]
+            for d in datasets:
+                run = by_dataset.get(d)
+                base = None if run is None else baseline.get(run["comparison"])
+                reduction = None if base is None or run["tokens"] is None else 100 * (1 - run["tokens"] / base)
+                cells += [_value(run, "tokens_llm"), _value(run, "tokens_slm"), _value(run, "tokens"), reduction]
+            table.rows.append(cells)
+        return table
+
+    return _tables_per_pair_budget(runs, build)
+
+
+def benchmark_accuracy_tables(runs: pd.DataFrame) -> list[Table]:
+    """RSD Table 2: accuracy (%) per benchmark, the average over benchmarks, and its difference
+    to the target-only row (percentage points). A row missing a benchmark gets no average."""
+    def build(pair: str, budget: int, block: pd.DataFrame, datasets: list[str]) -> Table:
+        columns = [Column("Method"), Column("Setting")] + [Column(d, "percent") for d in datasets]
+        columns += [Column("Avg.", "percent"), Column(f"Δ vs {BASELINE}", "delta")]
+        table = Table(f"Accuracy (%) per benchmark: {pair}, budget {budget} tokens", columns,
+                      note="Avg. only over rows with every benchmark; Δ in percentage points.")
+        entries = []
+        for (method, setting), by_dataset in _method_rows(block):
+            accuracies = [_value(by_dataset.get(d), "accuracy", 100) for d in datasets]
+            average = None if None in accuracies else sum(accuracies) / len(accuracies)
+            entries.append((method, setting, accuracies, average))
+        target = next((avg for m, _, _, avg in entries if m == BASELINE), None)
+        for method, setting, accuracies, average in entries:
+            delta = None if average is None or target is None else average - target
+            table.rows.append([method, setting, *accuracies, average, delta])
+        return table
+
+    return _tables_per_pair_budget(runs, build)
+
+
+def runs_table(runs: pd.DataFrame, latency: str = "latency_s") -> Table:
+    """Every run: the accuracy-latency point, speedup, acceptance, LLM token share, frontier flag."""
+    columns = [Column("Group"), Column("Method"), Column("Setting"), Column("Acc (%)", "percent"),
+               Column("Lat (s)", "seconds"), Column("Spd", "speedup"), Column("Tokens", "tokens"),
+               Column("LLM share (%)", "percent"), Column("Acceptance (%)", "percent"), Column("Frontier")]
+    table = Table("Runs", columns, note=f"Lat: mean {latency} per problem. Acceptance: drafted steps kept (step-level "
+                                        "methods), draft tokens kept (speculative), else the SLM's token share.")
+    for _, run in runs.iterrows():
+        frontier = "yes" if run.get("on_frontier") else ""
+        table.rows.append([run["group"], run["method"], run["setting"], _value(run, "accuracy", 100), _value(run, latency),
+                           _value(run, "speedup"), _value(run, "tokens"), _value(run, "llm_token_share", 100),
+                           _value(run, "acceptance", 100), frontier])
+    return table
+
+
+def matched_speedup_table(summary: pd.DataFrame) -> Table:
+    columns = [Column("Group"), Column("Method"), Column("Baseline"), Column("Top matched acc (%)", "percent"),
+               Column("Spd at top", "speedup"), Column("Max spd", "speedup"), Column("at acc (%)", "percent")]
+    table = Table("Speedup at matched accuracy", columns,
+                  note="Latency each method needs to reach an accuracy both reach (measured runs, no interpolation).")
+    for _, r in summary.iterrows():
+        table.rows.append([r["group"], r["method"], r["baseline"], 100 * r["top_accuracy"], r["speedup_at_top"],
+                           r["max_speedup"], 100 * r["max_speedup_accuracy"]])
+    return table

@@ -1,0 +1,124 @@
+"""Token-level quantities of stored traces, computed by scoring them with a model of the run's pair.
+
+Samples store the output token ids but not per-token entropies, so these are recomputed: the
+run's prompt is rebuilt from its config (dataset record and prompt format), and one model of the
+pair scores prompt + output in forwards of `CHUNK` tokens (`Sequence.score`). That gives, at every
+output position, the scorer's entropy and whether its greedy token equals the stored one (token
+consistency, R-Stitch figure 1a, when the scorer is the SLM and the trace the LLM's).
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, Iterator
+
+import pandas as pd
+
+from rstitch.analysis.collect import BASELINE, read_samples, read_summary
+from rstitch.errors import ConfigError
+from rstitch.results.store import SAMPLES_FILE
+
+SCORERS = ("slm", "llm")
+CHUNK = 256  # tokens per scoring forward: bounds the logits kept at once (CHUNK x vocabulary)
+TOKEN_COLUMNS = ("run_dir", "method", "setting", "group", "comparison", "id", "sample_index", "correct", "position",
+                 "token", "source", "entropy", "normalized_entropy", "scorer_agrees")
+
+
+def _run_inputs(run: pd.Series) -> tuple[Any, dict[str, list[int]]]:
+    """The run's model pair (loaded once per configuration) and the prompt ids of its problems."""
+    from rstitch.data import load_dataset_records
+    from rstitch.data.prompts import PromptFormat
+    from rstitch.runner import get_pair
+
+    config = read_summary(run["run_dir"])["config"]
+    warn_if_models_changed(config["pair"], Path(run["run_dir"]))
+    pair = get_pair(config["pair"], config["engine"])
+    prompt = PromptFormat(**config["prompt"])
+    records = load_dataset_records(**config["dataset"])
+    prompts = {r.id: prompt.encode(pair.tokenizer, r.problem) for r in records}
+    return pair, prompts
+
+
+def warn_if_models_changed(pair_cfg: dict[str, Any], run_dir: Path) -> None:
+    """Scores are only the run's if the models are the ones that decoded it: warn when a local
+    model directory was written after the run's samples (e.g. retrained in place)."""
+    recorded = (run_dir / SAMPLES_FILE).stat().st_mtime
+    for key in ("slm", "llm"):
+        path = Path(str(pair_cfg[key].get("path", "")))
+        if path.is_dir() and max((f.stat().st_mtime for f in path.iterdir() if f.is_file()), default=0) > recorded:
+            warnings.warn(f"{path} changed after {run_dir} was recorded: its scores are of the new weights",
+                          stacklevel=2)
+
+
+def score_trace(runner: Any, prompt_ids: list[int], output_ids: list[int]) -> Iterator[tuple[float, float, int]]:
+    """(entropy in nats, normalized entropy, greedy token) of `runner` at each output position."""
+    sequence = runner.new_sequence(prompt_ids)
+    for start in range(0, len(output_ids), CHUNK):
+        chunk = output_ids[start:start + CHUNK]
+        for dist in sequence.score(chunk)[:-1]:  # the last one predicts the token after the chunk
+            yield dist.entropy, dist.normalized_entropy, dist.argmax
+
+
+def run_token_scores(run: pd.Series, scorer: str = "slm", max_samples: int | None = None) -> pd.DataFrame:
+    """One row per output token of the run's samples (the first `max_samples`), scored by the
+    run's `scorer` model: entropy (nats), normalized_entropy (H / log V, R-Stitch's tau scale),
+    scorer_agrees (its greedy token is the stored one), and which model wrote the token."""
+    if scorer not in SCORERS:
+        raise ConfigError(f"unknown scorer '{scorer}'; valid: {', '.join(SCORERS)}")
+    pair, prompts = _run_inputs(run)
+    runner = getattr(pair, scorer)
+    rows = []
+    for sample in read_samples(Path(run["run_dir"]))[:max_samples]:
+        if sample["id"] not in prompts:
+            raise ConfigError(f"{run['run_dir']}: problem {sample['id']} is not in the run's dataset any more")
+        tokens, sources = sample["output_token_ids"], sample["token_sources"]
+        scores = score_trace(runner, prompts[sample["id"]], tokens)
+        for position, ((entropy, normalized, greedy), token, source) in enumerate(zip(scores, tokens, sources)):
+            rows.append({"run_dir": run["run_dir"], "method": run["method"], "setting": run["setting"],
+                         "group": run["group"], "comparison": run["comparison"], "id": sample["id"],
+                         "sample_index": sample["sample_index"], "correct": bool(sample["correct"]),
+                         "position": position, "token": token, "source": "SLM" if source == 0 else "LLM",
+                         "entropy": entropy, "normalized_entropy": normalized, "scorer_agrees": greedy == token})
+    return pd.DataFrame(rows, columns=list(TOKEN_COLUMNS))
+
+
+def token_scores(runs: pd.DataFrame, scorer: str = "slm", max_samples: int | None = None) -> pd.DataFrame:
+    """`run_token_scores` over every run of `runs`."""
+    frames = [run_token_scores(run, scorer, max_samples) for _, run in runs.iterrows()]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(TOKEN_COLUMNS))
+
+
+def trace_entropy(tokens: pd.DataFrame) -> pd.DataFrame:
+    """Per trace (run, problem, sample): mean and max normalized entropy, token count, correctness."""
+    keys = ["run_dir", "method", "setting", "group", "id", "sample_index", "correct"]
+    return (tokens.groupby(keys, sort=False)["normalized_entropy"]
+            .agg(mean_entropy="mean", max_entropy="max", tokens="size").reset_index())
+
+
+def token_consistency(runs: pd.DataFrame, max_samples: int | None = None) -> pd.DataFrame:
+    """Per sample of each LLM-only run: the share of positions of its trace at which the SLM's
+    greedy token (same prefix) equals the LLM's (R-Stitch's token consistency). Under greedy
+    decoding the stored trace is the LLM's greedy trace."""
+    baseline = runs[runs["method"] == BASELINE]
+    if baseline.empty:
+        raise ConfigError(f"token consistency needs an {BASELINE} run")
+    tokens = token_scores(baseline, "slm", max_samples)
+    return (tokens.groupby(["comparison", "group", "id", "sample_index"], sort=False)["scorer_agrees"]
+            .agg(consistency="mean", positions="size").reset_index())
+
+
+def speedup_vs_consistency(runs: pd.DataFrame, paired: pd.DataFrame, consistency: pd.DataFrame,
+                           methods: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per problem and per run of the speculative methods (default: those whose acceptance counts
+    draft tokens): the speedup over LLM-only against the token consistency of that problem's
+    LLM trace. Run points pool consistency over positions and take the run's speedup."""
+    if methods is None:
+        methods = sorted(set(runs.loc[runs["acceptance_kind"] == "draft tokens", "method"]))
+    keys = ["comparison", "id", "sample_index"]
+    points = paired[paired["method"].isin(methods)].merge(consistency.drop(columns="group"), on=keys)
+    points = points[["run_dir", "method", "setting", "group", *keys, "consistency", "positions", "speedup"]]
+    weighted = points.assign(agree=points["consistency"] * points["positions"])
+    pooled = weighted.groupby("run_dir")[["agree", "positions"]].sum()
+    run_points = runs[runs["run_dir"].isin(pooled.index)][["run_dir", "method", "setting", "group", "speedup"]].copy()
+    run_points["consistency"] = run_points["run_dir"].map(pooled["agree"] / pooled["positions"])
+    return points.reset_index(drop=True), run_points.reset_index(drop=True)

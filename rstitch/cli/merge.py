@@ -1,0 +1,204 @@
+"""`rstitch-merge`: combine the shard runs of one configuration into one run.
+
+A sharded job (`dataset.shard=i dataset.num_shards=n`) writes its own run directory
+(`<params>_shard=iofn_<hash>`). Merging checks that the shards are the n shards of one
+configuration, that together they hold every (problem, sample) of the selection exactly once, and
+writes samples.jsonl and summary.json to the directory an unsharded run of that configuration
+uses, so that speedups, tables and a later unsharded run (which resumes there) all see one run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from rstitch.data import load_dataset_records
+from rstitch.errors import ConfigError
+from rstitch.results.keys import is_sharded, run_key, run_tag, unsharded
+from rstitch.results.store import (RUN_KEY_FILE, SAMPLES_FILE, SUMMARY_FILE, SampleStore, iter_samples, sample_key,
+                                   write_samples)
+
+MERGED_FROM_FILE = "merged_from.json"  # marks a run directory written by a merge (a re-merge may replace it)
+
+
+@dataclass
+class Shard:
+    dir: Path
+    key: dict[str, Any]      # run_key.json
+    config: dict[str, Any]   # the resolved config of summary.json
+
+    @property
+    def index(self) -> int:
+        return self.key["dataset"]["shard"]
+
+    @property
+    def count(self) -> int:
+        return self.key["dataset"]["num_shards"]
+
+
+@dataclass
+class MergePlan:
+    shards: list[Shard]
+    config: dict[str, Any]           # the unsharded configuration
+    samples: list[dict[str, Any]]    # in dataset order, as an unsharded run writes them
+    target: Path
+
+    @property
+    def method(self) -> str:
+        return self.config["method"]["name"]
+
+
+def read_shard(run_dir: str | Path) -> Shard:
+    run_dir = Path(run_dir)
+    key_file = run_dir / RUN_KEY_FILE
+    if not key_file.is_file():
+        raise ConfigError(f"{run_dir} is not a run directory (no {RUN_KEY_FILE})")
+    key = json.loads(key_file.read_text())
+    if not is_sharded(key.get("dataset", {})):
+        raise ConfigError(f"{run_dir} is not a shard run (its dataset.num_shards is 1)")
+    summary_file = run_dir / SUMMARY_FILE
+    if not summary_file.is_file():
+        raise ConfigError(f"{run_dir}: shard {key['dataset']['shard']} of {key['dataset']['num_shards']} has not "
+                          f"finished (no {SUMMARY_FILE}); rerun it, it resumes")
+    config = json.loads(summary_file.read_text()).get("config")
+    if not isinstance(config, dict):
+        raise ConfigError(f"{run_dir}/{SUMMARY_FILE} has no resolved config; rerun the shard to rewrite it")
+    return Shard(run_dir, key, config)
+
+
+def _without_shard_index(key: dict[str, Any]) -> dict[str, Any]:
+    return {**key, "dataset": {k: v for k, v in key["dataset"].items() if k != "shard"}}
+
+
+def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted paths of the leaves where two configs differ."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return [] if a == b else [prefix.rstrip(".") or "value"]
+    out: list[str] = []
+    for k in sorted(set(a) | set(b)):
+        out += _differences(a.get(k), b.get(k), f"{prefix}{k}.")
+    return out
+
+
+def check_one_configuration(shards: list[Shard]) -> None:
+    """The same run key apart from `dataset.shard`; each of the n shards exactly once."""
+    first = shards[0]
+    for shard in shards[1:]:
+        changed = _differences(_without_shard_index(first.key), _without_shard_index(shard.key))
+        if changed:
+            raise ConfigError(f"{shard.dir} and {first.dir} are not shards of one configuration "
+                              f"(differ in: {', '.join(changed)})")
+    by_index: dict[int, list[Path]] = defaultdict(list)
+    for shard in shards:
+        by_index[shard.index].append(shard.dir)
+    for index, dirs in sorted(by_index.items()):
+        if len(dirs) > 1:
+            raise ConfigError(f"shard {index} of {first.count} given twice: {', '.join(map(str, dirs))}")
+    missing = [i for i in range(first.count) if i not in by_index]
+    if missing:
+        raise ConfigError(f"missing shard(s) {', '.join(map(str, missing))} of {first.count} "
+                          f"(next to {first.dir}); run them with dataset.shard=... before merging")
+
+
+def merged_samples(shards: list[Shard], config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every (problem, sample) of the unsharded selection, each from exactly one shard."""
+    found: dict[tuple[str, int], Path] = {}
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    for shard in shards:
+        path = shard.dir / SAMPLES_FILE
+        for sample in iter_samples(path) if path.exists() else ():
+            key = sample_key(sample)
+            if key in found:
+                raise ConfigError(f"sample {key[0]!r} #{key[1]} is recorded twice: in {found[key]} and {shard.dir}")
+            found[key], rows[key] = shard.dir, sample
+    records = load_dataset_records(**config["dataset"])
+    count = shards[0].count
+    expected = [(r.id, k) for r in records for k in range(config["n_samples"])]
+    missing = [(i // config["n_samples"], key) for i, key in enumerate(expected) if key not in rows]
+    if missing:
+        index, (problem, k) = missing[0]
+        raise ConfigError(f"{len(missing)} of {len(expected)} samples are missing from the shards, first {problem!r} "
+                          f"#{k} of shard {index % count}; rerun that shard, it resumes")
+    extra = sorted(set(rows) - set(expected))
+    if extra:
+        raise ConfigError(f"{len(extra)} samples are not in the dataset selection, first {extra[0][0]!r} in "
+                          f"{found[extra[0]]}")
+    return [rows[key] for key in expected]
+
+
+def plan_merge(shards: list[Shard]) -> MergePlan:
+    """Everything a merge writes, checked before anything is written."""
+    check_one_configuration(shards)
+    shards = sorted(shards, key=lambda s: s.index)
+    config = {**shards[0].config, "dataset": unsharded(shards[0].config["dataset"])}
+    target = shards[0].dir.parent / run_tag(config)
+    if (target / SAMPLES_FILE).exists() and not (target / MERGED_FROM_FILE).exists():
+        raise ConfigError(f"{target} already holds an unsharded run of this configuration; remove it to merge the shards")
+    return MergePlan(shards, config, merged_samples(shards, config), target)
+
+
+def write_merge(plan: MergePlan) -> dict[str, Any]:
+    from rstitch.methods import build_method  # lazy: the method registry imports the engines
+    from rstitch.runner import summarize_run
+
+    method = build_method(**plan.config["method"])
+    store = SampleStore(plan.target, run_key(plan.config))  # refuses a directory of another configuration
+    names = [s.dir.name for s in plan.shards]
+    (plan.target / MERGED_FROM_FILE).write_text(json.dumps({"shards": names}, indent=1))
+    write_samples(plan.target, plan.samples)
+    # The comparison root is <results_root>/<pair>/<dataset>, as for a run of rstitch-run.
+    summary = summarize_run(plan.config, method, plan.samples, plan.target.parent.parent)
+    summary["merged_from"] = names
+    store.write_summary(summary)
+    return summary
+
+
+def find_shard_groups(roots: Sequence[str | Path]) -> list[list[Shard]]:
+    """The shard runs under `roots`, grouped by configuration (run key without the shard index)."""
+    groups: dict[tuple[Path, str], list[Shard]] = defaultdict(list)
+    for root in map(Path, roots):
+        if not root.is_dir():
+            raise ConfigError(f"no such results directory: {root}")
+        for key_file in sorted(root.rglob(RUN_KEY_FILE)):
+            if is_sharded(json.loads(key_file.read_text()).get("dataset", {})):
+                shard = read_shard(key_file.parent)
+                groups[(key_file.parent.parent, json.dumps(_without_shard_index(shard.key), sort_keys=True))].append(shard)
+    if not groups:
+        raise ConfigError(f"no shard runs under {', '.join(map(str, roots))}")
+    return list(groups.values())
+
+
+def merge(groups: list[list[Shard]]) -> list[tuple[MergePlan, dict[str, Any]]]:
+    """Check every group, then write them, `llm_only` first so that the others find it for speedups."""
+    plans = sorted((plan_merge(g) for g in groups), key=lambda p: (p.method != "llm_only", str(p.target)))
+    return [(plan, write_merge(plan)) for plan in plans]
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="rstitch-merge", description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="+", help="the shard run directories of one configuration (with --all: results roots)")
+    parser.add_argument("--all", action="store_true", help="merge every sharded configuration found under the paths")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from rstitch.runner import format_table
+
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        groups = find_shard_groups(args.paths) if args.all else [[read_shard(p) for p in args.paths]]
+        merged = merge(groups)
+    except ConfigError as err:
+        print(f"rstitch-merge: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    for plan, summary in merged:
+        print(format_table(summary))
+        print(f"merged {len(plan.shards)} shards, {len(plan.samples)} samples: {plan.target}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""`rstitch-report`: tables and figures of the runs under one or more results directories.
+
+    rstitch-report runs/                                  # report.html in the current directory
+    rstitch-report runs/testbed -o out/report.md --latex out/tables.tex
+    rstitch-report runs/ --entropy --entropy-samples 50   # also score traces with the SLM
+    rstitch-report runs/ --wandb-project rstitch          # also log figures and tables to W&B
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rstitch.errors import ConfigError
+
+PROG = "rstitch-report"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", nargs="+", type=Path, help="results roots or run directories")
+    parser.add_argument("-o", "--output", type=Path, default=Path("report.html"),
+                        help="report file: .html (self-contained) or .md (figures in <name>_files/)")
+    parser.add_argument("--latex", type=Path, default=None, help="also write every table as LaTeX to this file")
+    parser.add_argument("--latency", default="latency_s", choices=["latency_s", "latency_estimate_s", "latency_median_s"],
+                        help="the latency of the accuracy-latency plane (default: mean wall clock)")
+    parser.add_argument("--entropy", action="store_true",
+                        help="score stored traces with the pair's SLM for the entropy and token-consistency figures")
+    parser.add_argument("--entropy-samples", type=int, default=None, metavar="N", help="score the first N samples per run")
+    parser.add_argument("--title", default="rstitch results")
+    parser.add_argument("--wandb-project", default=None, help="log the figures and tables to one W&B run of this project")
+    parser.add_argument("--wandb-entity", default=None)
+    parser.add_argument("--wandb-mode", default="auto", choices=["auto", "online", "offline"],
+                        help="auto: online when WANDB_API_KEY is set")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads for --entropy")
+    args = parser.parse_args(argv)
+    if args.entropy_samples is not None and args.entropy_samples < 1:
+        parser.error(f"--entropy-samples must be >= 1, got {args.entropy_samples}")
+    return args
+
+
+def fail(message: str) -> None:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    from rstitch.analysis import load_runs, unfinished_run_dirs
+    from rstitch.analysis.report import FORMATS, build_report, write_latex, write_report
+
+    if args.output.suffix not in FORMATS:
+        fail(f"report file must end in {' or '.join(FORMATS)}, got '{args.output.name}'")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    try:
+        runs = load_runs(args.results)
+        report = build_report(runs, args.latency, args.entropy, args.entropy_samples, args.title)
+    except ConfigError as err:
+        fail(str(err))
+    unfinished = unfinished_run_dirs(args.results)
+    if unfinished:
+        print(f"{PROG}: left out {len(unfinished)} unfinished run(s) without summary.json, e.g. {unfinished[0]}",
+              file=sys.stderr)
+    written = write_report(report, args.output)
+    if args.latex:
+        written.append(write_latex(report, args.latex))
+    if args.wandb_project:
+        _log_to_wandb(report, runs, args)
+    print(f"{len(runs)} runs, {len(report.all_tables())} tables, {len(report.all_figures())} figures")
+    print(f"report: {written[0]}")
+    if args.latex:
+        print(f"latex: {args.latex}")
+
+
+def _log_to_wandb(report, runs, args: argparse.Namespace) -> None:
+    import wandb
+
+    from rstitch.analysis.report import log_report
+    from rstitch.logging import WandbLogger
+
+    settings = WandbLogger(project=args.wandb_project, entity=args.wandb_entity, mode=args.wandb_mode)
+    run = wandb.init(project=settings.project, entity=settings.entity, mode=settings.mode, job_type="report",
+                     name=args.title, config={"runs": sorted(map(str, runs["run_dir"]))}, reinit="finish_previous")
+    log_report(report, run)
+    run.finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,318 @@
+"""vLLM backend: every model is its own `vllm.LLM` engine in this process, with its own memory share.
+
+vLLM owns the KV cache and shares it between requests through automatic prefix caching, so a
+`VLLMSequence` holds no cache of its own. Each forward the base class asks for becomes one vLLM
+request on the sequence's whole token list: the cached prefix is reused block by block and
+only the tail is computed. Distributions come back as log-probabilities (logits up to a
+constant, which every consumer of `TokenDistribution` is invariant to): the full vocabulary
+when it is small, else the top-k completed by spreading the remaining mass evenly
+(`complete_topk`; docs/vllm.md measures the entropy error).
+
+Lookahead (`max_lookahead` > 1, off by default): a request that predicts the next token goes
+on to decode more tokens greedily and keeps their distributions. While the caller appends
+exactly those tokens, the next distributions are served from the stored ones without a request;
+at the first other token (a switch to the other model, a sampled token, a rollback) the rest is
+dropped. The lookahead doubles (up to `max_lookahead`) while the caller asks for and takes every
+token of the last one, and starts again from one token otherwise.
+
+`generate` runs natively: one request with the stop strings and EOS ids, no logprobs.
+
+Cost accounting is the base class's: a forward served from the lookahead counts as the decode
+step it stands for, so token and FLOP counts match the HF backend; wall time is real.
+Hidden states are not exposed by vLLM's generation API: sequences that want them are refused.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Sequence as Seq
+
+import torch
+
+from rstitch.engines.base import Generation, ModelRunner, Sequence, check_model_path
+from rstitch.engines.sampling import Sampler
+from rstitch.errors import ConfigError
+
+DTYPES = ("float32", "float16", "bfloat16")
+FULL_VOCAB_LIMIT = 4096  # `logprobs: auto` returns the full vocabulary up to this size...
+AUTO_TOPK = 20  # ...and the top 20 above it (vLLM's default cap, the OpenAI API's maximum)
+
+
+def complete_topk(token_ids: torch.Tensor, logprobs: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """A full log-probability row from the listed tokens: the mass they leave is spread evenly
+    over the unlisted ones (the maximum-entropy completion). Exact when every token is listed."""
+    row = torch.full((vocab_size,), float("nan"))
+    inside = token_ids < vocab_size
+    row[token_ids[inside]] = logprobs[inside].float()
+    unlisted = row.isnan()
+    n_unlisted = int(unlisted.sum())
+    if n_unlisted:
+        listed_mass = float(row[~unlisted].exp().sum())
+        rest = max(1.0 - listed_mass, 1e-30)
+        row[unlisted] = math.log(rest / n_unlisted)
+    return row
+
+
+class VLLMSequence(Sequence):
+    runner: "VLLMModelRunner"
+
+    def __init__(self, runner: "VLLMModelRunner", prompt_ids: Seq[int], want_hidden: bool = False):
+        if want_hidden:
+            raise ConfigError(
+                "engine 'vllm' returns no hidden states, which the rstitch_plus router reads; run that method with engine=hf"
+            )
+        super().__init__(runner, prompt_ids, want_hidden)
+        # Distributions of the last request: row i is the distribution after
+        # _path[: _first + i + 1]; they serve any token list that is a prefix of _path.
+        self._path: list[int] = []
+        self._decoded: list[int] = []  # the last request's tokens and all it generated
+        self._requested = self._served_calls = 0  # its token count; calls served from it since
+        self._first = 0
+        self._rows: torch.Tensor | None = None
+        self._lookahead = 1
+
+    # --- backend hooks -----------------------------------------------------------------
+    def _forward(self, new_ids: list[int], keep: int) -> tuple[torch.Tensor, None]:
+        tokens = self.tokens[: self.n_cached] + list(new_ids)
+        rows = self._stored(tokens, keep)
+        if rows is None:
+            self._adapt_lookahead(tokens)
+            self._request(tokens, keep)
+            rows = self._stored(tokens, keep)
+        else:
+            self.runner.served_from_lookahead += 1
+            self._served_calls += 1
+        return rows, None
+
+    def _crop(self, n_keep: int) -> None:
+        """Nothing to free: vLLM's prefix cache is shared and evicts by itself."""
+
+    # --- lookahead ---------------------------------------------------------------------
+    def _stored(self, tokens: list[int], keep: int) -> torch.Tensor | None:
+        first = len(tokens) - keep
+        if self._rows is None or first < self._first or len(tokens) > len(self._path):
+            return None
+        if tokens != self._path[: len(tokens)]:
+            return None
+        return self._rows[first - self._first: len(tokens) - self._first]
+
+    def _adapt_lookahead(self, tokens: list[int]) -> None:
+        """Double the lookahead when the caller asked for the distribution at every token of the
+        last one and took them all (the last included); else start again from one token: a
+        wasted token costs about as much as the request it would save."""
+        n_generated = len(self._decoded) - self._requested
+        took_all = (len(tokens) >= len(self._decoded) > 0 and self._served_calls >= n_generated - 1
+                    and tokens[: len(self._decoded)] == self._decoded)
+        self._lookahead = min(2 * self._lookahead, self.runner.max_lookahead) if took_all else 1
+
+    def _request(self, tokens: list[int], keep: int) -> None:
+        """One vLLM request: the distributions of the last `keep` positions of `tokens` (prompt
+        logprobs for all but the last) and of `lookahead` greedy tokens after them."""
+        runner = self.runner
+        lookahead = runner.room(len(tokens), self._lookahead)
+        out = runner.run(tokens, runner.scoring_params(lookahead, keep, read_cache=True))
+        if keep > 1 and out.num_cached_tokens > len(tokens) - keep:
+            # The cache held positions whose prompt logprobs were wanted: recompute them.
+            out = runner.run(tokens, runner.scoring_params(lookahead, keep, read_cache=False))
+        generated = list(out.outputs[0].token_ids)
+        rows = [runner.dense_row(out.prompt_logprobs, p + 1) for p in range(len(tokens) - keep, len(tokens) - 1)]
+        rows += [runner.dense_row(out.outputs[0].logprobs, i) for i in range(len(generated))]
+        self._decoded = tokens + generated
+        self._requested, self._served_calls = len(tokens), 0
+        self._path = self._decoded[:-1]
+        self._first = len(tokens) - keep
+        self._rows = torch.stack(rows)
+        runner.lookahead_tokens += len(generated) - 1
+
+    # --- native generation ---------------------------------------------------------------
+    def generate(
+        self,
+        max_new_tokens: int,
+        sampler: Sampler,
+        stop: Seq[str] = (),
+        eos_ids: Seq[int] | None = None,
+    ) -> Generation:
+        """One vLLM request with the stop strings and EOS ids; the result and the cost books
+        are those of the token-by-token loop of the base class (sampled runs draw their seed
+        from `sampler`, so they are reproducible but not the HF backend's draws)."""
+        if max_new_tokens <= 0:
+            return Generation([], "length")
+        runner = self.runner
+        eos = set(runner.eos_token_ids if eos_ids is None else eos_ids)
+        params = runner.generation_params(runner.room(len(self.tokens), max_new_tokens), sampler, stop, eos)
+        start = time.perf_counter()
+        completion = runner.run(self.tokens, params).outputs[0]
+        seconds = runner.elapsed_since(start)
+        out = list(completion.token_ids)
+        self._book_generation(len(out), seconds)
+        self.append(out)
+        self.n_cached = len(self.tokens) - 1  # as after the loop: the last token is pending
+        self._window_logits = self._window_hidden = None
+        if out and out[-1] in eos:
+            return Generation(out, "eos")
+        return Generation(out, "stop" if completion.finish_reason == "stop" else "length")
+
+    def _book_generation(self, n_out: int, seconds: float) -> None:
+        """The forwards of the base loop: the pending tokens (or the last one again, unless its
+        distribution is still in the window), then one decode step per further token."""
+        forwards: list[tuple[int, int]] = []
+        if not (self.n_pending == 0 and self._window_covers(len(self.tokens) - 1)):
+            pending = max(self.n_pending, 1)
+            forwards.append((pending, len(self.tokens) - pending))
+        forwards += [(1, len(self.tokens) + i) for i in range(n_out - 1)]
+        for n_tokens, n_kv in forwards:
+            self.runner.cost.add_forward(n_tokens, seconds / len(forwards), n_kv)
+
+
+class VLLMModelRunner(ModelRunner):
+    def __init__(
+        self,
+        path: str,
+        name: str | None = None,
+        dtype: str = "float32",
+        device: str | None = None,
+        tokenizer: Any = None,
+        trust_remote_code: bool = False,
+        num_threads: int | None = None,
+        tensor_parallel_size: int = 1,
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.4,
+        kv_cache_memory_bytes: int | None = None,
+        enable_prefix_caching: bool = True,
+        enforce_eager: bool = False,
+        block_size: int | None = None,
+        logprobs: int | str = "auto",
+        max_lookahead: int = 1,
+        seed: int = 0,
+        multiprocessing: bool = False,
+        engine_args: dict[str, Any] | None = None,
+    ):
+        """`device` is vLLM's platform (its build decides); the other options are vLLM's engine
+        arguments of the same names, `engine_args` passes any further ones."""
+        super().__init__()
+        if dtype not in DTYPES:
+            raise ConfigError(f"unknown dtype '{dtype}'; valid: {', '.join(DTYPES)}")
+        if isinstance(max_lookahead, bool) or not isinstance(max_lookahead, int) or max_lookahead < 1:
+            raise ConfigError(f"engine.max_lookahead must be an integer >= 1, got {max_lookahead!r}")
+        check_model_path(path)
+        if num_threads:
+            torch.set_num_threads(int(num_threads))
+        if not multiprocessing:  # the engine core runs in this process: no IPC per request
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from transformers import AutoConfig, AutoTokenizer
+
+        self.name = name or os.path.basename(path.rstrip("/"))
+        self.path = path
+        try:
+            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+            self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        except OSError as err:  # hub id unreachable offline, or a directory without a model
+            raise ConfigError(f"cannot load model '{path}': {str(err).splitlines()[0]}") from None
+        self.model_vocab_size = config.vocab_size
+        self.vocab_size = min(len(self.tokenizer), config.vocab_size)
+        self.hidden_size = config.hidden_size
+        self.num_parameters = _count_parameters(config)
+        self.eos_token_ids = _eos_ids(self.tokenizer, path)
+        self.top_logprobs = _logprob_count(logprobs, self.model_vocab_size)
+        self.max_lookahead = max_lookahead
+        self.served_from_lookahead = self.lookahead_tokens = self.requests = 0
+
+        args = dict(
+            model=path, tokenizer=path, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
+            max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_memory_bytes=kv_cache_memory_bytes, enable_prefix_caching=enable_prefix_caching,
+            enforce_eager=enforce_eager, block_size=block_size, seed=seed, trust_remote_code=trust_remote_code,
+            max_logprobs=self.top_logprobs, disable_log_stats=True, **(engine_args or {}),
+        )
+        from vllm import LLM
+
+        self.llm = LLM(**{k: v for k, v in args.items() if v is not None})
+        self.max_model_len = self.llm.llm_engine.vllm_config.model_config.max_model_len
+
+    def new_sequence(self, prompt_ids: Seq[int], want_hidden: bool = False) -> VLLMSequence:
+        return VLLMSequence(self, prompt_ids, want_hidden)
+
+    # --- requests ------------------------------------------------------------------------
+    def run(self, token_ids: list[int], params: Any) -> Any:
+        from vllm.inputs import TokensPrompt
+
+        self.requests += 1
+        [out] = self.llm.generate([TokensPrompt(prompt_token_ids=token_ids)], params, use_tqdm=False)
+        return out
+
+    def room(self, n_tokens: int, wanted: int) -> int:
+        """How many tokens a request may generate after `n_tokens` (at least one)."""
+        left = self.max_model_len - n_tokens
+        if left < 1:
+            raise ConfigError(
+                f"a sequence of {n_tokens} tokens leaves no room in engine.max_model_len={self.max_model_len} of '{self.name}'"
+            )
+        return min(wanted, left)
+
+    def scoring_params(self, lookahead: int, keep: int, read_cache: bool) -> Any:
+        from vllm import SamplingParams
+
+        prompt_rows = keep > 1
+        return SamplingParams(
+            temperature=0.0, max_tokens=lookahead, logprobs=self.top_logprobs, detokenize=False, flat_logprobs=True,
+            prompt_logprobs=self.top_logprobs if prompt_rows else None,
+            # Positions the prefix cache covers get no prompt logprobs: `_request` checks.
+            skip_reading_prefix_cache=not read_cache if prompt_rows else None,
+        )
+
+    def generation_params(self, max_tokens: int, sampler: Sampler, stop: Seq[str], eos: set[int]) -> Any:
+        from vllm import SamplingParams
+
+        stop = [s for s in stop if s]
+        sampling: dict[str, Any] = {"temperature": 0.0}
+        if not sampler.greedy:
+            seed = int(torch.randint(0, 2**31 - 1, (), generator=sampler.generator))
+            sampling = {"temperature": float(sampler.temperature), "top_p": float(sampler.top_p), "seed": seed}
+        return SamplingParams(
+            max_tokens=max_tokens, stop=stop or None, stop_token_ids=sorted(eos), ignore_eos=True,
+            include_stop_str_in_output=True, skip_special_tokens=False, detokenize=bool(stop), **sampling,
+        )
+
+    def dense_row(self, flat: Any, position: int) -> torch.Tensor:
+        """Position `position` of vLLM's flat logprobs as a log-probability row over the vocabulary."""
+        start, end = flat.start_indices[position], flat.end_indices[position]
+        ids = torch.tensor(flat.token_ids[start:end], dtype=torch.long)
+        values = torch.tensor(flat.logprobs[start:end], dtype=torch.float32)
+        return complete_topk(ids, values, self.model_vocab_size)[: self.vocab_size]
+
+
+def _logprob_count(logprobs: int | str, vocab_size: int) -> int:
+    """vLLM's `logprobs` value: -1 for the whole vocabulary, else the top k."""
+    if logprobs == "auto":
+        return -1 if vocab_size <= FULL_VOCAB_LIMIT else AUTO_TOPK
+    if logprobs == "full":
+        return -1
+    if isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 1:
+        raise ConfigError(f"engine.logprobs must be auto, full or an integer >= 1, got {logprobs!r}")
+    return -1 if logprobs >= vocab_size else logprobs
+
+
+def _count_parameters(config: Any) -> int:
+    """The parameter count of the architecture, from a weightless (meta-device) instance."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _eos_ids(tokenizer: Any, path: str) -> list[int]:
+    from transformers import GenerationConfig
+
+    ids = set()
+    try:
+        generation = GenerationConfig.from_pretrained(path).eos_token_id
+    except OSError:  # no generation_config.json
+        generation = None
+    for source in (tokenizer.eos_token_id, generation):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(source)
+    return sorted(ids)

@@ -1,0 +1,89 @@
+"""The W&B summary of a sweep: after a Hydra multirun, one W&B run holds every point of the sweep
+(a table, the Pareto frontier flagged per comparison group), a native scatter plot of accuracy vs
+latency, and the accuracy-latency figures.
+
+`SweepSummary` is a Hydra callback (conf/config.yaml, `hydra.callbacks`). It acts only when the
+multirun logs to W&B (`logger=wandb`); the jobs' run directories come from `on_job_end`, or,
+when a launcher runs the jobs in other processes (submitit), from the runs under the sweep
+directory whose summary was written after the multirun started.
+"""
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from rstitch.errors import ConfigError
+from rstitch.results.store import SUMMARY_FILE
+
+POINT_COLUMNS = ("group", "method", "setting", "accuracy", "latency_s", "latency_estimate_s", "speedup", "tokens",
+                 "tokens_slm", "tokens_llm", "llm_token_share", "acceptance", "acceptance_kind", "flops", "on_frontier",
+                 "run_dir")
+
+
+class SweepSummary(Callback):
+    def __init__(self) -> None:
+        self.run_dirs: list[Path] = []
+        self.started = time.time()
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.run_dirs, self.started = [], time.time()
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        run_dir = Path(config.hydra.runtime.output_dir)
+        if (run_dir / SUMMARY_FILE).exists():
+            self.run_dirs.append(run_dir)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra.utils import instantiate
+
+        from rstitch.logging import WandbLogger
+
+        logger = instantiate(config.logger)
+        if not isinstance(logger, WandbLogger):
+            return
+        sweep_dir = Path(config.hydra.sweep.dir)
+        run_dirs = self.run_dirs or finished_since(sweep_dir, self.started)
+        try:
+            log_sweep_summary(run_dirs, logger, name=f"sweep/{sweep_dir.name}")
+        except ConfigError as err:  # the jobs' results stand; only the summary is missing
+            print(f"rstitch-run: warning: no W&B sweep summary: {err}", file=sys.stderr)
+
+
+def finished_since(root: Path, start: float) -> list[Path]:
+    return sorted(p.parent for p in root.rglob(SUMMARY_FILE) if p.stat().st_mtime >= start)
+
+
+def log_sweep_summary(run_dirs: list[Path], logger: Any, name: str) -> str:
+    """Log the runs in `run_dirs` as one W&B run of `logger`'s project; returns the run's id."""
+    import wandb
+
+    from rstitch.analysis import load_runs, mark_frontier
+    from rstitch.analysis.plots import accuracy_latency_figure
+    from rstitch.analysis.report import ReportFigure, slug, wandb_image
+
+    if not run_dirs:
+        raise ConfigError("the multirun finished no run")
+    runs = mark_frontier(load_runs(run_dirs))
+    points = runs[list(POINT_COLUMNS)].astype({"on_frontier": bool})
+    table = wandb.Table(dataframe=points)
+    run_id = hashlib.sha1("\n".join(sorted(map(str, runs["run_dir"]))).encode()).hexdigest()[:16]
+    run = wandb.init(project=logger.project, entity=logger.entity, mode=logger.mode, group=logger.group,
+                     tags=logger.tags, dir=logger.dir, name=name, id=run_id, job_type="sweep-summary",
+                     resume="allow", reinit="finish_previous", config={"run_dirs": list(points["run_dir"])})
+    payload: dict[str, Any] = {
+        "sweep/points": table,
+        "sweep/accuracy_vs_latency": wandb.plot.scatter(table, "latency_s", "accuracy", title="accuracy vs latency (s)"),
+    }
+    for group in runs["group"].unique():
+        figure = ReportFigure(slug(group), f"accuracy vs latency: {group}", accuracy_latency_figure(runs, group))
+        payload[f"sweep/frontier/{figure.name}"] = wandb_image(figure)
+    run.log(payload)
+    run.summary.update({"sweep/runs": len(runs), "sweep/frontier_runs": int(runs["on_frontier"].sum())})
+    run.finish()
+    return run_id

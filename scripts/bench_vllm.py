@@ -1,0 +1,166 @@
+"""engine=vllm against engine=hf on the testbed: load time, per-token latency, request counts per
+method (the overhead of the per-forward request design and what the lookahead saves), and the
+entropy error of top-k logprobs against the full vocabulary.
+
+    python scripts/bench_vllm.py                    # all of it (needs vLLM importable)
+    python scripts/bench_vllm.py --entropy-only     # only the top-k entropy error (HF, no vLLM)
+    python scripts/bench_vllm.py --methods rstitch specdec --problems 4 --budget 128
+
+CPU runs want `engine.block_size` 32 (the CPU default of 128 rarely fills on testbed sequences).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import torch
+
+from rstitch.data.prompts import PromptFormat
+from rstitch.engines import ModelPair, Sampler, load_pair
+from rstitch.engines.vllm import complete_topk
+from rstitch.methods import DecodeContext, build_method
+from rstitch.testbed import LLM_DIR, SLM_DIR, generate_problems
+
+GREEDY_PARAMS = {
+    "best_of_n": {"n": 2, "temperature": None}, "maj": {"n": 2, "temperature": None},
+    "process_bon": {"n": 2, "temperature": None},
+    "beam_search": {"beam_size": 2, "expansions": 2, "temperature": None},
+}
+DEFAULT_METHODS = ["slm_only", "llm_only", "rstitch", "random", "specdec", "easd", "rsd", "specreason"]
+VLLM_OPTIONS = dict(enforce_eager=True, block_size=32, kv_cache_memory_bytes=64 << 20)
+
+
+def pair_specs() -> tuple[dict, dict]:
+    return {"path": str(SLM_DIR), "name": "testbed-slm"}, {"path": str(LLM_DIR), "name": "testbed-llm"}
+
+
+def prompts(tokenizer, n: int) -> list[tuple[str, list[int]]]:
+    return [(p.problem, PromptFormat().encode(tokenizer, p.problem)) for p in generate_problems("test", n, seed=5)]
+
+
+def decode(pair: ModelPair, name: str, problem: str, prompt: list[int], budget: int):
+    ctx = DecodeContext(pair, Sampler(), budget, problem=problem)
+    return build_method(name, **GREEDY_PARAMS.get(name, {})).decode(prompt, ctx)
+
+
+def time_methods(pairs: dict[str, ModelPair], methods: list[str], n_problems: int, budget: int) -> None:
+    vllm = pairs["vllm"]
+    items = prompts(vllm.tokenizer, n_problems)
+    print(f"\n{'method':18s} {'tokens':>6s} {'hf ms/tok':>9s} {'vllm ms/tok':>11s} {'ratio':>5s} "
+          f"{'forwards':>8s} {'requests':>8s} {'served':>6s} {'unused':>6s} {'same':>4s}")
+    for name in methods:
+        decode(vllm, name, *items[0], budget=16)  # warm-up
+        decode(pairs["hf"], name, *items[0], budget=16)
+        counters = lambda: [getattr(m, f) for m in vllm.models().values()  # noqa: E731
+                            for f in ("requests", "served_from_lookahead", "lookahead_tokens")]
+        forwards = lambda: sum(m.cost.forward_calls for m in vllm.models().values())  # noqa: E731
+        before, calls_before = counters(), forwards()
+        seconds = {"hf": 0.0, "vllm": 0.0}
+        outputs: dict[str, list] = {"hf": [], "vllm": []}
+        for problem, prompt in items:
+            for engine in ("hf", "vllm"):
+                start = time.perf_counter()
+                outputs[engine].append(decode(pairs[engine], name, problem, prompt, budget).token_ids)
+                seconds[engine] += time.perf_counter() - start
+        after = counters()
+        requests, served, ahead = (after[i] + after[i + 3] - before[i] - before[i + 3] for i in range(3))
+        tokens = sum(len(t) for t in outputs["vllm"])
+        hf_ms, vllm_ms = (1000 * seconds[e] / tokens for e in ("hf", "vllm"))
+        print(f"{name:18s} {tokens:6d} {hf_ms:9.2f} {vllm_ms:11.2f} {vllm_ms / hf_ms:5.1f} {forwards() - calls_before:8d} "
+              f"{requests:8d} {served:6d} {max(ahead - served, 0):6d} {str(outputs['hf'] == outputs['vllm']):>4s}")
+
+
+def best_ms(work, repeats: int = 20) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - start)
+    return 1000 * min(times)
+
+
+def forward_costs(pairs: dict[str, ModelPair], n_tokens: int = 16) -> None:
+    """One decode step on HF; one vLLM request that predicts one token after a cached prefix; the
+    per-token cost inside a request that decodes `n_tokens` with full logprobs (the lookahead),
+    and without logprobs (native `generate`)."""
+    print(f"\nper-forward cost (best of 20, ms; prompt of a testbed problem, {n_tokens}-token chunks)")
+    print(f"{'model':5s} {'hf step':>8s} {'vllm request':>12s} {'lookahead/tok':>13s} {'generate/tok':>12s}")
+    _, prompt = prompts(pairs["hf"].tokenizer, 1)[0]
+    for key in ("slm", "llm"):
+        hf, vllm = getattr(pairs["hf"], key), getattr(pairs["vllm"], key)
+        seq = hf.new_sequence(prompt)
+        seq.next_distribution()
+
+        def hf_step() -> None:
+            seq.append(5)
+            seq.next_distribution()
+            seq.rollback(1)
+
+        one, chunk = (vllm.scoring_params(n, 1, read_cache=True) for n in (1, n_tokens))
+        native = vllm.generation_params(n_tokens, Sampler(), (), set())
+        request = best_ms(lambda: vllm.run(prompt, one))
+        ahead = (best_ms(lambda: vllm.run(prompt, chunk)) - request) / (n_tokens - 1)
+        generate = (best_ms(lambda: vllm.run(prompt, native)) - request) / (n_tokens - 1)
+        print(f"{key:5s} {best_ms(hf_step):8.2f} {request:12.2f} {ahead:13.2f} {generate:12.2f}")
+
+
+def entropy_error(pair: ModelPair, n_problems: int, budget: int, ks: list[int], taus: list[float]) -> None:
+    """Normalized entropy from the top-k completion against the exact one, at every position of
+    greedy SLM and LLM decodes (HF distributions, so no vLLM is needed)."""
+    print(f"\ntop-k entropy error over greedy decodes of {n_problems} problems (normalized entropy H / log V);"
+          f" flips: positions where H > tau changes, for tau in {taus}")
+    print(f"{'model':5s} {'k':>4s} {'positions':>9s} {'mean |err|':>10s} {'max |err|':>10s} {'mean H':>8s}  flips")
+    for key, model in pair.models().items():
+        rows = []
+        for _, prompt in prompts(pair.tokenizer, n_problems):
+            seq = model.new_sequence(prompt)
+            for _ in range(budget):
+                dist = seq.next_distribution()
+                rows.append(dist.log_probs)
+                if dist.argmax in model.eos_token_ids:
+                    break
+                seq.append(dist.argmax)
+        exact = torch.stack(rows)
+        vocab = exact.shape[-1]
+        h_exact = -(exact.exp() * exact).nan_to_num().sum(-1) / math.log(vocab)
+        for k in ks:
+            values, ids = exact.topk(k, dim=-1)
+            approx = torch.stack([complete_topk(i, v, vocab) for i, v in zip(ids, values)])
+            h_approx = -(approx.exp() * approx).nan_to_num().sum(-1) / math.log(vocab)
+            err = (h_approx - h_exact).abs()
+            flips = [int(((h_exact > tau) != (h_approx > tau)).sum()) for tau in taus]
+            print(f"{key:5s} {k:4d} {len(rows):9d} {float(err.mean()):10.2e} {float(err.max()):10.2e} "
+                  f"{float(h_exact.mean()):8.4f}  {flips}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--methods", nargs="*", default=DEFAULT_METHODS)
+    parser.add_argument("--problems", type=int, default=4)
+    parser.add_argument("--budget", type=int, default=128)
+    parser.add_argument("--ks", type=int, nargs="*", default=[5, 20])
+    parser.add_argument("--taus", type=float, nargs="*", default=[0.001, 0.005, 0.01, 0.02, 0.03, 0.05])
+    parser.add_argument("--max-lookahead", type=int, default=1)
+    parser.add_argument("--llm-max-lookahead", type=int, default=None, help="the LLM's own (default: --max-lookahead)")
+    parser.add_argument("--entropy-only", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    start = time.perf_counter()
+    hf = load_pair(*pair_specs())
+    print(f"load hf pair: {time.perf_counter() - start:.1f} s")
+    entropy_error(hf, args.problems, args.budget, args.ks, args.taus)
+    if args.entropy_only:
+        return
+    start = time.perf_counter()
+    llm_lookahead = args.max_lookahead if args.llm_max_lookahead is None else args.llm_max_lookahead
+    vllm = load_pair(*pair_specs(), engine="vllm", max_lookahead=args.max_lookahead,
+                     per_model={"llm": {"max_lookahead": llm_lookahead}}, **VLLM_OPTIONS)
+    print(f"\nload vllm pair (both engines, first import included): {time.perf_counter() - start:.1f} s")
+    forward_costs({"hf": hf, "vllm": vllm})
+    time_methods({"hf": hf, "vllm": vllm}, args.methods, args.problems, args.budget)
+
+
+if __name__ == "__main__":
+    main()

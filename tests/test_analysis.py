@@ -1,0 +1,300 @@
+"""Analysis of the results store: frames, frontiers, matched-accuracy speedups, tables, scoring of
+stored traces, reports, the CLI and the W&B sweep summary.
+
+Exact numbers come from hand-made runs; the rest runs on a small real sweep of the testbed pair
+(`analysis_sweep`, shared with tests/test_notebooks.py), whose accuracies are not asserted."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from rstitch.analysis import (
+    accuracy_latency_tables, benchmark_accuracy_tables, load_runs, load_samples, mark_frontier,
+    matched_speedup_summary, paired_with_baseline, runs_from_wandb, speedup_at_matched_accuracy, token_tables,
+)
+from rstitch.analysis.collect import run_row, runs_frame
+from rstitch.errors import ConfigError
+
+SWEEP_POINTS = [
+    ["method=llm_only"], ["method=slm_only"], ["method=rstitch", "method.tau=0.005"], ["method=rstitch", "method.tau=0.05"],
+    ["method=random", "method.p=0.5"], ["method=specdec"], ["method=rsd", "method.delta=0.5"],
+]
+SWEEP_COMMON = ["logger=none", "engine.num_threads=1", "dataset.limit=3", "max_new_tokens=64"]
+
+
+@pytest.fixture(scope="session")
+def analysis_sweep(tmp_path_factory) -> Path:
+    """A results root with one run per point of SWEEP_POINTS on 3 testbed problems (resumed, so
+    a second request in the session only rewrites the summaries)."""
+    from rstitch.cli.run import compose_config
+    from rstitch.runner import run_config
+
+    root = tmp_path_factory.getbasetemp() / "analysis_sweep"
+    for point in SWEEP_POINTS:
+        run_config(compose_config([f"results_root={root}", *SWEEP_COMMON, *point]))
+    return root
+
+
+# --------------------------------------------------------------------------- hand-made runs
+
+
+def config(method: str, dataset: str = "d1", budget: int = 100, **params) -> dict:
+    return {"pair": {"name": "p"}, "engine": {"name": "hf"}, "dataset": {"name": dataset}, "prompt": {"name": "chat"},
+            "max_new_tokens": budget, "decoding": {"temperature": 0.0}, "n_samples": 1,
+            "method": {"name": method, **params}}
+
+
+def point(method: str, accuracy: float, latency: float, dataset: str = "d1", budget: int = 100, tokens: float = 100.0,
+          share: float = 0.5, **params) -> dict:
+    summary = {"accuracy": accuracy, "latency_s": latency, "tokens": tokens, "tokens_llm": tokens * share,
+               "tokens_slm": tokens * (1 - share), "llm_token_share": share}
+    return run_row(summary, config(method, dataset, budget, **params), run_dir=f"{method}-{params}-{dataset}-{budget}")
+
+
+CURVES = [
+    point("llm_only", 0.9, 4.0, tokens=200.0, share=1.0), point("slm_only", 0.4, 0.5, tokens=80.0, share=0.0),
+    point("rstitch", 0.88, 2.0, tau=0.01), point("rstitch", 0.6, 1.0, tau=0.05),
+    point("random", 0.7, 3.0, p=0.5), point("random", 0.5, 1.5, p=0.9),
+]
+
+
+def test_frontier_and_speedups_within_one_comparison():
+    other_budget = [point("llm_only", 0.95, 8.0, budget=200), point("rstitch", 0.1, 0.1, budget=200, tau=0.05)]
+    runs = mark_frontier(runs_frame(CURVES + other_budget))
+    frontier = runs[runs["on_frontier"] & (runs["budget"] == 100)]
+    assert sorted(frontier["latency_s"]) == [0.5, 1.0, 2.0, 4.0]  # both random points are dominated
+    assert runs[runs["budget"] == 200]["on_frontier"].all()  # another budget is another frontier
+    speedups = dict(zip(runs["run_dir"], runs["speedup"]))
+    assert speedups["rstitch-{'tau': 0.01}-d1-100"] == pytest.approx(2.0)
+    assert speedups["rstitch-{'tau': 0.05}-d1-200"] == pytest.approx(80.0)  # against the budget-200 llm_only
+    assert set(runs["group"]) == {"p / d1 / budget 100", "p / d1 / budget 200"}
+
+
+def test_speedup_at_matched_accuracy_uses_the_latency_each_method_needs():
+    runs = runs_frame(CURVES)
+    curve = speedup_at_matched_accuracy(runs, "rstitch", "random")
+    # Levels up to the lower best accuracy (0.7): the cheapest run reaching each one.
+    assert list(curve["accuracy"]) == [0.5, 0.6, 0.7]
+    assert list(curve["latency"]) == [1.0, 1.0, 2.0]
+    assert list(curve["baseline_latency"]) == [1.5, 3.0, 3.0]
+    assert list(curve["speedup"]) == pytest.approx([1.5, 3.0, 1.5])
+    summary = matched_speedup_summary(runs, [("rstitch", "llm_only")]).iloc[0]
+    # Matched up to rstitch's best (0.88 < 0.9), where LLM-only needs its 4 s; at 0.6 rstitch needs 1 s.
+    assert summary["top_accuracy"] == 0.88 and summary["speedup_at_top"] == pytest.approx(2.0)
+    assert (summary["max_speedup"], summary["max_speedup_accuracy"]) == pytest.approx((4.0, 0.6))
+    default = matched_speedup_summary(runs)
+    assert {("rstitch", "llm_only"), ("random", "llm_only"), ("rstitch", "random"), ("random", "rstitch")} == set(
+        zip(default["method"], default["baseline"]))
+    with pytest.raises(ConfigError, match="itself"):
+        matched_speedup_summary(runs, [("rstitch", "rstitch")])
+
+
+def test_paper_tables_layouts():
+    second = [point("llm_only", 0.5, 6.0, dataset="d2", tokens=300.0, share=1.0), point("rstitch", 0.6, 3.0, dataset="d2", tau=0.01)]
+    runs = runs_frame(CURVES + second)
+    [table] = accuracy_latency_tables(runs)
+    markdown = table.to_markdown()
+    assert "| Method | Setting | d1 Acc (%) | d1 Lat (s) | d1 Spd | d2 Acc (%) | d2 Lat (s) | d2 Spd |" in markdown
+    assert "| rstitch | tau=0.01 | 88.0 | 2.000 | 2.00× | 60.0 | 3.000 | 2.00× |" in markdown
+    assert "| rstitch | tau=0.05 | 60.0 | 1.000 | 4.00× | - | - | - |" in markdown
+    rows = [line.split(" | ")[0] for line in markdown.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert rows == ["| llm_only", "| slm_only", "| random", "| random", "| rstitch", "| rstitch"]
+    latex = table.to_latex()
+    assert r"\multicolumn{3}{c}{d1} & \multicolumn{3}{c}{d2}" in latex and r"\cmidrule(lr){3-5}" in latex
+    assert r"rstitch & tau=0.01 & 88.0 & 2.000 & 2.00$\times$ & 60.0 & 3.000 & 2.00$\times$ \\" in latex
+    assert r"llm\_only" in latex and latex.count(r"\\") == 2 + 6  # two header lines, six method rows
+
+    [bench] = benchmark_accuracy_tables(runs)
+    text = bench.to_markdown()
+    assert "| llm_only | - | 90.0 | 50.0 | 70.0 | +0.0 |" in text
+    assert "| rstitch | tau=0.01 | 88.0 | 60.0 | 74.0 | +4.0 |" in text
+    assert "| rstitch | tau=0.05 | 60.0 | - | - | - |" in text  # no average over a missing benchmark
+    assert r"$\Delta$ vs llm\_only" in bench.to_latex()
+
+    [tokens] = token_tables(runs)
+    assert "| rstitch | tau=0.01 | 50.0 | 50.0 | 100.0 | 50.0 | 50.0 | 50.0 | 100.0 | 66.7 |" in tokens.to_markdown()
+
+
+def test_settings_show_the_knobs_that_tell_runs_apart():
+    rsd = dict(delta=0.7, weighting="binary", seed=0)
+    runs = runs_frame([point("rsd", 0.5, 1.0, **rsd), point("rsd", 0.6, 1.2, **{**rsd, "delta": 0.9}),
+                       point("rstitch", 0.5, 1.0, tau=0.02), point("specdec", 0.9, 3.0, k=7)])
+    assert sorted(runs.loc[runs["method"] == "rsd", "setting"]) == ["delta=0.7", "delta=0.9"]
+    assert runs.loc[runs["method"] == "rstitch", "setting"].item() == "tau=0.02"  # the main knob at its default
+    assert runs.loc[runs["method"] == "specdec", "setting"].item() == "k=7"  # differs from the default k=5
+    # Two configurations that differ only in a nested option stay two rows.
+    prm = [run_row({"accuracy": a, "latency_s": 1.0}, {**config("rsd", delta=0.7), "method": {"name": "rsd", "delta": 0.7, "prm": {"name": n}}})
+           for a, n in ((0.1, "oracle"), (0.2, "testbed"))]
+    labels = runs_frame(prm)["setting"]
+    assert labels.nunique() == 2 and all(label.startswith("delta=0.7 [") for label in labels)
+
+
+def test_bad_results_directories_are_one_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="no such results directory"):
+        load_runs(tmp_path / "missing")
+    with pytest.raises(ConfigError, match="no finished runs"):
+        load_runs(tmp_path)
+    broken = tmp_path / "run"
+    broken.mkdir()
+    (broken / "summary.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="unreadable summary.json"):
+        load_runs(tmp_path)
+    shard = config("llm_only")
+    shard["dataset"] = {"name": "d1", "shard": 0, "num_shards": 2}
+    (broken / "summary.json").write_text(json.dumps({"accuracy": 1.0, "latency_s": 1.0, "config": shard}))
+    with pytest.raises(ConfigError, match="rstitch-merge"):
+        load_runs(tmp_path)
+
+
+# --------------------------------------------------------------------------- the real sweep
+
+
+def test_runs_and_samples_of_a_sweep(analysis_sweep):
+    runs = load_runs(analysis_sweep)
+    assert len(runs) == len(SWEEP_POINTS) and runs["comparison"].nunique() == 1
+    assert list(runs["method"][:2]) == ["llm_only", "slm_only"]
+    llm_latency = runs.loc[runs["method"] == "llm_only", "latency_s"].item()
+    assert (runs["speedup"] * runs["latency_s"]).to_numpy() == pytest.approx(llm_latency)
+    kinds = dict(zip(runs["method"], runs["acceptance_kind"]))
+    assert kinds["rsd"] == "steps" and kinds["specdec"] == "draft tokens" and kinds["rstitch"] == "SLM token share"
+    stitch = runs[runs["method"] == "rstitch"]
+    assert (stitch["acceptance"] + stitch["llm_token_share"]).to_numpy() == pytest.approx(1.0)
+    assert sorted(stitch["setting"]) == ["tau=0.005", "tau=0.05"]
+
+    samples = load_samples(runs, traces=True)
+    assert len(samples) == 3 * len(runs)
+    assert all(len(t) == n for t, n in zip(samples["output_token_ids"], samples["tokens"]))
+    paired = paired_with_baseline(samples)
+    assert len(paired) == 3 * (len(runs) - 1)
+    assert (paired["speedup"] * paired["latency_s"]).to_numpy() == pytest.approx(paired["baseline_latency_s"].to_numpy())
+    both = paired["correct"] & paired["baseline_correct"]
+    assert ((paired["outcome"] == "both correct") == both).all()
+
+
+def test_runs_from_wandb_match_the_results_store(analysis_sweep):
+    from rstitch.analysis.collect import read_summary
+
+    on_disk = load_runs(analysis_sweep)
+    wandb_runs = []
+    for run_dir in on_disk["run_dir"]:
+        summary = read_summary(run_dir)
+        numeric = {k: v for k, v in summary.items() if isinstance(v, (int, float))}  # what WandbLogger stores
+        wandb_runs.append(SimpleNamespace(config=summary["config"], summary=numeric, url=f"https://wandb/{run_dir}"))
+    wandb_runs.append(SimpleNamespace(config={"run_dirs": []}, summary={}, url="sweep summary"))  # left out
+    from_wandb = runs_from_wandb(wandb_runs)
+    columns = ["method", "setting", "comparison", "group", "accuracy", "latency_s", "speedup", "acceptance"]
+    pd.testing.assert_frame_equal(from_wandb[columns], on_disk[columns])
+
+
+def test_scores_of_stored_traces_match_decoding(analysis_sweep, testbed_pair):
+    from rstitch.analysis.collect import read_summary
+    from rstitch.analysis.traces import token_consistency, token_scores
+    from rstitch.data import load_dataset_records
+    from rstitch.data.prompts import PromptFormat
+    from rstitch.methods.spec_stats import greedy_consistency, greedy_entropies
+
+    runs = load_runs(analysis_sweep)
+    samples = load_samples(runs)
+    slm = runs[runs["method"] == "slm_only"]
+    scores = token_scores(slm, "slm")
+    assert len(scores) == samples.loc[samples["method"] == "slm_only", "tokens"].sum()
+    assert scores["scorer_agrees"].all()  # a greedy trace scored by its own model: its argmax at every step
+    assert scores["normalized_entropy"].between(0, 1).all() and (scores["source"] == "SLM").all()
+
+    record = load_dataset_records(**read_summary(slm["run_dir"].item())["config"]["dataset"])[0]
+    prompt = PromptFormat().encode(testbed_pair.tokenizer, record.problem)
+    eos = set(testbed_pair.slm.eos_token_ids) | set(testbed_pair.llm.eos_token_ids)
+    decoded = greedy_entropies(testbed_pair.slm, prompt, 64, eos)
+    first = scores[scores["id"] == record.id]
+    assert first["entropy"].to_numpy() == pytest.approx(decoded[:len(first)], abs=1e-4)
+
+    consistency = token_consistency(runs)
+    matches, positions = greedy_consistency(testbed_pair, prompt, 64)
+    row = consistency[consistency["id"] == record.id].iloc[0]
+    assert row["positions"] == positions and row["consistency"] == pytest.approx(matches / positions)
+
+
+def test_report_html_markdown_and_latex(analysis_sweep, tmp_path, capsys):
+    from rstitch.cli.report import main
+
+    main([str(analysis_sweep), "-o", str(tmp_path / "out" / "report.md"), "--latex", str(tmp_path / "out" / "tables.tex"),
+          "--entropy", "--entropy-samples", "2"])
+    printed = capsys.readouterr().out
+    assert f"{len(SWEEP_POINTS)} runs" in printed
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    images = [line[line.index("](") + 2:-1] for line in markdown.splitlines() if line.startswith("![")]
+    titles = ("accuracy_latency", "accuracy_acceptance", "sample_speedup", "entropy", "speedup_consistency")
+    assert all(any(Path(i).name.startswith(t) for i in images) for t in titles)
+    for image in images:
+        assert (tmp_path / "out" / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for heading in ("## Runs", "**Speedup at matched accuracy**", "**Accuracy, latency and speedup",
+                    "**Output tokens per problem", "**Accuracy (%) per benchmark", "**SLM entropy of correct"):
+        assert heading in markdown
+    latex = (tmp_path / "out" / "tables.tex").read_text()
+    assert latex.count(r"\begin{tabular}") == latex.count(r"\end{table}") == markdown.count("\n**")
+
+    main([str(analysis_sweep), "-o", str(tmp_path / "report.html")])
+    html = (tmp_path / "report.html").read_text()
+    assert html.count("src='data:image/png;base64,") >= 3 and "<table>" in html
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["{missing}"], "no such results directory"),
+    (["{sweep}", "-o", "report.pdf"], "must end in .html or .md"),
+    (["{empty}"], "no finished runs"),
+])
+def test_report_cli_errors(analysis_sweep, tmp_path, capsys, argv, message):
+    from rstitch.cli.report import main
+
+    (tmp_path / "empty").mkdir()
+    paths = {"missing": tmp_path / "missing", "sweep": analysis_sweep, "empty": tmp_path / "empty"}
+    with pytest.raises(SystemExit) as exit_info:
+        main([a.format(**paths) for a in argv])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1
+    assert err.startswith("rstitch-report: error:") and message in err
+
+
+def test_multirun_logs_a_wandb_sweep_summary(tmp_path, tiny_pair, problems_file):
+    """A multirun with logger=wandb (offline) ends with one W&B run: every point, the frontier flagged."""
+    env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    root = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "rstitch.cli.run", "-m", f"results_root={root}", "logger=wandb", "engine.num_threads=1",
+           f"pair.slm.path={tiny_pair['slm']}", f"pair.llm.path={tiny_pair['llm']}", "pair.name=tiny", "max_new_tokens=8",
+           "dataset=math500", f"dataset.path={problems_file}", "dataset.limit=2", "method=llm_only,slm_only"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [table_file] = root.glob("wandb/offline-run-*/files/media/table/sweep/points_*.table.json")
+    table = json.loads(table_file.read_text())
+    rows = [dict(zip(table["columns"], row)) for row in table["data"]]
+    assert sorted(r["method"] for r in rows) == ["llm_only", "slm_only"]
+    runs = mark_frontier(load_runs(root))
+    expected = dict(zip(runs["method"], runs["on_frontier"]))
+    assert {r["method"]: r["on_frontier"] for r in rows} == expected
+    assert list(table_file.parents[4].glob("files/media/images/sweep/frontier/*.png"))
+
+
+def test_scoring_warns_when_the_models_changed_after_the_run(tmp_path):
+    from rstitch.analysis.traces import warn_if_models_changed
+
+    run_dir, model_dir = tmp_path / "run", tmp_path / "slm"
+    run_dir.mkdir()
+    model_dir.mkdir()
+    (model_dir / "model.safetensors").write_bytes(b"weights")
+    (run_dir / "samples.jsonl").write_text("{}\n")
+    os.utime(model_dir / "model.safetensors", (1_000, 1_000))  # the weights predate the run
+    pair = {"slm": {"path": str(model_dir)}, "llm": {"path": str(tmp_path / "hub-id-not-a-dir")}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_models_changed(pair, run_dir)
+    os.utime(run_dir / "samples.jsonl", (500, 500))  # the run is older than the weights
+    with pytest.warns(UserWarning, match="slm changed after"):
+        warn_if_models_changed(pair, run_dir)

