@@ -14,6 +14,7 @@ import json
 import statistics
 from pathlib import Path
 
+from rstitch.analysis.tables import replace_marked_section
 from rstitch.cli.run import compose_config
 from rstitch.methods.specreason import digit_score, digit_token_ids, judge_prompt
 from rstitch.rewards import load_prm
@@ -23,7 +24,6 @@ from rstitch.testbed.task import check_steps, make_problem
 TAUS = (0.001, 0.005, 0.01, 0.02, 0.03, 0.05)
 PS = (0.1, 0.3, 0.5, 0.7, 0.9)
 DOC = Path(__file__).resolve().parents[1] / "docs" / "testbed.md"
-BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
 
 
 def roc_auc(scores: list[float], labels: list[bool]) -> float:
@@ -141,9 +141,7 @@ def main() -> None:
     report = render(props, points, sweep_n)
     print(report)
     if args.write_doc:
-        text = DOC.read_text()
-        head, rest = text.split(BEGIN) if BEGIN in text else (text.rstrip() + "\n\n", END)
-        DOC.write_text(head + BEGIN + "\n" + report + "\n" + END + rest.split(END, 1)[-1])
+        replace_marked_section(DOC, "measured", report)
 
 
 def render(p: dict, points: list[tuple[str, str, dict]], sweep_n: int) -> str:

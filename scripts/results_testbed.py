@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rstitch.analysis.tables import replace_marked_section
 from rstitch.cli.run import compose_config
 from rstitch.runner import run_config
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "results-testbed.md"
-BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 # family -> [(method, {param: value})]; the baselines open every table.
 GRID: dict[str, list[tuple[str, dict]]] = {
@@ -86,9 +86,7 @@ def main() -> None:
     report = "\n".join(lines)
     print(report)
     if args.write_doc:
-        text = DOC.read_text()
-        head, rest = text.split(BEGIN) if BEGIN in text else (text.rstrip() + "\n\n", END)
-        DOC.write_text(head + BEGIN + "\n" + report + "\n" + END + rest.split(END, 1)[-1])
+        replace_marked_section(DOC, "results", report)
 
 
 if __name__ == "__main__":

@@ -430,24 +430,35 @@ def save(model, name: str) -> None:
     tok.save_pretrained(d)
 
 
-def sample_model(model, n: int, max_new: int, seed: int) -> list[tuple[TestbedProblem, list[str]]]:
-    """Sampled (temperature 1) and greedy solutions of training problems."""
+def sample_model(model, n: int, max_new: int, seed: int, name: str) -> list[tuple[TestbedProblem, list[str]]]:
+    """Sampled (temperature 1) and greedy solutions of n training problems (none if n is 0)."""
+    if not n:
+        return []
     probs = generate_problems("train", n, seed=10_000 + seed, difficulty=TRAIN_DIFFICULTY)
     half = n // 2
     texts = generate(model, probs[:half], max_new) + generate(model, probs[half:], max_new, temperature=1.0, seed=seed)
-    return [(q, split_steps(t)) for q, t in zip(probs, texts) if split_steps(t)]
+    samples = [(q, split_steps(t)) for q, t in zip(probs, texts) if split_steps(t)]
+    labels = [ok for q, steps in samples for ok in check_steps(q, steps)]
+    log(f"{name} samples: {len(samples)} solutions, {len(labels)} steps, {1 - np.mean(labels):.3f} wrong")
+    return samples
+
+
+def causal_lm(name: str, init: Path | None, layers: int, hidden: int) -> LlamaForCausalLM:
+    """A fresh model of the given shape, or the checkpoint `init` to continue from."""
+    if init is not None:
+        model = LlamaForCausalLM.from_pretrained(init)
+        log(f"{name}: continuing from {init}")
+    else:
+        model = LlamaForCausalLM(llama_config(layers, hidden))
+    log(f"{name}: {model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, {n_params(model) / 1e6:.3f}M params")
+    return model
 
 
 # ----------------------------------------------------------------------------- 2. SLM
 
 if "slm" in PHASES:
     torch.manual_seed(args.seed + 1)
-    if args.init_slm is not None:
-        slm = LlamaForCausalLM.from_pretrained(args.init_slm)
-        log(f"SLM: continuing from {args.init_slm}")
-    else:
-        slm = LlamaForCausalLM(llama_config(args.slm_layers, args.slm_hidden))
-    log(f"SLM: {args.slm_layers} layers, hidden {args.slm_hidden}, {n_params(slm) / 1e6:.3f}M params")
+    slm = causal_lm("SLM", args.init_slm, args.slm_layers, args.slm_hidden)
     srng = random.Random(args.seed + 6)
 
     def slm_example():
@@ -467,21 +478,13 @@ slm.eval()
 
 # ----------------------------------------------------------------------------- 3. SLM samples
 
-slm_samples = sample_model(slm, args.sample_slm, args.max_new_concise, seed=1) if args.sample_slm else []
-if slm_samples:
-    lab = [ok for q, s in slm_samples for ok in check_steps(q, s)]
-    log(f"SLM samples: {len(slm_samples)} solutions, {len(lab)} steps, {1 - np.mean(lab):.3f} wrong")
+slm_samples = sample_model(slm, args.sample_slm, args.max_new_concise, seed=1, name="SLM")
 
 # ----------------------------------------------------------------------------- 4. LLM (+ judge)
 
 if "llm" in PHASES:
     torch.manual_seed(args.seed + 2)
-    if args.init_llm is not None:
-        llm = LlamaForCausalLM.from_pretrained(args.init_llm)
-        log(f"LLM: continuing from {args.init_llm}")
-    else:
-        llm = LlamaForCausalLM(llama_config(args.llm_layers, args.llm_hidden))
-    log(f"LLM: {args.llm_layers} layers, hidden {args.llm_hidden}, {n_params(llm) / 1e6:.3f}M params")
+    llm = causal_lm("LLM", args.init_llm, args.llm_layers, args.llm_hidden)
     jrng = random.Random(args.seed + 3)
 
     def llm_example():
@@ -506,10 +509,7 @@ llm.eval()
 
 # ----------------------------------------------------------------------------- 5. LLM samples
 
-llm_samples = sample_model(llm, args.sample_llm, args.max_new_verbose, seed=2) if args.sample_llm else []
-if llm_samples:
-    lab = [ok for q, s in llm_samples for ok in check_steps(q, s)]
-    log(f"LLM samples: {len(llm_samples)} solutions, {len(lab)} steps, {1 - np.mean(lab):.3f} wrong")
+llm_samples = sample_model(llm, args.sample_llm, args.max_new_verbose, seed=2, name="LLM")
 
 # ----------------------------------------------------------------------------- 6. PRM
 

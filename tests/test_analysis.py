@@ -298,3 +298,15 @@ def test_scoring_warns_when_the_models_changed_after_the_run(tmp_path):
     os.utime(run_dir / "samples.jsonl", (500, 500))  # the run is older than the weights
     with pytest.warns(UserWarning, match="slm changed after"):
         warn_if_models_changed(pair, run_dir)
+
+
+def test_replace_marked_section_keeps_the_hand_written_text(tmp_path):
+    from rstitch.analysis.tables import replace_marked_section
+
+    doc = tmp_path / "doc.md"
+    doc.write_text("intro\n")
+    replace_marked_section(doc, "results", "table 1")
+    assert doc.read_text() == "intro\n\n<!-- results:begin -->\ntable 1\n<!-- results:end -->"
+    doc.write_text(doc.read_text() + "\noutro\n")
+    replace_marked_section(doc, "results", "table 2")
+    assert doc.read_text() == "intro\n\n<!-- results:begin -->\ntable 2\n<!-- results:end -->\noutro\n"

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -260,3 +261,15 @@ def matched_speedup_table(summary: pd.DataFrame) -> Table:
         table.rows.append([r["group"], r["method"], r["baseline"], 100 * r["top_accuracy"], r["speedup_at_top"],
                            r["max_speedup"], 100 * r["max_speedup_accuracy"]])
     return table
+
+
+def replace_marked_section(path: str | os.PathLike, name: str, text: str) -> None:
+    """Put `text` between `<!-- name:begin -->` and `<!-- name:end -->` in the file at `path`
+    (appended with the markers if they are missing): generated tables inside hand-written docs."""
+    from pathlib import Path
+
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    doc = Path(path)
+    current = doc.read_text()
+    head, rest = current.split(begin, 1) if begin in current else (current.rstrip() + "\n\n", end)
+    doc.write_text(head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[-1])

@@ -16,8 +16,13 @@ from rstitch.testbed.task import TestbedProblem, check_steps, make_problem, prob
 
 _PROBLEM_RE = re.compile(r"^Start with (\d+)\. (.+)\. What is the result\?$")
 _OPERATION_RE = re.compile(r"^(add|subtract|multiply by) (\d+)$")
-_WHO = "testbed step checker / PRM"
 _OPS_BY_WORD = {"add": "+", "subtract": "-", "multiply by": "*"}
+
+
+def _not_testbed(text: str) -> ConfigError:
+    return ConfigError(
+        f"not a testbed problem (the testbed step checker / PRM scores testbed problems only; choose another prm): {text[:80]!r}"
+    )
 
 
 def parse_problem(text: str) -> TestbedProblem:
@@ -25,16 +30,16 @@ def parse_problem(text: str) -> TestbedProblem:
     scorer asked to score another benchmark)."""
     match = _PROBLEM_RE.match(text.strip())
     if match is None:
-        raise ConfigError(f"not a testbed problem (the {_WHO} scores testbed problems only; choose another prm): {text[:80]!r}")
+        raise _not_testbed(text)
     ops = []
     for phrase in match.group(2).split(", then "):
         op = _OPERATION_RE.match(phrase[:1].lower() + phrase[1:])
         if op is None:
-            raise ConfigError(f"not a testbed problem (the {_WHO} scores testbed problems only; choose another prm): {text[:80]!r}")
+            raise _not_testbed(text)
         ops.append((_OPS_BY_WORD[op.group(1)], int(op.group(2))))
     start = int(match.group(1))
     if problem_text(start, ops) != text.strip():  # round trip: no silently different parse
-        raise ConfigError(f"not a testbed problem (the {_WHO} scores testbed problems only; choose another prm): {text[:80]!r}")
+        raise _not_testbed(text)
     return make_problem(start, ops)
 
 
