@@ -1,6 +1,7 @@
 """engine=vllm against engine=hf on the testbed: load time, per-token latency, request counts per
-method (the overhead of the per-forward request design and what the lookahead saves), and the
-entropy error of top-k logprobs against the full vocabulary.
+method (the overhead of the per-forward request design, what the lookahead saves, and the
+hidden-state requests of rstitch_plus), and the entropy error of top-k logprobs against the full
+vocabulary.
 
     python scripts/bench_vllm.py                    # all of it (needs vLLM importable)
     python scripts/bench_vllm.py --entropy-only     # only the top-k entropy error (HF, no vLLM)
@@ -27,7 +28,7 @@ GREEDY_PARAMS = {
     "process_bon": {"n": 2, "temperature": None},
     "beam_search": {"beam_size": 2, "expansions": 2, "temperature": None},
 }
-DEFAULT_METHODS = ["slm_only", "llm_only", "rstitch", "random", "specdec", "easd", "rsd", "specreason"]
+DEFAULT_METHODS = ["slm_only", "llm_only", "rstitch", "rstitch_plus", "random", "specdec", "easd", "rsd", "specreason"]
 VLLM_OPTIONS = dict(enforce_eager=True, block_size=32, kv_cache_memory_bytes=64 << 20)
 
 
@@ -48,12 +49,12 @@ def time_methods(pairs: dict[str, ModelPair], methods: list[str], n_problems: in
     vllm = pairs["vllm"]
     items = prompts(vllm.tokenizer, n_problems)
     print(f"\n{'method':18s} {'tokens':>6s} {'hf ms/tok':>9s} {'vllm ms/tok':>11s} {'ratio':>5s} "
-          f"{'forwards':>8s} {'requests':>8s} {'served':>6s} {'unused':>6s} {'same':>4s}")
+          f"{'forwards':>8s} {'requests':>8s} {'served':>6s} {'unused':>6s} {'hidden':>6s} {'same':>4s}")
     for name in methods:
         decode(vllm, name, *items[0], budget=16)  # warm-up
         decode(pairs["hf"], name, *items[0], budget=16)
         counters = lambda: [getattr(m, f) for m in vllm.models().values()  # noqa: E731
-                            for f in ("requests", "served_from_lookahead", "lookahead_tokens")]
+                            for f in ("requests", "served_from_lookahead", "lookahead_tokens", "hidden_requests")]
         forwards = lambda: sum(m.cost.forward_calls for m in vllm.models().values())  # noqa: E731
         before, calls_before = counters(), forwards()
         seconds = {"hf": 0.0, "vllm": 0.0}
@@ -64,11 +65,11 @@ def time_methods(pairs: dict[str, ModelPair], methods: list[str], n_problems: in
                 outputs[engine].append(decode(pairs[engine], name, problem, prompt, budget).token_ids)
                 seconds[engine] += time.perf_counter() - start
         after = counters()
-        requests, served, ahead = (after[i] + after[i + 3] - before[i] - before[i + 3] for i in range(3))
+        requests, served, ahead, pooled = (after[i] + after[i + 4] - before[i] - before[i + 4] for i in range(4))
         tokens = sum(len(t) for t in outputs["vllm"])
         hf_ms, vllm_ms = (1000 * seconds[e] / tokens for e in ("hf", "vllm"))
         print(f"{name:18s} {tokens:6d} {hf_ms:9.2f} {vllm_ms:11.2f} {vllm_ms / hf_ms:5.1f} {forwards() - calls_before:8d} "
-              f"{requests:8d} {served:6d} {max(ahead - served, 0):6d} {str(outputs['hf'] == outputs['vllm']):>4s}")
+              f"{requests:8d} {served:6d} {max(ahead - served, 0):6d} {pooled:6d} {str(outputs['hf'] == outputs['vllm']):>4s}")
 
 
 def best_ms(work, repeats: int = 20) -> float:
@@ -83,9 +84,10 @@ def best_ms(work, repeats: int = 20) -> float:
 def forward_costs(pairs: dict[str, ModelPair], n_tokens: int = 16) -> None:
     """One decode step on HF; one vLLM request that predicts one token after a cached prefix; the
     per-token cost inside a request that decodes `n_tokens` with full logprobs (the lookahead),
-    and without logprobs (native `generate`)."""
+    and without logprobs (native `generate`); one hidden-state request for the last position."""
     print(f"\nper-forward cost (best of 20, ms; prompt of a testbed problem, {n_tokens}-token chunks)")
-    print(f"{'model':5s} {'hf step':>8s} {'vllm request':>12s} {'lookahead/tok':>13s} {'generate/tok':>12s}")
+    print(f"{'model':5s} {'hf step':>8s} {'vllm request':>12s} {'lookahead/tok':>13s} {'generate/tok':>12s} "
+          f"{'hidden request':>14s}")
     _, prompt = prompts(pairs["hf"].tokenizer, 1)[0]
     for key in ("slm", "llm"):
         hf, vllm = getattr(pairs["hf"], key), getattr(pairs["vllm"], key)
@@ -102,7 +104,8 @@ def forward_costs(pairs: dict[str, ModelPair], n_tokens: int = 16) -> None:
         request = best_ms(lambda: vllm.run(prompt, one))
         ahead = (best_ms(lambda: vllm.run(prompt, chunk)) - request) / (n_tokens - 1)
         generate = (best_ms(lambda: vllm.run(prompt, native)) - request) / (n_tokens - 1)
-        print(f"{key:5s} {best_ms(hf_step):8.2f} {request:12.2f} {ahead:13.2f} {generate:12.2f}")
+        hidden = best_ms(lambda: vllm.hidden_states(prompt, 1)) if vllm.hidden_llm is not None else math.nan
+        print(f"{key:5s} {best_ms(hf_step):8.2f} {request:12.2f} {ahead:13.2f} {generate:12.2f} {hidden:14.2f}")
 
 
 def entropy_error(pair: ModelPair, n_problems: int, budget: int, ks: list[int], taus: list[float]) -> None:
@@ -158,6 +161,11 @@ def main() -> None:
     vllm = load_pair(*pair_specs(), engine="vllm", max_lookahead=args.max_lookahead,
                      per_model={"llm": {"max_lookahead": llm_lookahead}}, **VLLM_OPTIONS)
     print(f"\nload vllm pair (both engines, first import included): {time.perf_counter() - start:.1f} s")
+    if "rstitch_plus" in args.methods:  # it reads hidden states: load both hidden-state engines now
+        start = time.perf_counter()
+        for model in vllm.models().values():
+            model.open_hidden_engine()
+        print(f"load both hidden-state engines: {time.perf_counter() - start:.1f} s")
     forward_costs({"hf": hf, "vllm": vllm})
     time_methods({"hf": hf, "vllm": vllm}, args.methods, args.problems, args.budget)
 

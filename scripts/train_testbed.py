@@ -12,7 +12,8 @@ Pipeline:
   4. LLM: deep Llama on prompt + verbose solution + eos, plus ~20% SpecReason judge
      examples (conversation + JUDGE_PREFIX -> one digit, 9 = correct step, 0 = wrong)  -> OUT/llm
   5. sample the LLM on training problems
-  6. PRM: LlamaForTokenClassification (num_labels=1), BCE at the "\\n\\n" token ending each step -> OUT/prm
+  6. PRM: LlamaForTokenClassification (num_labels=1), BCE at the "\\n\\n" token ending each step,
+     plus dense per-token labels (is the step still right up to here: `locate_errors`) -> OUT/prm
   7. validation: greedy accuracy / output length of SLM and LLM, judge and PRM ROC-AUC -> OUT/train_report.json
 
 ``--steps-*`` fix the number of optimizer steps; ``--minutes-*`` cap each phase's
@@ -50,6 +51,7 @@ from rstitch.testbed.task import (  # noqa: E402
     check_steps,
     corrupt_steps,
     extract_boxed,
+    locate_errors,
     generate_problems,
     make_problem,
     split_steps,
@@ -89,17 +91,17 @@ p.add_argument("--lr", type=float, default=2e-3)
 p.add_argument("--lr-prm", type=float, default=5e-4, help="PRM learning rate (its body starts trained)")
 p.add_argument("--steps-slm", type=int, default=3000)
 p.add_argument("--steps-llm", type=int, default=4000)
-p.add_argument("--steps-prm", type=int, default=3000)
+p.add_argument("--steps-prm", type=int, default=4500)
 p.add_argument("--minutes-slm", type=float, default=5.0)
 p.add_argument("--minutes-llm", type=float, default=38.0)
-p.add_argument("--minutes-prm", type=float, default=22.0)
+p.add_argument("--minutes-prm", type=float, default=34.0)
 p.add_argument("--judge-frac", type=float, default=0.2, help="fraction of LLM examples in the judge format")
 p.add_argument("--stitch-frac", type=float, default=0.3,
                help="fraction of SLM/LLM examples that continue a solution begun in the other model's style")
 p.add_argument("--tokenizer", type=Path, default=None, help="use this tokenizer instead of training one (with --init-*)")
 p.add_argument("--init-slm", type=Path, default=None, help="start the SLM from this checkpoint instead of a fresh init")
 p.add_argument("--sample-slm", type=int, default=1024, help="training problems sampled from the SLM for judge/PRM data")
-p.add_argument("--sample-llm", type=int, default=192, help="training problems sampled from the LLM for PRM data")
+p.add_argument("--sample-llm", type=int, default=512, help="training problems sampled from the LLM for PRM data")
 p.add_argument("--eval-n", type=int, default=200, help="validation problems for the final evaluation")
 p.add_argument("--max-new-concise", type=int, default=120)
 p.add_argument("--max-new-verbose", type=int, default=400)
@@ -215,11 +217,14 @@ def mixed_steps(prob: TestbedProblem, rng: random.Random, corrupt: bool) -> list
     return steps
 
 
-def labelled_sample(prob: TestbedProblem, rng: random.Random, sampled: list) -> tuple[TestbedProblem, list[str], list[bool]]:
-    """(problem, steps, per-step labels): half corrupted/clean templates, the rest
-    real samples of the trained models (if any)."""
-    if sampled and rng.random() < 0.5:
-        prob, steps = sampled[rng.randrange(len(sampled))]
+def labelled_sample(prob: TestbedProblem, rng: random.Random, pools: list[list]) -> tuple[TestbedProblem, list[str], list[bool]]:
+    """(problem, steps, per-step labels): half corrupted/clean templates, the rest real samples
+    of the trained models, each model's pool equally often (the LLM's rare mistakes are the
+    ones a PRM misses first)."""
+    pools = [pool for pool in pools if pool]
+    if pools and rng.random() < 0.5:
+        pool = pools[rng.randrange(len(pools))]
+        prob, steps = pool[rng.randrange(len(pool))]
     else:
         steps = mixed_steps(prob, rng, corrupt=rng.random() < 0.6)
     return prob, steps, check_steps(prob, steps)
@@ -227,7 +232,7 @@ def labelled_sample(prob: TestbedProblem, rng: random.Random, sampled: list) -> 
 
 def judge_example(prob: TestbedProblem, rng: random.Random, sampled: list) -> tuple[list[int], list[int]]:
     """SpecReason judge: [problem, steps so far, instruction] + prefix -> one digit."""
-    prob, steps, labels = labelled_sample(prob, rng, sampled)
+    prob, steps, labels = labelled_sample(prob, rng, [sampled])
     if not steps:
         steps, labels = prob.steps("concise"), [True] * (len(prob.ops) + 1)
     wrong = [i for i, ok in enumerate(labels) if not ok]
@@ -238,20 +243,34 @@ def judge_example(prob: TestbedProblem, rng: random.Random, sampled: list) -> tu
     return prompt + [digit], [-100] * len(prompt) + [digit]
 
 
-def prm_example(prob: TestbedProblem, steps: list[str], labels: list[bool]) -> tuple[list[int], list[int], list[float]]:
-    """PRM input ids, positions of the token ending each step's "\\n\\n", labels."""
+def prm_example(prob: TestbedProblem, steps: list[str]) -> tuple[list[int], list[int], list[float], list[float]]:
+    """PRM input ids, the positions of the tokens ending each step's "\\n\\n", the step labels,
+    and dense per-token labels (-1: unlabelled).
+
+    The dense label of a token says whether its step is still correct up to that token
+    (`locate_errors`); the token where the step goes wrong and every later token of the step
+    are 0. A label only at each step's end leaves the PRM to find a slipped digit anywhere in
+    the text from one bit; the dense labels show it where.
+    """
     text = prm_text(prob.problem, steps)
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-    ends, pos = [], len(prob.problem) + 1
-    for s in steps:
-        pos += len(s) + 2
-        ends.append(pos)
     offsets = enc["offset_mapping"]
-    positions = []
-    for e in ends:
-        idx = max(i for i, (a, _) in enumerate(offsets) if a < e)
-        positions.append(idx)
-    return enc["input_ids"], positions, [float(x) for x in labels]
+    starts, pos = [], len(prob.problem) + 1
+    for s in steps:
+        starts.append(pos)
+        pos += len(s) + len(STEP_SEPARATOR)
+    dense = [-1.0] * len(offsets)
+    for k, err in enumerate(locate_errors(prob, steps)):
+        lo, hi = starts[k], starts[k] + len(steps[k]) + len(STEP_SEPARATOR)
+        for i, (a, b) in enumerate(offsets):
+            if lo <= a < hi:
+                dense[i] = 1.0 if err is None or b <= lo + err[0] else 0.0 if b >= lo + err[1] else -1.0
+    # the token ending each step's separator carries that step's label
+    positions = [max(i for i, (a, _) in enumerate(offsets) if a < starts[k] + len(s) + len(STEP_SEPARATOR)) for k, s in enumerate(steps)]
+    labels = [float(x) for x in check_steps(prob, steps)]
+    for i, y in zip(positions, labels):
+        dense[i] = y
+    return enc["input_ids"], positions, labels, dense
 
 
 def collate(batch: list[tuple[list[int], list[int]]]):
@@ -515,25 +534,30 @@ llm_samples = sample_model(llm, args.sample_llm, args.max_new_verbose, seed=2, n
 
 
 def prm_loss(model, batch):
-    n = max(len(x) for x, _, _ in batch)
+    """BCE at the token ending each step (what the PRM is read at) plus BCE on the dense labels."""
+    n = max(len(x) for x, *_ in batch)
     ids = torch.full((len(batch), n), PAD, dtype=torch.long)
     att = torch.zeros((len(batch), n), dtype=torch.long)
+    dense = torch.full((len(batch), n), -1.0)
     rows, cols, ys = [], [], []
-    for i, (x, pos, y) in enumerate(batch):
+    for i, (x, pos, y, d) in enumerate(batch):
         ids[i, : len(x)] = torch.tensor(x)
         att[i, : len(x)] = 1
+        dense[i, : len(d)] = torch.tensor(d)
         rows += [i] * len(pos)
         cols += pos
         ys += y
     logits = model(input_ids=ids, attention_mask=att).logits[..., 0]
-    return F.binary_cross_entropy_with_logits(logits[rows, cols], torch.tensor(ys))
+    labelled = dense >= 0
+    step_loss = F.binary_cross_entropy_with_logits(logits[rows, cols], torch.tensor(ys))
+    return step_loss + F.binary_cross_entropy_with_logits(logits[labelled], dense[labelled])
 
 
 @torch.no_grad()
 def prm_scores(model, items) -> tuple[list[float], list[bool]]:
     scores, labels = [], []
     for q, steps in items:
-        x, pos, _ = prm_example(q, steps, [True] * len(steps))
+        x, pos, *_ = prm_example(q, steps)
         logits = model(input_ids=torch.tensor([x])).logits[0, :, 0]
         scores += torch.sigmoid(logits[pos]).tolist()
         labels += check_steps(q, steps)
@@ -550,11 +574,10 @@ if "prm" in PHASES:
         prm = LlamaForTokenClassification(llama_config(args.prm_layers, args.prm_hidden, num_labels=1))
     log(f"PRM: {prm.config.num_hidden_layers} layers, hidden {prm.config.hidden_size}, {n_params(prm) / 1e6:.3f}M params")
     prng = random.Random(args.seed + 5)
-    sampled = slm_samples + llm_samples
 
     def prm_item():
-        q, steps, labels = labelled_sample(next(stream), prng, sampled)
-        return prm_example(q, steps, labels)
+        q, steps, _ = labelled_sample(next(stream), prng, [slm_samples, llm_samples])
+        return prm_example(q, steps)
 
     batches = bucketed(prm_item, args.batch_size, rng)
     REPORT["prm_train"] = train_loop(prm, batches, args.steps_prm, args.minutes_prm, "prm", prm_loss, lr=args.lr_prm)

@@ -4,7 +4,8 @@ import pytest
 
 from rstitch.errors import ConfigError
 from rstitch.results import SampleStore, find_speedup, load_summaries, pareto_front, summarize_samples
-from rstitch.results.keys import run_tag
+from rstitch.results.keys import comparison_key, run_tag
+from rstitch.results.weights import fingerprint
 
 
 def sample(i, correct=True, latency=1.0, tokens=10):
@@ -47,6 +48,38 @@ def test_run_tag_names_parameters_and_hashes_the_rest():
     tag = run_tag(base)
     assert tag.startswith("tau=0.02_")
     assert run_tag({**base, "dataset": {"limit": 2}}) != tag
+
+
+def write_checkpoint(root, payload: bytes) -> str:
+    (root / "config.json").write_text('{"hidden_size": 8}')
+    (root / "model.safetensors").write_bytes(payload)
+    return str(root)
+
+
+def test_weights_retrained_in_place_get_their_own_runs_and_baselines(tmp_path):
+    """Same paths, new weights: a new run directory and a new comparison key, never a resume
+    into (or a speedup from) the old weights' results."""
+    llm, router = tmp_path / "llm", tmp_path / "router"
+    llm.mkdir(), router.mkdir()
+    write_checkpoint(llm, b"a" * (3 << 20))  # larger than 2 MiB: head and tail are read
+    write_checkpoint(router, b"r")
+    cfg = {"pair": {"slm": {"path": "hub/slm"}, "llm": {"path": str(llm)}}, "engine": {}, "dataset": {}, "prompt": {},
+           "max_new_tokens": 8, "decoding": {}, "n_samples": 1, "method": {"name": "rstitch_plus", "router": str(router)}}
+    key, tag = comparison_key(cfg), run_tag(cfg)
+    assert set(key["weights"]) == {"llm"}  # a hub id is keyed by its name
+    assert (comparison_key(cfg), run_tag(cfg)) == (key, tag)  # stable while the files are
+    write_checkpoint(llm, b"a" * ((3 << 20) - 1) + b"b")  # one byte in the tail of the shard
+    assert comparison_key(cfg) != key and run_tag(cfg) != tag
+    key, tag = comparison_key(cfg), run_tag(cfg)
+    write_checkpoint(router, b"s")  # the method's own checkpoint: a new run, same baselines
+    assert comparison_key(cfg) == key and run_tag(cfg) != tag
+
+
+def test_fingerprint_reads_content_not_location(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    assert fingerprint(write_checkpoint(a, b"x" * 10)) == fingerprint(write_checkpoint(b, b"x" * 10))
+    assert fingerprint(a) != fingerprint(write_checkpoint(b, b"x" * 11))
 
 
 def test_summaries_table_and_pareto_front(tmp_path):

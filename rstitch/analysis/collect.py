@@ -123,6 +123,12 @@ def acceptance_of(method: str, summary: Mapping[str, Any]) -> tuple[float | None
     return None, None
 
 
+def recorded_comparison_key(summary: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """The key the run recorded (with the fingerprints of the weights it ran); computing it now
+    would fingerprint whatever the paths hold today."""
+    return summary.get("comparison_key") or comparison_key(config)
+
+
 def run_row(summary: Mapping[str, Any], config: Mapping[str, Any], run_dir: str | None = None) -> dict[str, Any]:
     """One run as a frame row, from its summary metrics and its resolved config."""
     method = config["method"]["name"]
@@ -132,7 +138,7 @@ def run_row(summary: Mapping[str, Any], config: Mapping[str, Any], run_dir: str 
         "pair": config["pair"]["name"], "dataset": config["dataset"]["name"], "method": method,
         "setting_full": setting_label(params), "method_id": short_hash(config["method"]),
         "budget": config.get("max_new_tokens"),
-        "comparison": short_hash(comparison_key(config)), "run_dir": run_dir,
+        "comparison": short_hash(recorded_comparison_key(summary, config)), "run_dir": run_dir,
         **{k: summary.get(k) for k in RUN_METRICS},
         "speedup_recorded": summary.get("speedup"),
         "acceptance": acceptance, "acceptance_kind": kind, "params": params,

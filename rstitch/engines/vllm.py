@@ -19,7 +19,13 @@ token of the last one, and starts again from one token otherwise.
 
 Cost accounting is the base class's: a forward served from the lookahead counts as the decode
 step it stands for, so token and FLOP counts match the HF backend; wall time is real.
-Hidden states are not exposed by vLLM's generation API: sequences that want them are refused.
+
+Hidden states (`want_hidden=True`, R-Stitch+'s router): vLLM's generation API does not return
+them, so a model opens, at its first such sequence, a second engine on the same weights as a
+pooling model (`runner="pooling"`, task `token_embed`: the final hidden state of every computed
+position, after the final norm as HF's `hidden_states[-1]`, unnormalized). Each request of such a
+sequence is followed by one pooling request on the same path for the rows it serves; prefix
+caching keeps it incremental. Other sequences never touch it (docs/vllm.md: memory and time).
 """
 from __future__ import annotations
 
@@ -58,44 +64,47 @@ class VLLMSequence(Sequence):
     runner: "VLLMModelRunner"
 
     def __init__(self, runner: "VLLMModelRunner", prompt_ids: Seq[int], want_hidden: bool = False):
-        if want_hidden:
-            raise ConfigError(
-                "engine 'vllm' returns no hidden states, which the rstitch_plus router reads; run that method with engine=hf"
-            )
         super().__init__(runner, prompt_ids, want_hidden)
+        if want_hidden:
+            runner.open_hidden_engine()  # fail (or pay the load) before the first forward
         # Distributions of the last request: row i is the distribution after
         # _path[: _first + i + 1]; they serve any token list that is a prefix of _path.
+        # _hidden holds the matching last hidden states when the sequence wants them.
         self._path: list[int] = []
         self._decoded: list[int] = []  # the last request's tokens and all it generated
         self._requested = self._served_calls = 0  # its token count; calls served from it since
         self._first = 0
         self._rows: torch.Tensor | None = None
+        self._hidden: torch.Tensor | None = None
         self._lookahead = 1
 
     # --- backend hooks -----------------------------------------------------------------
-    def _forward(self, new_ids: list[int], keep: int) -> tuple[torch.Tensor, None]:
+    def _forward(self, new_ids: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         tokens = self.tokens[: self.n_cached] + list(new_ids)
-        rows = self._stored(tokens, keep)
-        if rows is None:
+        stored = self._stored(tokens, keep)
+        if stored is None:
             self._adapt_lookahead(tokens)
             self._request(tokens, keep)
-            rows = self._stored(tokens, keep)
+            stored = self._stored(tokens, keep)
         else:
             self.runner.served_from_lookahead += 1
             self._served_calls += 1
-        return rows, None
+        return stored
 
     def _crop(self, n_keep: int) -> None:
         """Nothing to free: vLLM's prefix cache is shared and evicts by itself."""
 
     # --- lookahead ---------------------------------------------------------------------
-    def _stored(self, tokens: list[int], keep: int) -> torch.Tensor | None:
+    def _stored(self, tokens: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The logits (and hidden states) of the last `keep` positions of `tokens`, if the last
+        request covered them."""
         first = len(tokens) - keep
         if self._rows is None or first < self._first or len(tokens) > len(self._path):
             return None
         if tokens != self._path[: len(tokens)]:
             return None
-        return self._rows[first - self._first: len(tokens) - self._first]
+        rows = slice(first - self._first, len(tokens) - self._first)
+        return self._rows[rows], None if self._hidden is None else self._hidden[rows]
 
     def _adapt_lookahead(self, tokens: list[int]) -> None:
         """Double the lookahead when the caller asked for the distribution at every token of the
@@ -123,6 +132,8 @@ class VLLMSequence(Sequence):
         self._path = self._decoded[:-1]
         self._first = len(tokens) - keep
         self._rows = torch.stack(rows)
+        if self.want_hidden:  # the states at the same positions: one pooling request on the path
+            self._hidden = runner.hidden_states(self._path, len(rows))
         runner.lookahead_tokens += len(generated) - 1
 
     # --- native generation ---------------------------------------------------------------
@@ -187,14 +198,22 @@ class VLLMModelRunner(ModelRunner):
         seed: int = 0,
         multiprocessing: bool = False,
         engine_args: dict[str, Any] | None = None,
+        hidden_gpu_memory_utilization: float = 0.05,
+        hidden_kv_cache_memory_bytes: int | None = None,
     ):
         """`device` is vLLM's platform (its build decides); the other options are vLLM's engine
-        arguments of the same names, `engine_args` passes any further ones."""
+        arguments of the same names, `engine_args` passes any further ones. `hidden_*` are the
+        memory share of the hidden-state engine, opened only for sequences that want hidden
+        states (`hidden_kv_cache_memory_bytes` null: `kv_cache_memory_bytes`)."""
         super().__init__()
         if dtype not in DTYPES:
             raise ConfigError(f"unknown dtype '{dtype}'; valid: {', '.join(DTYPES)}")
         if isinstance(max_lookahead, bool) or not isinstance(max_lookahead, int) or max_lookahead < 1:
             raise ConfigError(f"engine.max_lookahead must be an integer >= 1, got {max_lookahead!r}")
+        # Checked now: the hidden-state engine is loaded only at the first sequence that wants it.
+        if not _is_fraction(hidden_gpu_memory_utilization):
+            raise ConfigError(
+                f"engine.hidden_gpu_memory_utilization must be in (0, 1], got {hidden_gpu_memory_utilization!r}")
         check_model_path(path)
         if num_threads:
             torch.set_num_threads(int(num_threads))
@@ -216,22 +235,63 @@ class VLLMModelRunner(ModelRunner):
         self.eos_token_ids = _eos_ids(self.tokenizer, path)
         self.top_logprobs = _logprob_count(logprobs, self.model_vocab_size)
         self.max_lookahead = max_lookahead
-        self.served_from_lookahead = self.lookahead_tokens = self.requests = 0
+        self.served_from_lookahead = self.lookahead_tokens = self.requests = self.hidden_requests = 0
 
         args = dict(
             model=path, tokenizer=path, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
             max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
             kv_cache_memory_bytes=kv_cache_memory_bytes, enable_prefix_caching=enable_prefix_caching,
             enforce_eager=enforce_eager, block_size=block_size, seed=seed, trust_remote_code=trust_remote_code,
-            max_logprobs=self.top_logprobs, disable_log_stats=True, **(engine_args or {}),
+            disable_log_stats=True, **(engine_args or {}),
         )
+        # The hidden-state engine shares every argument but its memory share (see open_hidden_engine).
+        self._hidden_args = {**args, "gpu_memory_utilization": hidden_gpu_memory_utilization,
+                             "kv_cache_memory_bytes": hidden_kv_cache_memory_bytes or kv_cache_memory_bytes}
+        self.hidden_llm: Any = None
         from vllm import LLM
 
-        self.llm = LLM(**{k: v for k, v in args.items() if v is not None})
+        self.llm = LLM(**{k: v for k, v in {**args, "max_logprobs": self.top_logprobs}.items() if v is not None})
         self.max_model_len = self.llm.llm_engine.vllm_config.model_config.max_model_len
 
     def new_sequence(self, prompt_ids: Seq[int], want_hidden: bool = False) -> VLLMSequence:
         return VLLMSequence(self, prompt_ids, want_hidden)
+
+    # --- hidden states -------------------------------------------------------------------
+    def open_hidden_engine(self) -> None:
+        """Load the hidden-state engine once: the same weights as a pooling model whose
+        `token_embed` task returns the final (normed) hidden state of every computed position,
+        with no activation (it would L2-normalize them). vLLM's generate runner cannot return
+        hidden states, and a pooling runner cannot sample: hence a second engine."""
+        if self.hidden_llm is not None:
+            return
+        from vllm import LLM
+        from vllm.config import PoolerConfig
+
+        pooler = PoolerConfig(task="token_embed", tok_pooling_type="ALL", use_activation=False)
+        args = {k: v for k, v in self._hidden_args.items() if v is not None}
+        try:
+            self.hidden_llm = LLM(runner="pooling", convert="embed", pooler_config=pooler, **args)
+        except ValueError as err:  # e.g. an architecture vLLM cannot pool, or no memory left for it
+            raise ConfigError(f"engine 'vllm': cannot open the hidden-state engine of '{self.name}': "
+                              f"{str(err).splitlines()[0]}") from None
+
+    def hidden_states(self, token_ids: list[int], n_rows: int) -> torch.Tensor:
+        """The last hidden states [n_rows, H] (float32) of the last `n_rows` positions of `token_ids`."""
+        data = self._pool(token_ids, read_cache=True)
+        if data.shape[0] < n_rows:
+            # Only computed positions get a state, and the prefix cache covered wanted ones.
+            data = self._pool(token_ids, read_cache=False)
+        return data[-n_rows:].float()
+
+    def _pool(self, token_ids: list[int], read_cache: bool) -> torch.Tensor:
+        from vllm import PoolingParams
+        from vllm.inputs import TokensPrompt
+
+        self.hidden_requests += 1
+        params = PoolingParams(use_activation=False, skip_reading_prefix_cache=not read_cache)
+        [out] = self.hidden_llm.encode([TokensPrompt(prompt_token_ids=token_ids)], params, use_tqdm=False,
+                                       pooling_task="token_embed")
+        return out.outputs.data
 
     # --- requests ------------------------------------------------------------------------
     def run(self, token_ids: list[int], params: Any) -> Any:
@@ -291,6 +351,10 @@ def _logprob_count(logprobs: int | str, vocab_size: int) -> int:
     if isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 1:
         raise ConfigError(f"engine.logprobs must be auto, full or an integer >= 1, got {logprobs!r}")
     return -1 if logprobs >= vocab_size else logprobs
+
+
+def _is_fraction(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
 
 
 def _count_parameters(config: Any) -> int:

@@ -1,10 +1,13 @@
-"""Run identity. The comparison key says which runs are comparable (same pair, data, budget,
-decoding, seed); the run key adds the method and names the run directory."""
+"""Run identity. The comparison key says which runs are comparable (same pair and weights, data,
+budget, decoding, seed); the run key adds the method and its checkpoints' weights, and names the
+run directory."""
 from __future__ import annotations
 
 import hashlib
 import json
 from typing import Any
+
+from rstitch.results.weights import method_weights, pair_weights
 
 SHARD_KEYS = ("shard", "num_shards")
 
@@ -33,6 +36,7 @@ def unsharded(dataset: dict[str, Any]) -> dict[str, Any]:
 def comparison_key(cfg: dict[str, Any]) -> dict[str, Any]:
     return {
         "pair": cfg["pair"],
+        "weights": pair_weights(cfg["pair"]),
         "engine": cfg["engine"],
         "dataset": dataset_key(cfg["dataset"]),
         "prompt": cfg["prompt"],
@@ -43,7 +47,7 @@ def comparison_key(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_key(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {**comparison_key(cfg), "method": cfg["method"]}
+    return {**comparison_key(cfg), "method": cfg["method"], "method_weights": method_weights(cfg["method"])}
 
 
 def short_hash(obj: Any) -> str:

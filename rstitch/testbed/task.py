@@ -436,6 +436,44 @@ def first_wrong_step(problem: TestbedProblem, steps: Sequence[str]) -> int | Non
     return None
 
 
+def locate_errors(problem: TestbedProblem, steps: Sequence[str]) -> list[tuple[int, int] | None]:
+    """Where each wrong step goes wrong: per step, None if it is correct, else ``(good, bad)``
+    character offsets: ``step[:good]`` is still correct and ``step[:bad]`` is already wrong.
+
+    A prefix of a step can be judged on its own only where an expression ends, so the cuts
+    are the ends of expressions (the first number of each chain, before each "=", the end
+    of each chain and each box);
+    the error lies between the last correct cut and the first wrong one (the step's end when
+    every cut before it is correct). These are the dense labels of the testbed PRM: they show
+    the token where a step goes wrong, not only the step.
+    """
+    located: list[tuple[int, int] | None] = []
+    for k, (step, ok) in enumerate(zip(steps, check_steps(problem, steps))):
+        if ok:
+            located.append(None)
+            continue
+        good, bad = 0, len(step)
+        for cut in _expression_ends(step):
+            if not check_steps(problem, [*steps[:k], step[:cut]])[-1]:
+                bad = cut
+                break
+            good = cut
+        located.append((good, bad))
+    return located
+
+
+def _expression_ends(step: str) -> list[int]:
+    """Offsets (exclusive, before the step's end) where a whole expression of `step` ends."""
+    ends: set[int] = set()
+    for m in _CHAIN_RE.finditer(step):
+        chain = m.group(0)
+        ends.add(m.start() + _NUM_RE.search(chain).end())  # the value a chain starts from
+        ends.update(m.start() + len(chain[:i].rstrip()) for i, c in enumerate(chain) if c == "=")
+        ends.add(m.end())
+    ends.update(m.end() for m in _BOXED_RE.finditer(step))
+    return sorted(e for e in ends if 0 < e < len(step))
+
+
 def split_steps(text: str) -> list[str]:
     """Steps of a solution text (``text.split("\\n\\n")``, empty trailing parts dropped)."""
     parts = text.split(STEP_SEPARATOR)
@@ -464,17 +502,18 @@ def corrupt_steps(
     """A solution with one injected error that later steps carry forward.
 
     kind: "slip" (one digit of a result changed), "carry" (result off by 10 or
-    100: a missed or extra carry), "operand" (wrong operand used), "value"
+    100: a missed or extra carry), "link" (a slip inside the chain, on the partial
+    result the chain goes on from), "operand" (wrong operand used), "value"
     (wrong running value copied) or "answer" (wrong boxed answer). The error
     is propagated: later steps compute correctly from the wrong value, as a
     model that slipped would. Labels come from :func:`check_steps`.
     """
-    kinds = ["slip", "carry", "operand", "value", "answer"]
+    kinds = ["slip", "carry", "link", "operand", "value", "answer"]
     kind = kind or rng.choice(kinds)
     n = len(problem.ops)
     j = rng.randrange(n)  # operation where the error happens
     vals = [problem.start]
-    lines_ops: list[tuple[int, str, int, int]] = []  # (a, op, b, c) as written
+    lines_ops: list[tuple[int, str, int, list[str]]] = []  # (a, op, b, chain) as written
     cur = problem.start
     for i, (op, b) in enumerate(problem.ops):
         a, bb = cur, b
@@ -485,7 +524,15 @@ def corrupt_steps(
         c = apply_op(a, op, bb) if (op != "-" or a >= bb) else abs(a - bb)
         if i == j and kind in ("slip", "carry"):
             c = _perturb(c, rng, carry=(kind == "carry"))
-        lines_ops.append((a, op, bb, c))
+        true_c = _safe(a, op, bb)
+        if true_c is not None and 0 <= true_c and (op != "*" or a < 100):
+            chain = _chain(a, op, bb)
+            chain[-1] = str(c)  # a slip of the result lands on the last link
+            if i == j and kind == "link":
+                chain, c = _slip_inside(chain, rng)
+        else:
+            chain = [f"{a} {op} {bb}", str(c)]
+        lines_ops.append((a, op, bb, chain))
         cur = c
         vals.append(cur)
     final = cur
@@ -494,13 +541,8 @@ def corrupt_steps(
     steps: list[str] = []
     if style == "verbose":
         steps.append(f"We start with {problem.start}.")
-    for a, op, b, c in lines_ops:
-        true_c = _safe(a, op, b)
-        if true_c is not None and 0 <= true_c and (op != "*" or a < 100):
-            chain = _chain(a, op, b)
-            chain[-1] = str(c)  # the slip (if any) lands on the last link
-        else:
-            chain = [f"{a} {op} {b}", str(c)]
+    for a, op, b, chain in lines_ops:
+        c = int(chain[-1])
         if style == "concise":
             steps.append(" = ".join(chain))
         else:
@@ -508,6 +550,21 @@ def corrupt_steps(
     box = f"\\boxed{{{final}}}"
     steps.append(box if style == "concise" else f"So the answer is {box}.")
     return steps
+
+
+def _slip_inside(chain: list[str], rng: random.Random) -> tuple[list[str], int]:
+    """The chain with a slip on its partial result (``77 + 8`` -> ``78 + 8``), computed on
+    from there; a chain without a partial result gets the slip on its result."""
+    if len(chain) < 4:
+        c = _perturb(int(chain[-1]), rng)
+        return [*chain[:-1], str(c)], c
+    left, op, right = chain[2].split(" ")
+    left = str(_perturb(int(left), rng, hi=MAX_VALUE))
+    c = _eval_expr(f"{left} {op} {right}")
+    if c is None or not 0 <= c <= MAX_VALUE:
+        c = _perturb(int(chain[-1]), rng)
+        return [*chain[:-1], str(c)], c
+    return [chain[0], chain[1], f"{left} {op} {right}", str(c)], c
 
 
 def _safe(a: int, op: str, b: int) -> int | None:
