@@ -115,40 +115,43 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
     sampler = Sampler(**cfg["decoding"])
     pair = get_pair(cfg["pair"], cfg["engine"])
     store = SampleStore(run_dir, run_key(cfg))
-    tokenizer = pair.tokenizer
-    ctx = DecodeContext(pair, sampler, budget)
-    latency_models = load_pair_latency(cfg["latency_dir"], pair) if cfg.get("latency_dir") else None
+    try:
+        tokenizer = pair.tokenizer
+        ctx = DecodeContext(pair, sampler, budget)
+        latency_models = load_pair_latency(cfg["latency_dir"], pair) if cfg.get("latency_dir") else None
 
-    todo = [(r, k) for r in records for k in range(n_samples) if not store.done(r.id, k)]
-    name = f"{cfg['pair']['name']}/{cfg['dataset']['name']}/{method.name}/{run_tag(cfg)}"
-    if logger is not None:
-        logger.start(name, cfg, name)
-    if todo:
-        warm_ctx = DecodeContext(pair, sampler, min(WARMUP_TOKENS, budget), todo[0][0].problem, todo[0][0].metadata)
-        method.decode(prompt.encode(tokenizer, todo[0][0].problem), warm_ctx)  # untimed warm-up
-
-    bar = tqdm(total=len(records) * n_samples, initial=len(records) * n_samples - len(todo), desc=method.name, unit="sample")
-    for record, index in todo:
-        sampler.reseed(sample_seed(sampler.seed, record.id, index))
-        sample_ctx = replace(ctx, problem=record.problem, metadata=record.metadata)
-        result, latency, cost = timed_decode(method, prompt.encode(tokenizer, record.problem), sample_ctx)
-        row = sample_record(record, index, result, latency, cost, pair, method)
-        row["latency_estimate_s"] = estimate_latency(pair, latency_models)
-        store.append(row)
+        todo = [(r, k) for r in records for k in range(n_samples) if not store.done(r.id, k)]
+        name = f"{cfg['pair']['name']}/{cfg['dataset']['name']}/{method.name}/{run_tag(cfg)}"
         if logger is not None:
-            logger.log_sample(row)
-        done = list(store.records.values())
-        bar.set_postfix(acc=f"{sum(r['correct'] for r in done) / len(done):.3f}",
-                        lat=f"{sum(r['latency_s'] for r in done) / len(done):.2f}s")
-        bar.update()
-    bar.close()
+            logger.start(name, cfg, name)
+        if todo:
+            warm_ctx = DecodeContext(pair, sampler, min(WARMUP_TOKENS, budget), todo[0][0].problem, todo[0][0].metadata)
+            method.decode(prompt.encode(tokenizer, todo[0][0].problem), warm_ctx)  # untimed warm-up
 
-    wanted = {(r.id, k) for r in records for k in range(n_samples)}
-    samples = [s for key, s in store.records.items() if key in wanted]
-    summary = summarize_run(cfg, method, samples, results_root if results_root is not None else Path(run_dir).parent)
-    store.write_summary(summary)
-    if logger is not None:
-        logger.finish(summary, samples)
+        bar = tqdm(total=len(records) * n_samples, initial=len(records) * n_samples - len(todo), desc=method.name, unit="sample")
+        for record, index in todo:
+            sampler.reseed(sample_seed(sampler.seed, record.id, index))
+            sample_ctx = replace(ctx, problem=record.problem, metadata=record.metadata)
+            result, latency, cost = timed_decode(method, prompt.encode(tokenizer, record.problem), sample_ctx)
+            row = sample_record(record, index, result, latency, cost, pair, method)
+            row["latency_estimate_s"] = estimate_latency(pair, latency_models)
+            store.append(row)
+            if logger is not None:
+                logger.log_sample(row)
+            done = list(store.records.values())
+            bar.set_postfix(acc=f"{sum(r['correct'] for r in done) / len(done):.3f}",
+                            lat=f"{sum(r['latency_s'] for r in done) / len(done):.2f}s")
+            bar.update()
+        bar.close()
+
+        wanted = {(r.id, k) for r in records for k in range(n_samples)}
+        samples = [s for key, s in store.records.items() if key in wanted]
+        summary = summarize_run(cfg, method, samples, results_root if results_root is not None else Path(run_dir).parent)
+        store.write_summary(summary)
+        if logger is not None:
+            logger.finish(summary, samples)
+    finally:
+        store.close()  # other processes waiting on this run directory may go on
     return summary
 
 

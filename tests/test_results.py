@@ -5,7 +5,7 @@ import pytest
 from rstitch.errors import ConfigError
 from rstitch.results import SampleStore, find_speedup, load_summaries, pareto_front, summarize_samples
 from rstitch.results.keys import comparison_key, run_tag
-from rstitch.results.weights import fingerprint
+from rstitch.results.weights import fingerprint, method_weights
 
 
 def sample(i, correct=True, latency=1.0, tokens=10):
@@ -19,6 +19,7 @@ def test_store_appends_resumes_and_refuses_duplicates(tmp_path):
     store.append(sample(1))
     with pytest.raises(ValueError):
         store.append(sample(1))
+    store.close()
     (tmp_path / "samples.jsonl").open("a").write('{"id": "p2", "sampl')  # a kill mid-write
     reopened = SampleStore(tmp_path, {"method": "a"})
     assert reopened.done("p1", 0) and not reopened.done("p2", 0)
@@ -27,8 +28,30 @@ def test_store_appends_resumes_and_refuses_duplicates(tmp_path):
     assert [json.loads(l)["id"] for l in lines] == ["p1", "p2"]
 
 
+def test_one_process_per_run_directory(tmp_path):
+    """A second process on a run directory (another sweep point sharing a baseline, another
+    script) waits for the first to close it, then resumes from what it wrote: no sample is
+    decoded or appended twice. In one process a second store is an error, not a deadlock."""
+    import subprocess
+    import sys
+
+    first = SampleStore(tmp_path, {"method": "a"})
+    first.append(sample(1))
+    with pytest.raises(RuntimeError, match="already open in this process"):
+        SampleStore(tmp_path, {"method": "a"})
+    code = ("from rstitch.results import SampleStore; "
+            f"s = SampleStore({str(tmp_path)!r}, {{'method': 'a'}}); print(s.done('p1', 0), s.done('p2', 0))")
+    other = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with pytest.raises(subprocess.TimeoutExpired):
+        other.wait(timeout=5)  # blocked while the first holds the directory
+    first.append(sample(2))
+    first.close()
+    out, err = other.communicate(timeout=60)
+    assert out.split() == ["True", "True"] and "waiting for another process" in err
+
+
 def test_store_refuses_a_different_configuration(tmp_path):
-    SampleStore(tmp_path, {"method": "a", "tau": 1})
+    SampleStore(tmp_path, {"method": "a", "tau": 1}).close()
     with pytest.raises(ConfigError, match="differs in: tau"):
         SampleStore(tmp_path, {"method": "a", "tau": 2})
 
@@ -73,6 +96,14 @@ def test_weights_retrained_in_place_get_their_own_runs_and_baselines(tmp_path):
     key, tag = comparison_key(cfg), run_tag(cfg)
     write_checkpoint(router, b"s")  # the method's own checkpoint: a new run, same baselines
     assert comparison_key(cfg) == key and run_tag(cfg) != tag
+
+
+def test_bare_words_are_not_checkpoints(tmp_path, monkeypatch):
+    """A method named like a folder of the working directory is a name, not a path."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rstitch").mkdir()
+    (tmp_path / "ckpt").mkdir()
+    assert method_weights({"name": "rstitch", "mode": "rstitch", "router": "./ckpt"}) == {"router": fingerprint("ckpt")}
 
 
 def test_fingerprint_reads_content_not_location(tmp_path):

@@ -146,14 +146,14 @@ def write_merge(plan: MergePlan) -> dict[str, Any]:
     from rstitch.runner import summarize_run
 
     method = build_method(**plan.config["method"])
-    store = SampleStore(plan.target, run_key(plan.config))  # refuses a directory of another configuration
-    names = [s.dir.name for s in plan.shards]
-    (plan.target / MERGED_FROM_FILE).write_text(json.dumps({"shards": names}, indent=1))
-    write_samples(plan.target, plan.samples)
-    # The comparison root is <results_root>/<pair>/<dataset>, as for a run of rstitch-run.
-    summary = summarize_run(plan.config, method, plan.samples, plan.target.parent.parent)
-    summary["merged_from"] = names
-    store.write_summary(summary)
+    with SampleStore(plan.target, run_key(plan.config)) as store:  # refuses a directory of another configuration
+        names = [s.dir.name for s in plan.shards]
+        (plan.target / MERGED_FROM_FILE).write_text(json.dumps({"shards": names}, indent=1))
+        write_samples(plan.target, plan.samples)
+        # The comparison root is <results_root>/<pair>/<dataset>, as for a run of rstitch-run.
+        summary = summarize_run(plan.config, method, plan.samples, plan.target.parent.parent)
+        summary["merged_from"] = names
+        store.write_summary(summary)
     return summary
 
 

@@ -61,7 +61,7 @@ def discard_if_empty(run_dir: Path) -> None:
     if not run_dir.is_dir():
         return
     entries = list(run_dir.iterdir())
-    if all(p.name in (".hydra", "run_key.json") or p.suffix == ".log" for p in entries):
+    if all(p.name in (".hydra", ".lock", "run_key.json") or p.suffix == ".log" for p in entries):
         shutil.rmtree(run_dir)
 
 

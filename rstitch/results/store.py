@@ -1,8 +1,10 @@
 """Per-sample results, appended as each sample finishes, and resumable after a kill."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -11,6 +13,8 @@ from rstitch.errors import ConfigError
 SAMPLES_FILE = "samples.jsonl"
 SUMMARY_FILE = "summary.json"
 RUN_KEY_FILE = "run_key.json"
+LOCK_FILE = ".lock"
+_HELD: set[str] = set()  # run directories whose lock this process holds
 
 
 def sample_key(record: dict[str, Any]) -> tuple[str, int]:
@@ -24,11 +28,50 @@ class SampleStore:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / SAMPLES_FILE
-        self._claim(run_key)
+        self._lock = self._acquire()
+        try:
+            self._claim(run_key)
+        except ConfigError:
+            self.close()
+            raise
         self._repair_tail()
         self.records: dict[tuple[str, int], dict[str, Any]] = {}
         for record in self._read():
             self.records.setdefault(sample_key(record), record)
+
+    def _acquire(self):
+        """One process per run directory: sweep points that share a baseline (or two scripts
+        started together) would otherwise decode it twice and append every sample twice. A
+        second process waits, then resumes and finds the samples done. The OS drops the lock
+        when its holder dies, so a killed run never blocks its resume."""
+        key = str(self.dir.resolve())
+        if key in _HELD:  # waiting on our own lock would never end
+            raise RuntimeError(f"{self.dir} is already open in this process; close that store first")
+        lock = open(self.dir / LOCK_FILE, "w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another process to finish {self.dir}", file=sys.stderr, flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        _HELD.add(key)
+        return lock
+
+    def close(self) -> None:
+        """Release the run directory to other processes."""
+        if not self._lock.closed:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            self._lock.close()
+            _HELD.discard(str(self.dir.resolve()))
+
+    def __enter__(self) -> "SampleStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_lock", None) is not None:
+            self.close()
 
     def _claim(self, run_key: dict[str, Any]) -> None:
         """A run directory belongs to one configuration: refuse to mix results of another."""

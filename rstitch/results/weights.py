@@ -39,7 +39,12 @@ def fingerprint(path: str | os.PathLike) -> str:
 
 
 def is_local(value: Any) -> bool:
-    return isinstance(value, str) and bool(value) and os.path.exists(value)
+    """A string that names an existing file or directory as a path (absolute, or with a
+    separator): a bare word such as a method name may match a folder of the working directory."""
+    if not isinstance(value, str) or not value:
+        return False
+    looks_like_path = os.path.isabs(value) or os.sep in value or value.startswith(".")
+    return looks_like_path and os.path.exists(value)
 
 
 def pair_weights(pair: dict[str, Any]) -> dict[str, str]:
@@ -56,7 +61,8 @@ def method_weights(method: dict[str, Any]) -> dict[str, str]:
     def walk(node: Any, prefix: str) -> None:
         if isinstance(node, dict):
             for key, value in node.items():
-                walk(value, f"{prefix}{key}.")
+                if key != "name":
+                    walk(value, f"{prefix}{key}.")
         elif is_local(node):
             found[prefix.rstrip(".")] = fingerprint(node)
 
