@@ -16,6 +16,7 @@ from pathlib import Path
 
 from rstitch.analysis.tables import replace_marked_section
 from rstitch.cli.run import compose_config
+from rstitch.metrics import roc_auc
 from rstitch.methods.specreason import digit_score, digit_token_ids, judge_prompt
 from rstitch.rewards import load_prm
 from rstitch.runner import get_pair, run_config
@@ -24,16 +25,6 @@ from rstitch.testbed.task import check_steps, make_problem
 TAUS = (0.001, 0.005, 0.01, 0.02, 0.03, 0.05)
 PS = (0.1, 0.3, 0.5, 0.7, 0.9)
 DOC = Path(__file__).resolve().parents[1] / "docs" / "testbed.md"
-
-
-def roc_auc(scores: list[float], labels: list[bool]) -> float:
-    """Probability that a random correct item outscores a random incorrect one (ties count half)."""
-    pos = [s for s, y in zip(scores, labels) if y]
-    neg = [s for s, y in zip(scores, labels) if not y]
-    if not pos or not neg:
-        return float("nan")
-    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
-    return wins / (len(pos) * len(neg))
 
 
 def evaluate(overrides: list[str]) -> tuple[dict, list[dict], dict]:

@@ -42,6 +42,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, LlamaForTokenClassificat
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from rstitch.metrics import roc_auc  # noqa: E402
 from rstitch.testbed import ASSETS_DIR  # noqa: E402
 from rstitch.testbed.task import (  # noqa: E402
     STEP_SEPARATOR,
@@ -414,25 +415,6 @@ def accuracy(model, problems, max_new: int) -> dict:
     acc = float(np.mean([extract_boxed(t) == q.answer for t, q in zip(texts, problems)]))
     ntok = float(np.mean([len(tok.encode(t, add_special_tokens=False)) + 1 for t in texts]))
     return {"accuracy": acc, "mean_output_tokens": ntok, "n": len(problems), "seconds": round(time.time() - t0, 1), "texts": texts}
-
-
-def roc_auc(scores, labels) -> float:
-    scores, labels = np.asarray(scores, float), np.asarray(labels, bool)
-    pos, neg = scores[labels], scores[~labels]
-    if len(pos) == 0 or len(neg) == 0:
-        return float("nan")
-    order = np.argsort(np.concatenate([pos, neg]), kind="mergesort")
-    ranks = np.empty(len(order))
-    allv = np.concatenate([pos, neg])[order]
-    # average ranks for ties
-    i = 0
-    while i < len(allv):
-        j = i
-        while j + 1 < len(allv) and allv[j + 1] == allv[i]:
-            j += 1
-        ranks[order[i : j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    return float((ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
 
 
 VAL = generate_problems("validation", args.eval_n, seed=args.seed, difficulty=TRAIN_DIFFICULTY)

@@ -126,3 +126,12 @@ def test_summaries_table_and_pareto_front(tmp_path):
     assert len(frame) == 4 and "method.tau" in frame.columns
     front = pareto_front(frame)
     assert sorted(front["latency_s"]) == [1.0, 2.0, 4.0]  # tau=0.05 is dominated
+
+
+def test_roc_auc_ranks_with_ties_counting_half():
+    from rstitch.metrics import roc_auc
+
+    assert roc_auc([0.1, 0.4, 0.35, 0.8], [False, False, True, True]) == 0.75
+    assert roc_auc([0.5, 0.5], [True, False]) == 0.5
+    assert roc_auc([0.2, 0.9], [False, True]) == 1.0
+    assert roc_auc([0.3, 0.4], [True, True]) != roc_auc([0.3, 0.4], [True, True])  # nan: one class only

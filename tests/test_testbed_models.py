@@ -8,6 +8,7 @@ from rstitch.grading import grade
 from rstitch.methods import DecodeContext, build_method
 from rstitch.testbed.task import check_steps, generate_problems, split_steps
 from rstitch.data.prompts import PromptFormat
+from rstitch.metrics import roc_auc
 from rstitch.methods.specreason import digit_score, digit_token_ids, judge_prompt
 from rstitch.rewards import load_prm
 
@@ -54,13 +55,6 @@ def test_rstitch_extremes_on_the_testbed(testbed_pair, decoded):
         for tau, expected in ((1.0, result.token_ids), (-1.0, llm_tokens)):
             ctx = DecodeContext(testbed_pair, Sampler(), 400, p.problem)
             assert build_method("rstitch", tau=tau).decode(prompt, ctx).token_ids == expected
-
-
-def roc_auc(scores: list[float], labels: list[bool]) -> float:
-    pos = [s for s, y in zip(scores, labels) if y]
-    neg = [s for s, y in zip(scores, labels) if not y]
-    assert pos and neg, "the slice needs right and wrong steps"
-    return sum((p > n) + 0.5 * (p == n) for p in pos for n in neg) / (len(pos) * len(neg))
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Cost models beyond what the engine counts (per-forward latency estimates)."""
+"""Cost models beyond what the engine counts (per-forward latency estimates), and ranking quality."""
 from rstitch.metrics.latency_model import (
     Forward,
     ForwardTrace,
@@ -7,5 +7,6 @@ from rstitch.metrics.latency_model import (
     latency_file,
     load_pair_latency,
 )
+from rstitch.metrics.ranking import roc_auc
 
-__all__ = ["Forward", "ForwardTrace", "LatencyModel", "estimate_latency", "latency_file", "load_pair_latency"]
+__all__ = ["Forward", "ForwardTrace", "LatencyModel", "estimate_latency", "latency_file", "load_pair_latency", "roc_auc"]
