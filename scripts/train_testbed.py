@@ -11,15 +11,16 @@ Pipeline:
   3. sample the SLM on training problems (real, labelled mistakes for the judge and the PRM)
   4. LLM: deep Llama on prompt + verbose solution + eos, plus ~20% SpecReason judge
      examples (conversation + JUDGE_PREFIX -> one digit, 9 = correct step, 0 = wrong)  -> OUT/llm
-  5. sample the LLM on training problems
+  5. sample the LLM on training problems, and make it slip where it is likeliest to (`near_misses`)
   6. PRM: LlamaForTokenClassification (num_labels=1), BCE at the "\\n\\n" token ending each step,
      plus dense per-token labels (is the step still right up to here: `locate_errors`) -> OUT/prm
   7. validation: greedy accuracy / output length of SLM and LLM, judge and PRM ROC-AUC -> OUT/train_report.json
 
-``--steps-*`` fix the number of optimizer steps; ``--minutes-*`` cap each phase's
-wall time. The learning-rate schedule follows whichever of the two is further
-along, so a run is exactly reproducible when the step counts bind (on a busy
-machine the time caps bind first, and the run depends on the machine's speed).
+``--steps-*`` fix the number of optimizer steps and the learning-rate schedule, so a run is
+exactly reproducible (tests/test_testbed_train_smoke.py trains twice and compares the weights).
+``--minutes-*`` are safety caps on each phase's wall time, set well above what the default step
+counts take on a 2-core CPU; a phase that hits one stops early, undecayed, and the run then
+depends on the machine's speed (``--schedule-by-time`` decays by the cap instead).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from rstitch.metrics import roc_auc  # noqa: E402
 from rstitch.testbed import ASSETS_DIR  # noqa: E402
+from rstitch.testbed.slips import digit_families, draw_slip  # noqa: E402
 from rstitch.testbed.task import (  # noqa: E402
     STEP_SEPARATOR,
     STYLES,
@@ -71,7 +73,7 @@ p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDes
 p.add_argument("--out", type=Path, default=None, help="output dir (default: the package assets dir; with --smoke: a temp dir)")
 p.add_argument("--smoke", action="store_true", help="tiny sizes and steps, whole pipeline in < 1 minute")
 p.add_argument("--seed", type=int, default=0)
-p.add_argument("--threads", type=int, default=2)
+p.add_argument("--threads", type=int, default=1, help="torch threads (1 was several times faster per step than 2 on a shared 2-core machine)")
 p.add_argument("--data-seed", type=int, default=None, help="seed of the training-problem stream (default: --seed)")
 p.add_argument("--only", default="slm,llm,prm", help="comma list of phases to train (the others are loaded from --out)")
 p.add_argument("--init-llm", type=Path, default=None, help="start the LLM from this checkpoint instead of a fresh init")
@@ -90,19 +92,23 @@ p.add_argument("--prm-hidden", type=int, default=96)
 p.add_argument("--batch-size", type=int, default=16)
 p.add_argument("--lr", type=float, default=2e-3)
 p.add_argument("--lr-prm", type=float, default=5e-4, help="PRM learning rate (its body starts trained)")
-p.add_argument("--steps-slm", type=int, default=3000)
-p.add_argument("--steps-llm", type=int, default=4000)
-p.add_argument("--steps-prm", type=int, default=4500)
-p.add_argument("--minutes-slm", type=float, default=5.0)
-p.add_argument("--minutes-llm", type=float, default=38.0)
-p.add_argument("--minutes-prm", type=float, default=34.0)
+p.add_argument("--steps-slm", type=int, default=1500)
+p.add_argument("--steps-llm", type=int, default=2800)
+p.add_argument("--steps-prm", type=int, default=2400)
+p.add_argument("--minutes-slm", type=float, default=10.0)
+p.add_argument("--minutes-llm", type=float, default=50.0)
+p.add_argument("--minutes-prm", type=float, default=40.0)
+p.add_argument("--schedule-by-time", action="store_true",
+               help="decay the learning rate by the time cap too when it is further along than the step count "
+                    "(the run then depends on the machine's speed)")
 p.add_argument("--judge-frac", type=float, default=0.2, help="fraction of LLM examples in the judge format")
 p.add_argument("--stitch-frac", type=float, default=0.3,
                help="fraction of SLM/LLM examples that continue a solution begun in the other model's style")
 p.add_argument("--tokenizer", type=Path, default=None, help="use this tokenizer instead of training one (with --init-*)")
 p.add_argument("--init-slm", type=Path, default=None, help="start the SLM from this checkpoint instead of a fresh init")
-p.add_argument("--sample-slm", type=int, default=1024, help="training problems sampled from the SLM for judge/PRM data")
-p.add_argument("--sample-llm", type=int, default=512, help="training problems sampled from the LLM for PRM data")
+p.add_argument("--sample-slm", type=int, default=8192, help="training problems sampled from the SLM for judge/PRM data")
+p.add_argument("--sample-llm", type=int, default=1024, help="training problems sampled from the LLM for PRM data")
+p.add_argument("--near-miss-llm", type=int, default=1024, help="LLM solutions with one of its own likeliest slips, for PRM data")
 p.add_argument("--eval-n", type=int, default=200, help="validation problems for the final evaluation")
 p.add_argument("--max-new-concise", type=int, default=120)
 p.add_argument("--max-new-verbose", type=int, default=400)
@@ -113,7 +119,7 @@ if args.smoke:
     args.slm_hidden, args.llm_hidden, args.prm_hidden = 32, 48, 32
     args.llm_layers, args.prm_layers = 3, 2
     args.steps_slm, args.steps_llm, args.steps_prm = 12, 12, 12
-    args.sample_slm, args.sample_llm, args.eval_n = 16, 8, 8
+    args.sample_slm, args.sample_llm, args.near_miss_llm, args.eval_n = 16, 8, 8, 8
     args.max_new_concise, args.max_new_verbose = 30, 40
     args.threads = 1
 if args.out is None:
@@ -323,9 +329,9 @@ def n_params(model) -> int:
 
 
 def lr_at(step: int, total: int, base: float, time_frac: float = 0.0, warmup: int = 100) -> float:
-    """Linear warmup, then cosine decay to 10% over the run. The run's progress is
-    the larger of the step fraction and the fraction of the time cap used, so a
-    phase that hits its time cap still ends with a decayed learning rate."""
+    """Linear warmup, then cosine decay to 10% over the run. The run's progress is the step
+    fraction, or with --schedule-by-time the larger of it and the fraction of the time cap used
+    (a phase that hits its time cap then still ends decayed, but depends on the machine's speed)."""
     warmup = min(warmup, max(1, total // 10))
     if step < warmup:
         return base * (step + 1) / warmup
@@ -344,7 +350,7 @@ def train_loop(model, batches, steps: int, minutes: float, name: str, loss_fn, e
             log(f"{name}: time cap reached at step {step}")
             break
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, lr, time_frac)
+            g["lr"] = lr_at(step, steps, lr, time_frac if args.schedule_by_time else 0.0)
         loss = loss_fn(model, next(batches))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -371,14 +377,18 @@ def lm_loss(model, batch):
 
 
 @torch.no_grad()
-def generate(model, problems: list[TestbedProblem], max_new: int, temperature: float = 0.0, seed: int = 0, bs: int = 64):
-    """Greedy (or sampled) decoding with the KV cache; returns decoded completions."""
+def generate(model, problems: list[TestbedProblem], max_new: int, temperature: float = 0.0, seed: int = 0, bs: int = 64,
+             prefixes: list[str] | None = None):
+    """Greedy (or sampled) decoding with the KV cache; returns decoded completions (each
+    continuing its `prefixes` entry, the solution text already written, if given)."""
     tok.padding_side = "left"
     outs = []
     g = torch.Generator().manual_seed(seed)
+    prefixes = prefixes or [""] * len(problems)
     for i in range(0, len(problems), bs):
         chunk = problems[i : i + bs]
-        enc = tok([render_prompt(tok, q.problem) for q in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
+        prompts = [render_prompt(tok, q.problem) + pre for q, pre in zip(chunk, prefixes[i : i + bs])]
+        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         ids, att = enc["input_ids"], enc["attention_mask"]
         pos = (att.cumsum(-1) - 1).clamp(min=0)
         out = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=True)
@@ -441,6 +451,30 @@ def sample_model(model, n: int, max_new: int, seed: int, name: str) -> list[tupl
     samples = [(q, split_steps(t)) for q, t in zip(probs, texts) if split_steps(t)]
     labels = [ok for q, steps in samples for ok in check_steps(q, steps)]
     log(f"{name} samples: {len(samples)} solutions, {len(labels)} steps, {1 - np.mean(labels):.3f} wrong")
+    return samples
+
+
+@torch.no_grad()
+def near_misses(model, n: int, style: str, max_new: int, seed: int, name: str, bs: int = 64) -> list[tuple[TestbedProblem, list[str]]]:
+    """Solutions of n training problems with one of the model's own likeliest slips
+    (`rstitch.testbed.slips`), written on from the slip by the model itself (greedy)."""
+    if not n:
+        return []
+    probs = generate_problems("train", n, seed=20_000 + seed, difficulty=TRAIN_DIFFICULTY)
+    g, families, prefixes = torch.Generator().manual_seed(seed), digit_families(tok), []
+    for i in range(0, n, bs):
+        batch = [lm_example(q, style) for q in probs[i : i + bs]]
+        ids, _, att = collate(batch)
+        p_next = model(input_ids=ids, attention_mask=att).logits.softmax(-1)
+        for b, (x, y) in enumerate(batch):
+            start = y.count(-100)  # first solution token
+            sol = x[start:-1]  # without eos
+            t, slip = draw_slip(sol, p_next[b, start - 1 : len(x) - 2], families, g) or (len(sol), None)
+            prefixes.append(tok.decode(sol[:t] + ([slip] if slip is not None else [])))
+    texts = generate(model, probs, max_new, prefixes=prefixes)
+    samples = [(q, split_steps(pre + t)) for q, pre, t in zip(probs, prefixes, texts) if split_steps(pre + t)]
+    labels = [ok for q, steps in samples for ok in check_steps(q, steps)]
+    log(f"{name} near misses: {len(samples)} solutions, {len(labels)} steps, {1 - np.mean(labels):.3f} wrong")
     return samples
 
 
@@ -511,6 +545,7 @@ llm.eval()
 # ----------------------------------------------------------------------------- 5. LLM samples
 
 llm_samples = sample_model(llm, args.sample_llm, args.max_new_verbose, seed=2, name="LLM")
+llm_slips = near_misses(llm, args.near_miss_llm, "verbose", args.max_new_verbose, seed=3, name="LLM") if "prm" in PHASES else []
 
 # ----------------------------------------------------------------------------- 6. PRM
 
@@ -558,7 +593,7 @@ if "prm" in PHASES:
     prng = random.Random(args.seed + 5)
 
     def prm_item():
-        q, steps, _ = labelled_sample(next(stream), prng, [slm_samples, llm_samples])
+        q, steps, _ = labelled_sample(next(stream), prng, [slm_samples, llm_samples, llm_slips])
         return prm_example(q, steps)
 
     batches = bucketed(prm_item, args.batch_size, rng)

@@ -11,9 +11,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def smoke_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("testbed_smoke")
+def smoke_run(out: Path) -> Path:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "train_testbed.py"), "--smoke", "--out", str(out)],
         cwd=ROOT,
@@ -23,6 +21,24 @@ def smoke_dir(tmp_path_factory):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def smoke_dir(tmp_path_factory):
+    return smoke_run(tmp_path_factory.mktemp("testbed_smoke"))
+
+
+def test_same_seeds_same_family(smoke_dir, tmp_path):
+    """Fixed seeds and binding step counts: a second run trains the same weights, bit for bit."""
+    from safetensors.torch import load_file
+
+    again = smoke_run(tmp_path / "again")
+    for name in ("slm", "llm", "prm"):
+        first, second = load_file(smoke_dir / name / "model.safetensors"), load_file(again / name / "model.safetensors")
+        assert first.keys() == second.keys()
+        assert all(torch.equal(first[k], second[k]) for k in first), name
+    val = lambda d: json.loads((d / "train_report.json").read_text())["val"]  # noqa: E731
+    assert val(smoke_dir) == val(again)
 
 
 def test_outputs_load(smoke_dir):
