@@ -80,6 +80,8 @@ p.add_argument("--init-llm", type=Path, default=None, help="start the LLM from t
 p.add_argument("--prm-init", default="llm",
                help="PRM body: 'llm' (the LLM of this run: verifying a chain takes what writing it takes), "
                     "'scratch' (--prm-layers/--prm-hidden), or a causal-LM checkpoint dir")
+p.add_argument("--prm-freeze", type=int, default=0,
+               help="keep the embeddings and the first N layers of the PRM's body as initialised (its arithmetic)")
 p.add_argument("--prm-from", type=Path, default=None, help="with prm not in --only: evaluate the PRM of this dir")
 # model sizes
 p.add_argument("--slm-layers", type=int, default=2)
@@ -341,7 +343,7 @@ def lr_at(step: int, total: int, base: float, time_frac: float = 0.0, warmup: in
 
 def train_loop(model, batches, steps: int, minutes: float, name: str, loss_fn, eval_fn=None, lr: float | None = None) -> dict:
     lr = args.lr if lr is None else lr
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     model.train()
     t0, ema, step = time.time(), None, 0
     for step in range(steps):
@@ -590,6 +592,11 @@ if "prm" in PHASES:
     else:
         prm = LlamaForTokenClassification(llama_config(args.prm_layers, args.prm_hidden, num_labels=1))
     log(f"PRM: {prm.config.num_hidden_layers} layers, hidden {prm.config.hidden_size}, {n_params(prm) / 1e6:.3f}M params")
+    if args.prm_freeze:
+        body = prm.model
+        for module in (body.embed_tokens, *body.layers[: args.prm_freeze]):
+            module.requires_grad_(False)
+        log(f"PRM: embeddings and layers 0-{args.prm_freeze - 1} frozen")
     prng = random.Random(args.seed + 5)
 
     def prm_item():
