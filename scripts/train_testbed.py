@@ -110,7 +110,7 @@ p.add_argument("--tokenizer", type=Path, default=None, help="use this tokenizer 
 p.add_argument("--init-slm", type=Path, default=None, help="start the SLM from this checkpoint instead of a fresh init")
 p.add_argument("--sample-slm", type=int, default=8192, help="training problems sampled from the SLM for judge/PRM data")
 p.add_argument("--sample-llm", type=int, default=1024, help="training problems sampled from the LLM for PRM data")
-p.add_argument("--near-miss-llm", type=int, default=1024, help="LLM solutions with one of its own likeliest slips, for PRM data")
+p.add_argument("--near-miss-llm", type=int, default=0, help="LLM solutions with one of its own likeliest slips, for PRM data (docs/testbed.md)")
 p.add_argument("--eval-n", type=int, default=200, help="validation problems for the final evaluation")
 p.add_argument("--max-new-concise", type=int, default=120)
 p.add_argument("--max-new-verbose", type=int, default=400)
