@@ -151,8 +151,8 @@ if args.tokenizer is not None:  # continuing from checkpoints: keep their token 
 else:
     tok = build_tokenizer(OUT / "tokenizer")
 EOS, PAD = tok.eos_token_id, tok.pad_token_id
-DIGIT_IDS = [tok.convert_tokens_to_ids(str(d)) for d in range(10)]
-assert all(len(tok.encode(str(d), add_special_tokens=False)) == 1 for d in range(10))
+DIGIT_FAMILIES = digit_families(tok)  # "0".."9" and " 0".." 9", each a single token (checked)
+DIGIT_IDS = DIGIT_FAMILIES[0].tolist()
 log(f"tokenizer: vocab {len(tok)}")
 
 TRAIN_DIFFICULTY = Difficulty()  # the default "medium" mix: 1-6 ops, start and operands <= 50
@@ -462,19 +462,19 @@ def near_misses(model, n: int, style: str, max_new: int, seed: int, name: str, b
     (`rstitch.testbed.slips`), written on from the slip by the model itself (greedy)."""
     if not n:
         return []
-    probs = generate_problems("train", n, seed=20_000 + seed, difficulty=TRAIN_DIFFICULTY)
-    g, families, prefixes = torch.Generator().manual_seed(seed), digit_families(tok), []
+    problems = generate_problems("train", n, seed=20_000 + seed, difficulty=TRAIN_DIFFICULTY)
+    g, prefixes = torch.Generator().manual_seed(seed), []
     for i in range(0, n, bs):
-        batch = [lm_example(q, style) for q in probs[i : i + bs]]
+        batch = [lm_example(q, style) for q in problems[i : i + bs]]
         ids, _, att = collate(batch)
         p_next = model(input_ids=ids, attention_mask=att).logits.softmax(-1)
         for b, (x, y) in enumerate(batch):
             start = y.count(-100)  # first solution token
             sol = x[start:-1]  # without eos
-            t, slip = draw_slip(sol, p_next[b, start - 1 : len(x) - 2], families, g) or (len(sol), None)
+            t, slip = draw_slip(sol, p_next[b, start - 1 : len(x) - 2], DIGIT_FAMILIES, g) or (len(sol), None)
             prefixes.append(tok.decode(sol[:t] + ([slip] if slip is not None else [])))
-    texts = generate(model, probs, max_new, prefixes=prefixes)
-    samples = [(q, split_steps(pre + t)) for q, pre, t in zip(probs, prefixes, texts) if split_steps(pre + t)]
+    texts = generate(model, problems, max_new, prefixes=prefixes)
+    samples = [(q, split_steps(pre + t)) for q, pre, t in zip(problems, prefixes, texts) if split_steps(pre + t)]
     labels = [ok for q, steps in samples for ok in check_steps(q, steps)]
     log(f"{name} near misses: {len(samples)} solutions, {len(labels)} steps, {1 - np.mean(labels):.3f} wrong")
     return samples
