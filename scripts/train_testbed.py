@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import shutil
 import sys
@@ -73,15 +74,20 @@ p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDes
 p.add_argument("--out", type=Path, default=None, help="output dir (default: the package assets dir; with --smoke: a temp dir)")
 p.add_argument("--smoke", action="store_true", help="tiny sizes and steps, whole pipeline in < 1 minute")
 p.add_argument("--seed", type=int, default=0)
-p.add_argument("--threads", type=int, default=1, help="torch threads (1 was several times faster per step than 2 on a shared 2-core machine)")
+p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+               help="torch threads (default: all cores; on the idle 2-core machine 2 threads train the LLM 1.7x faster "
+                    "than 1, but use 1 when another job shares the machine). Results are reproducible per thread count")
 p.add_argument("--data-seed", type=int, default=None, help="seed of the training-problem stream (default: --seed)")
 p.add_argument("--only", default="slm,llm,prm", help="comma list of phases to train (the others are loaded from --out)")
 p.add_argument("--init-llm", type=Path, default=None, help="start the LLM from this checkpoint instead of a fresh init")
 p.add_argument("--prm-init", default="llm",
                help="PRM body: 'llm' (the LLM of this run: verifying a chain takes what writing it takes), "
                     "'scratch' (--prm-layers/--prm-hidden), or a causal-LM checkpoint dir")
-p.add_argument("--prm-freeze", type=int, default=0,
-               help="keep the embeddings and the first N layers of the PRM's body as initialised (its arithmetic)")
+p.add_argument("--prm-freeze", type=int, default=-1,
+               help="keep the embeddings and the first N layers of an initialised PRM body as they are "
+                    "(-1: all of them, so the PRM reads the LLM's own features; 0: fine-tune the whole body)")
+p.add_argument("--prm-extra-layers", type=int, default=2,
+               help="fresh layers between an initialised PRM body and the score head (they learn to read the body)")
 p.add_argument("--prm-from", type=Path, default=None, help="with prm not in --only: evaluate the PRM of this dir")
 # model sizes
 p.add_argument("--slm-layers", type=int, default=2)
@@ -93,13 +99,13 @@ p.add_argument("--prm-hidden", type=int, default=96)
 # optimisation
 p.add_argument("--batch-size", type=int, default=16)
 p.add_argument("--lr", type=float, default=2e-3)
-p.add_argument("--lr-prm", type=float, default=5e-4, help="PRM learning rate (its body starts trained)")
+p.add_argument("--lr-prm", type=float, default=2e-3, help="PRM learning rate")
 p.add_argument("--steps-slm", type=int, default=1500)
-p.add_argument("--steps-llm", type=int, default=2800)
-p.add_argument("--steps-prm", type=int, default=2400)
+p.add_argument("--steps-llm", type=int, default=4500)
+p.add_argument("--steps-prm", type=int, default=2000)
 p.add_argument("--minutes-slm", type=float, default=10.0)
-p.add_argument("--minutes-llm", type=float, default=50.0)
-p.add_argument("--minutes-prm", type=float, default=40.0)
+p.add_argument("--minutes-llm", type=float, default=70.0)
+p.add_argument("--minutes-prm", type=float, default=30.0)
 p.add_argument("--schedule-by-time", action="store_true",
                help="decay the learning rate by the time cap too when it is further along than the step count "
                     "(the run then depends on the machine's speed)")
@@ -587,16 +593,19 @@ if "prm" in PHASES:
     torch.manual_seed(args.seed + 4)
     if args.prm_init != "scratch":
         body = OUT / "llm" if args.prm_init == "llm" else Path(args.prm_init)
-        prm = LlamaForTokenClassification.from_pretrained(body, num_labels=1)
-        log(f"PRM: body initialised from {body}")
+        body_layers = LlamaConfig.from_pretrained(body).num_hidden_layers
+        prm = LlamaForTokenClassification.from_pretrained(body, num_labels=1, num_hidden_layers=body_layers + args.prm_extra_layers)
+        log(f"PRM: body initialised from {body}, {args.prm_extra_layers} fresh layers on top")
+        freeze = body_layers if args.prm_freeze < 0 else args.prm_freeze
     else:
         prm = LlamaForTokenClassification(llama_config(args.prm_layers, args.prm_hidden, num_labels=1))
+        freeze = 0
     log(f"PRM: {prm.config.num_hidden_layers} layers, hidden {prm.config.hidden_size}, {n_params(prm) / 1e6:.3f}M params")
-    if args.prm_freeze:
+    if freeze:
         body = prm.model
-        for module in (body.embed_tokens, *body.layers[: args.prm_freeze]):
+        for module in (body.embed_tokens, *body.layers[:freeze]):
             module.requires_grad_(False)
-        log(f"PRM: embeddings and layers 0-{args.prm_freeze - 1} frozen")
+        log(f"PRM: embeddings and layers 0-{freeze - 1} frozen")
     prng = random.Random(args.seed + 5)
 
     def prm_item():
