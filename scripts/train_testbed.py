@@ -101,10 +101,10 @@ p.add_argument("--batch-size", type=int, default=16)
 p.add_argument("--lr", type=float, default=2e-3)
 p.add_argument("--lr-prm", type=float, default=2e-3, help="PRM learning rate")
 p.add_argument("--steps-slm", type=int, default=1500)
-p.add_argument("--steps-llm", type=int, default=4500)
+p.add_argument("--steps-llm", type=int, default=5500)
 p.add_argument("--steps-prm", type=int, default=2000)
 p.add_argument("--minutes-slm", type=float, default=10.0)
-p.add_argument("--minutes-llm", type=float, default=70.0)
+p.add_argument("--minutes-llm", type=float, default=75.0)
 p.add_argument("--minutes-prm", type=float, default=30.0)
 p.add_argument("--schedule-by-time", action="store_true",
                help="decay the learning rate by the time cap too when it is further along than the step count "

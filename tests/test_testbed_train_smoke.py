@@ -97,3 +97,16 @@ def test_tokenizer_identical_across_models(smoke_dir):
     t = toks["tokenizer"]
     assert t.decode(encs["tokenizer"]) == text
     assert t.convert_ids_to_tokens(t.encode("\n\n", add_special_tokens=False)) == ["ĊĊ"]
+
+
+def test_prm_reads_the_llms_frozen_body(smoke_dir):
+    """Default PRM: the LLM's embeddings and every LLM layer unchanged, fresh layers on top."""
+    from safetensors.torch import load_file
+
+    llm, prm = load_file(smoke_dir / "llm" / "model.safetensors"), load_file(smoke_dir / "prm" / "model.safetensors")
+    body = {k: v for k, v in llm.items() if k.startswith("model.") and not k.startswith("model.norm")}
+    assert any(".layers." in k for k in body) and "model.embed_tokens.weight" in body
+    assert all(torch.equal(prm[k], v) for k, v in body.items())
+    llm_layers = {k.split(".")[2] for k in body if ".layers." in k}
+    prm_layers = {k.split(".")[2] for k in prm if ".layers." in k}
+    assert len(prm_layers) == len(llm_layers) + 2
