@@ -76,7 +76,7 @@ p.add_argument("--smoke", action="store_true", help="tiny sizes and steps, whole
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                help="torch threads (default: all cores; on the idle 2-core machine 2 threads train the LLM 1.7x faster "
-                    "than 1, but use 1 when another job shares the machine). Results are reproducible per thread count")
+                    "than 1, but use 1 when another job shares the machine; bit-for-bit reproducibility is tested at 1)")
 p.add_argument("--data-seed", type=int, default=None, help="seed of the training-problem stream (default: --seed)")
 p.add_argument("--only", default="slm,llm,prm", help="comma list of phases to train (the others are loaded from --out)")
 p.add_argument("--init-llm", type=Path, default=None, help="start the LLM from this checkpoint instead of a fresh init")
