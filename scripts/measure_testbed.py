@@ -1,6 +1,7 @@
 """Measure the testbed's properties through the framework (docs/testbed.md, "Measured properties").
 
     python scripts/measure_testbed.py --n 300 --write-doc
+    python scripts/measure_testbed.py --n 300 --no-sweeps --family DIR   # a family from train_testbed.py --out DIR
 
 Runs llm_only, slm_only, the rstitch tau sweep and the random p sweep on the test split (greedy,
 batch 1, this machine; resumable run directories under --results-root), then measures on their
@@ -84,16 +85,31 @@ def slm_entropies(pair, cfg: dict, samples: list[dict], problems: dict[str, str]
     }
 
 
+def family_overrides(family: Path | None) -> list[str]:
+    """Point the pair at a trained family's directory (slm/, llm/; its prm/ is loaded directly)."""
+    if family is None:
+        return []
+    missing = [name for name in ("slm", "llm", "prm") if not (family / name / "config.json").is_file()]
+    if missing:
+        raise SystemExit(f"error: --family {family}: no trained {', '.join(missing)} in it (expected DIR/slm, DIR/llm, DIR/prm)")
+    return [f"pair.{m}.path={(family / m).resolve()}" for m in ("slm", "llm")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=300, help="test problems")
-    parser.add_argument("--results-root", default="runs/testbed-properties")
+    parser.add_argument("--results-root", default=None, help="default: runs/testbed-properties[-FAMILY]")
+    parser.add_argument("--family", type=Path, default=None,
+                        help="measure the family in this train_testbed.py --out directory instead of the shipped one")
     parser.add_argument("--judge-steps", type=int, default=800, help="steps scored by the judge")
     parser.add_argument("--sweep-n", type=int, default=None, help="test problems for the rstitch/random points (default: --n)")
     parser.add_argument("--no-sweeps", action="store_true", help="skip the rstitch/random points")
     parser.add_argument("--write-doc", action="store_true", help=f"replace the measured section of {DOC}")
     args = parser.parse_args()
-    fixed = [f"results_root={args.results_root}", "logger=none", "engine.num_threads=1"]
+    if args.family is not None and args.write_doc:
+        parser.error("--write-doc describes the shipped family; drop it with --family")
+    root = args.results_root or "runs/testbed-properties" + (f"-{args.family.name}" if args.family else "")
+    fixed = [f"results_root={root}", "logger=none", "engine.num_threads=1", *family_overrides(args.family)]
     common = [f"dataset.limit={args.n}", f"dataset.n={args.n}", *fixed]
     sweep_n = args.sweep_n or args.n
     sweep = [f"dataset.limit={sweep_n}", f"dataset.n={sweep_n}", *fixed]
@@ -107,9 +123,9 @@ def main() -> None:
     metadata = {k: r.metadata for k, r in records.items()}
     per_token = lambda ss: statistics.median(s["latency_s"] / max(1, s["tokens"]) for s in ss)  # noqa: E731
     both = {s["id"] for s in slm_samples if s["correct"]} & {s["id"] for s in llm_samples if s["correct"]}
-    mean_tokens = lambda ss: statistics.fmean(s["tokens"] for s in ss if s["id"] in both)  # noqa: E731
+    mean_tokens = lambda ss: statistics.fmean([s["tokens"] for s in ss if s["id"] in both] or [float("nan")])  # noqa: E731
     slm_steps, llm_steps = labeled_steps(slm_samples, metadata), labeled_steps(llm_samples, metadata)
-    prm = load_prm("testbed")
+    prm = load_prm("testbed", path=str((args.family / "prm").resolve()) if args.family else None)
     props = {
         "n": args.n,
         "params_slm": pair.slm.num_parameters, "params_llm": pair.llm.num_parameters, "params_prm": prm.num_parameters,

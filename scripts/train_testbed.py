@@ -11,7 +11,9 @@ Pipeline:
   3. sample the SLM on training problems (real, labelled mistakes for the judge and the PRM)
   4. LLM: deep Llama on prompt + verbose solution + eos, plus ~20% SpecReason judge
      examples (conversation + JUDGE_PREFIX -> one digit, 9 = correct step, 0 = wrong)  -> OUT/llm
-  5. sample the LLM on training problems, and make it slip where it is likeliest to (`near_misses`)
+  5. sample the LLM on training problems; solve greedily problems with operands a little past the
+     training range, where it errs the way it errs on test problems (`stretch_samples`); optionally
+     make it slip where it is likeliest to (`near_misses`)
   6. PRM: LlamaForTokenClassification (num_labels=1), BCE at the "\\n\\n" token ending each step,
      plus dense per-token labels (is the step still right up to here: `locate_errors`) -> OUT/prm
   7. validation: greedy accuracy / output length of SLM and LLM, judge and PRM ROC-AUC -> OUT/train_report.json
@@ -76,7 +78,7 @@ p.add_argument("--smoke", action="store_true", help="tiny sizes and steps, whole
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                help="torch threads (default: all cores; on the idle 2-core machine 2 threads train the LLM 1.7x faster "
-                    "than 1, but use 1 when another job shares the machine; bit-for-bit reproducibility is tested at 1)")
+                    "than 1, but use 1 when another job shares the machine; bit-for-bit reproducibility is tested at 1 and was checked at 2)")
 p.add_argument("--data-seed", type=int, default=None, help="seed of the training-problem stream (default: --seed)")
 p.add_argument("--only", default="slm,llm,prm", help="comma list of phases to train (the others are loaded from --out)")
 p.add_argument("--init-llm", type=Path, default=None, help="start the LLM from this checkpoint instead of a fresh init")
@@ -116,6 +118,8 @@ p.add_argument("--tokenizer", type=Path, default=None, help="use this tokenizer 
 p.add_argument("--init-slm", type=Path, default=None, help="start the SLM from this checkpoint instead of a fresh init")
 p.add_argument("--sample-slm", type=int, default=8192, help="training problems sampled from the SLM for judge/PRM data")
 p.add_argument("--sample-llm", type=int, default=1024, help="training problems sampled from the LLM for PRM data")
+p.add_argument("--stretch-llm", type=int, default=1024,
+               help="greedy LLM solutions of training problems with operands up to 70, past the training range, for PRM data")
 p.add_argument("--near-miss-llm", type=int, default=0, help="LLM solutions with one of its own likeliest slips, for PRM data (docs/testbed.md)")
 p.add_argument("--eval-n", type=int, default=200, help="validation problems for the final evaluation")
 p.add_argument("--max-new-concise", type=int, default=120)
@@ -127,7 +131,7 @@ if args.smoke:
     args.slm_hidden, args.llm_hidden, args.prm_hidden = 32, 48, 32
     args.llm_layers, args.prm_layers = 3, 2
     args.steps_slm, args.steps_llm, args.steps_prm = 12, 12, 12
-    args.sample_slm, args.sample_llm, args.near_miss_llm, args.eval_n = 16, 8, 8, 8
+    args.sample_slm, args.sample_llm, args.stretch_llm, args.near_miss_llm, args.eval_n = 16, 8, 8, 8, 8
     args.max_new_concise, args.max_new_verbose = 30, 40
     args.threads = 1
 if args.out is None:
@@ -162,6 +166,7 @@ DIGIT_IDS = DIGIT_FAMILIES[0].tolist()
 log(f"tokenizer: vocab {len(tok)}")
 
 TRAIN_DIFFICULTY = Difficulty()  # the default "medium" mix: 1-6 ops, start and operands <= 50
+STRETCH_DIFFICULTY = Difficulty(max_start=70, max_operand=70)
 
 
 def problem_stream(seed: int):
@@ -449,6 +454,16 @@ def save(model, name: str) -> None:
     tok.save_pretrained(d)
 
 
+def labelled(problems: list[TestbedProblem], texts: list[str], what: str) -> list[tuple[TestbedProblem, list[str]]]:
+    """(problem, steps) of each text that has steps; logs and reports how many steps are wrong."""
+    samples = [(q, split_steps(t)) for q, t in zip(problems, texts) if split_steps(t)]
+    labels = [ok for q, steps in samples for ok in check_steps(q, steps)]
+    wrong = float(1 - np.mean(labels)) if labels else float("nan")
+    log(f"{what}: {len(samples)} solutions, {len(labels)} steps, {wrong:.3f} wrong")
+    REPORT.setdefault("samples", {})[what] = {"solutions": len(samples), "steps": len(labels), "wrong_step_frac": wrong}
+    return samples
+
+
 def sample_model(model, n: int, max_new: int, seed: int, name: str) -> list[tuple[TestbedProblem, list[str]]]:
     """Sampled (temperature 1) and greedy solutions of n training problems (none if n is 0)."""
     if not n:
@@ -456,10 +471,16 @@ def sample_model(model, n: int, max_new: int, seed: int, name: str) -> list[tupl
     probs = generate_problems("train", n, seed=10_000 + seed, difficulty=TRAIN_DIFFICULTY)
     half = n // 2
     texts = generate(model, probs[:half], max_new) + generate(model, probs[half:], max_new, temperature=1.0, seed=seed)
-    samples = [(q, split_steps(t)) for q, t in zip(probs, texts) if split_steps(t)]
-    labels = [ok for q, steps in samples for ok in check_steps(q, steps)]
-    log(f"{name} samples: {len(samples)} solutions, {len(labels)} steps, {1 - np.mean(labels):.3f} wrong")
-    return samples
+    return labelled(probs, texts, f"{name} samples")
+
+
+def stretch_samples(model, n: int, max_new: int, seed: int, name: str) -> list[tuple[TestbedProblem, list[str]]]:
+    """Greedy solutions of n training problems whose operands run a little past the training
+    range: the model errs there often, and greedily, the way it errs on test problems."""
+    if not n:
+        return []
+    probs = generate_problems("train", n, seed=30_000 + seed, difficulty=STRETCH_DIFFICULTY)
+    return labelled(probs, generate(model, probs, max_new), f"{name} stretch")
 
 
 @torch.no_grad()
@@ -480,10 +501,7 @@ def near_misses(model, n: int, style: str, max_new: int, seed: int, name: str, b
             t, slip = draw_slip(sol, p_next[b, start - 1 : len(x) - 2], DIGIT_FAMILIES, g) or (len(sol), None)
             prefixes.append(tok.decode(sol[:t] + ([slip] if slip is not None else [])))
     texts = generate(model, problems, max_new, prefixes=prefixes)
-    samples = [(q, split_steps(pre + t)) for q, pre, t in zip(problems, prefixes, texts) if split_steps(pre + t)]
-    labels = [ok for q, steps in samples for ok in check_steps(q, steps)]
-    log(f"{name} near misses: {len(samples)} solutions, {len(labels)} steps, {1 - np.mean(labels):.3f} wrong")
-    return samples
+    return labelled(problems, [pre + t for pre, t in zip(prefixes, texts)], f"{name} near misses")
 
 
 def causal_lm(name: str, init: Path | None, layers: int, hidden: int) -> LlamaForCausalLM:
@@ -553,6 +571,7 @@ llm.eval()
 # ----------------------------------------------------------------------------- 5. LLM samples
 
 llm_samples = sample_model(llm, args.sample_llm, args.max_new_verbose, seed=2, name="LLM")
+llm_stretch = stretch_samples(llm, args.stretch_llm, args.max_new_verbose, seed=4, name="LLM") if "prm" in PHASES else []
 llm_slips = near_misses(llm, args.near_miss_llm, "verbose", args.max_new_verbose, seed=3, name="LLM") if "prm" in PHASES else []
 
 # ----------------------------------------------------------------------------- 6. PRM
@@ -609,7 +628,7 @@ if "prm" in PHASES:
     prng = random.Random(args.seed + 5)
 
     def prm_item():
-        q, steps, _ = labelled_sample(next(stream), prng, [slm_samples, llm_samples, llm_slips])
+        q, steps, _ = labelled_sample(next(stream), prng, [slm_samples, llm_samples, llm_stretch, llm_slips])
         return prm_example(q, steps)
 
     batches = bucketed(prm_item, args.batch_size, rng)

@@ -110,3 +110,43 @@ def test_prm_reads_the_llms_frozen_body(smoke_dir):
     llm_layers = {k.split(".")[2] for k in body if ".layers." in k}
     prm_layers = {k.split(".")[2] for k in prm if ".layers." in k}
     assert len(prm_layers) == len(llm_layers) + 2
+
+
+def test_report_counts_each_prm_data_pool(smoke_dir):
+    """SLM samples, LLM samples, LLM stretch solutions and near misses are all drawn and counted."""
+    pools = json.loads((smoke_dir / "train_report.json").read_text())["samples"]
+    assert set(pools) == {"SLM samples", "LLM samples", "LLM stretch", "LLM near misses"}
+    for pool in pools.values():
+        assert pool["solutions"] > 0 and pool["steps"] >= pool["solutions"]
+        assert 0.0 <= pool["wrong_step_frac"] <= 1.0
+
+
+def measure(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "measure_testbed.py"), *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+
+
+def test_measure_testbed_measures_a_trained_family(smoke_dir, tmp_path):
+    """`measure_testbed.py --family DIR` runs the framework on DIR's models and PRM, not the shipped ones."""
+    proc = measure("--family", str(smoke_dir), "--n", "3", "--no-sweeps", "--judge-steps", "3",
+                   "--results-root", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    params = f"{n_params(smoke_dir / 'llm') / 1e6:.2f}M / {n_params(smoke_dir / 'slm') / 1e6:.2f}M"
+    assert params in proc.stdout  # the smoke family's sizes, not the shipped 1.76M / 0.17M
+    assert (tmp_path / "testbed" / "testbed" / "llm_only").is_dir()
+
+
+def test_measure_testbed_rejects_a_directory_without_a_family(tmp_path):
+    proc = measure("--family", str(tmp_path), "--n", "3")
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: --family {tmp_path}: no trained slm, llm, prm")
+    proc = measure("--family", str(tmp_path), "--write-doc")
+    assert proc.returncode != 0 and "--write-doc describes the shipped family" in proc.stderr
+
+
+def n_params(model_dir: Path) -> int:
+    from safetensors.torch import load_file
+
+    return sum(t.numel() for t in load_file(model_dir / "model.safetensors").values())
