@@ -456,7 +456,7 @@ def save(model, name: str) -> None:
 
 def labelled(problems: list[TestbedProblem], texts: list[str], what: str) -> list[tuple[TestbedProblem, list[str]]]:
     """(problem, steps) of each text that has steps; logs and reports how many steps are wrong."""
-    samples = [(q, split_steps(t)) for q, t in zip(problems, texts) if split_steps(t)]
+    samples = [(q, steps) for q, t in zip(problems, texts) if (steps := split_steps(t))]
     labels = [ok for q, steps in samples for ok in check_steps(q, steps)]
     wrong = float(1 - np.mean(labels)) if labels else float("nan")
     log(f"{what}: {len(samples)} solutions, {len(labels)} steps, {wrong:.3f} wrong")
