@@ -10,7 +10,8 @@ Pipeline:
   2. SLM: 2-layer Llama on prompt + concise solution + eos  -> OUT/slm
   3. sample the SLM on training problems (real, labelled mistakes for the judge and the PRM)
   4. LLM: deep Llama on prompt + verbose solution + eos, plus ~20% SpecReason judge
-     examples (conversation + JUDGE_PREFIX -> one digit, 9 = correct step, 0 = wrong)  -> OUT/llm
+     examples (conversation + JUDGE_PREFIX -> one digit, 9 = correct step, 0 = wrong), and
+     optionally solutions after the PRM's input prefix instead of the chat prompt  -> OUT/llm
   5. sample the LLM on training problems; solve greedily problems with operands a little past the
      training range, where it errs the way it errs on test problems (`stretch_samples`); optionally
      make it slip where it is likeliest to (`near_misses`)
@@ -114,6 +115,8 @@ p.add_argument("--schedule-by-time", action="store_true",
 p.add_argument("--judge-frac", type=float, default=0.2, help="fraction of LLM examples in the judge format")
 p.add_argument("--stitch-frac", type=float, default=0.3,
                help="fraction of SLM/LLM examples that continue a solution begun in the other model's style")
+p.add_argument("--plain-frac", type=float, default=0.0,
+               help="fraction of LLM examples that read the PRM's input (problem, newline) instead of the chat prompt")
 p.add_argument("--tokenizer", type=Path, default=None, help="use this tokenizer instead of training one (with --init-*)")
 p.add_argument("--init-slm", type=Path, default=None, help="start the SLM from this checkpoint instead of a fresh init")
 p.add_argument("--sample-slm", type=int, default=8192, help="training problems sampled from the SLM for judge/PRM data")
@@ -126,6 +129,9 @@ p.add_argument("--max-new-concise", type=int, default=120)
 p.add_argument("--max-new-verbose", type=int, default=400)
 p.add_argument("--eval-every", type=int, default=0, help="quick validation eval every N steps (0: off)")
 args = p.parse_args()
+if args.judge_frac + args.stitch_frac + args.plain_frac > 1:
+    p.error(f"--judge-frac + --stitch-frac + --plain-frac is "
+            f"{args.judge_frac + args.stitch_frac + args.plain_frac:g}; they share the LLM's examples and must sum to at most 1")
 
 if args.smoke:
     args.slm_hidden, args.llm_hidden, args.prm_hidden = 32, 48, 32
@@ -180,9 +186,12 @@ def problem_stream(seed: int):
 # ----------------------------------------------------------------------------- examples
 
 
-def lm_example(prob: TestbedProblem, style: str) -> tuple[list[int], list[int]]:
-    """prompt + solution + eos; loss on the solution and eos only."""
-    prompt = tok.encode(render_prompt(tok, prob.problem), add_special_tokens=False)
+def lm_example(prob: TestbedProblem, style: str, plain: bool = False) -> tuple[list[int], list[int]]:
+    """prompt + solution + eos; loss on the solution and eos only. `plain`: the prompt is the
+    PRM's input prefix (problem, newline) instead of the chat prompt, so that the LLM's own
+    confidence, which the PRM's frozen body carries, holds in the PRM's input format too."""
+    prefix = prm_text(prob.problem, []) if plain else render_prompt(tok, prob.problem)
+    prompt = tok.encode(prefix, add_special_tokens=False)
     target = tok.encode(prob.solution(style), add_special_tokens=False) + [EOS]
     return prompt + target, [-100] * len(prompt) + target
 
@@ -555,7 +564,7 @@ if "llm" in PHASES:
             return judge_example(q, jrng, slm_samples)
         if draw < args.judge_frac + args.stitch_frac:
             return stitched_example(q, "verbose", jrng)
-        return lm_example(q, "verbose")
+        return lm_example(q, "verbose", plain=draw < args.judge_frac + args.stitch_frac + args.plain_frac)
 
     batches = bucketed(llm_example, args.batch_size, rng)
     REPORT["llm_train"] = train_loop(
@@ -676,3 +685,8 @@ REPORT["total_minutes"] = round((time.time() - T0) / 60, 2)
 log(json.dumps(REPORT["val"], indent=1))
 (OUT / "train_report.json").write_text(json.dumps(REPORT, indent=1))
 log(f"done in {REPORT['total_minutes']} min -> {OUT}")
+if OUT.resolve() == ASSETS_DIR.resolve():
+    # Everything downstream was fitted to the family it replaced; stale routers fail silently.
+    log("the package's R-Stitch+ router, Arbitrage router and EASD tau_H belong to the previous family: "
+        "rerun scripts/train_router.py, scripts/train_arbitrage_router.py and scripts/calibrate_easd.py "
+        "(docs/testbed.md, 'Training')")

@@ -11,9 +11,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def smoke_run(out: Path) -> Path:
+def smoke_run(out: Path, *extra: str) -> Path:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "train_testbed.py"), "--smoke", "--out", str(out)],
+        [sys.executable, str(ROOT / "scripts" / "train_testbed.py"), "--smoke", "--out", str(out), *extra],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -38,6 +38,20 @@ def test_same_seeds_same_family(smoke_dir, tmp_path):
         assert first.keys() == second.keys()
         assert all(torch.equal(first[k], second[k]) for k in first), name
     assert validation_numbers(smoke_dir) == validation_numbers(again)
+
+
+def test_plain_prompt_examples_change_only_the_llm(smoke_dir, tmp_path):
+    """--plain-frac swaps some of the LLM's chat prompts for the PRM's input prefix: the SLM,
+    trained before it, stays bit for bit the same; the LLM does not."""
+    from safetensors.torch import load_file
+
+    plain = smoke_run(tmp_path / "plain", "--plain-frac", "0.5")
+    weights = {name: (load_file(smoke_dir / name / "model.safetensors"), load_file(plain / name / "model.safetensors"))
+               for name in ("slm", "llm")}
+    assert all(torch.equal(a, weights["slm"][1][k]) for k, a in weights["slm"][0].items())
+    assert not all(torch.equal(a, weights["llm"][1][k]) for k, a in weights["llm"][0].items())
+    args = json.loads((plain / "train_report.json").read_text())["args"]
+    assert args["plain_frac"] == "0.5"
 
 
 def validation_numbers(out: Path) -> str:
@@ -150,3 +164,14 @@ def n_params(model_dir: Path) -> int:
     from safetensors.torch import load_file
 
     return sum(t.numel() for t in load_file(model_dir / "model.safetensors").values())
+
+
+def test_example_fractions_over_one_are_refused(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train_testbed.py"), "--smoke", "--out", str(tmp_path),
+         "--plain-frac", "0.6"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "--plain-frac is 1.1" in proc.stderr.strip().splitlines()[-1]
+    assert not any(tmp_path.iterdir())
