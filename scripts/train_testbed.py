@@ -129,9 +129,9 @@ p.add_argument("--max-new-concise", type=int, default=120)
 p.add_argument("--max-new-verbose", type=int, default=400)
 p.add_argument("--eval-every", type=int, default=0, help="quick validation eval every N steps (0: off)")
 args = p.parse_args()
-if args.judge_frac + args.stitch_frac + args.plain_frac > 1:
-    p.error(f"--judge-frac + --stitch-frac + --plain-frac is "
-            f"{args.judge_frac + args.stitch_frac + args.plain_frac:g}; they share the LLM's examples and must sum to at most 1")
+if (llm_frac_sum := args.judge_frac + args.stitch_frac + args.plain_frac) > 1:
+    p.error(f"--judge-frac + --stitch-frac + --plain-frac is {llm_frac_sum:g}; "
+            "they share the LLM's examples and must sum to at most 1")
 
 if args.smoke:
     args.slm_hidden, args.llm_hidden, args.prm_hidden = 32, 48, 32
@@ -564,7 +564,7 @@ if "llm" in PHASES:
             return judge_example(q, jrng, slm_samples)
         if draw < args.judge_frac + args.stitch_frac:
             return stitched_example(q, "verbose", jrng)
-        return lm_example(q, "verbose", plain=draw < args.judge_frac + args.stitch_frac + args.plain_frac)
+        return lm_example(q, "verbose", plain=draw < llm_frac_sum)
 
     batches = bucketed(llm_example, args.batch_size, rng)
     REPORT["llm_train"] = train_loop(

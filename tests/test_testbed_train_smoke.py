@@ -11,14 +11,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def smoke_run(out: Path, *extra: str) -> Path:
-    proc = subprocess.run(
+def train_smoke(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "train_testbed.py"), "--smoke", "--out", str(out), *extra],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
+
+
+def smoke_run(out: Path, *extra: str) -> Path:
+    proc = train_smoke(out, *extra)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
 
@@ -167,11 +168,7 @@ def n_params(model_dir: Path) -> int:
 
 
 def test_example_fractions_over_one_are_refused(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "train_testbed.py"), "--smoke", "--out", str(tmp_path),
-         "--plain-frac", "0.6"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )
+    proc = train_smoke(tmp_path, "--plain-frac", "0.6")
     assert proc.returncode != 0
     assert "--plain-frac is 1.1" in proc.stderr.strip().splitlines()[-1]
     assert not any(tmp_path.iterdir())
