@@ -8,7 +8,7 @@ question ("is the next token hard?"), and sharing halves the data each part need
 Width rule: `width = max(MIN_WIDTH, round(max(slm_hidden, llm_hidden) / WIDTH_DIVISOR))`. With
 the paper's LLM hidden size 3584 this gives width 45 and ~0.17M parameters for the LLM input
 projection plus the trunk (the projection dominates), +69K for a 1536-wide SLM's projection; the
-testbed pair (hidden 64 / 128) hits the floor of 16 (4.8K parameters). Inputs go
+testbed pair (hidden 64 / 112) hits the floor of 16 (4.5K parameters). Inputs go
 through a parameter-free LayerNorm first, because raw last hidden states of LLMs carry a few
 huge-magnitude channels.
 
