@@ -123,6 +123,8 @@ p.add_argument("--sample-slm", type=int, default=8192, help="training problems s
 p.add_argument("--sample-llm", type=int, default=1024, help="training problems sampled from the LLM for PRM data")
 p.add_argument("--stretch-llm", type=int, default=1024,
                help="greedy LLM solutions of training problems with operands up to 70, past the training range, for PRM data")
+p.add_argument("--prm-misread", type=float, default=0.0,
+               help="fraction of the PRM's corrupted solutions that misread an operation (another step's operation or operand)")
 p.add_argument("--near-miss-llm", type=int, default=0, help="LLM solutions with one of its own likeliest slips, for PRM data (docs/testbed.md)")
 p.add_argument("--eval-n", type=int, default=200, help="validation problems for the final evaluation")
 p.add_argument("--max-new-concise", type=int, default=120)
@@ -175,11 +177,15 @@ TRAIN_DIFFICULTY = Difficulty()  # the default "medium" mix: 1-6 ops, start and 
 STRETCH_DIFFICULTY = Difficulty(max_start=70, max_operand=70)
 
 
-def problem_stream(seed: int):
-    """Endless deterministic stream of training problems."""
-    chunk = 0
+PHASE_STREAM = {"slm": 0, "llm": 1, "prm": 2}
+
+
+def problem_stream(seed: int, phase: str):
+    """Endless deterministic stream of training problems, one per phase: a phase sees the same
+    problems whether the phases before it ran in this process or were loaded (`--only`)."""
+    chunk, base = 0, PHASE_STREAM[phase] * 1_000_000 + seed * 1000
     while True:
-        yield from generate_problems("train", 4096, seed=seed * 1000 + chunk, difficulty=TRAIN_DIFFICULTY)
+        yield from generate_problems("train", 4096, seed=base + chunk, difficulty=TRAIN_DIFFICULTY)
         chunk += 1
 
 
@@ -224,14 +230,16 @@ def stitched_example(prob: TestbedProblem, style: str, rng: random.Random) -> tu
     return prompt + body, [-100] * (len(prompt) + cut) + body[cut:]
 
 
-def mixed_steps(prob: TestbedProblem, rng: random.Random, corrupt: bool) -> list[str]:
+def mixed_steps(prob: TestbedProblem, rng: random.Random, corrupt: bool, misread: float = 0.0) -> list[str]:
     """Steps in concise, verbose or mixed style (mixed: each operation step
-    picked from one style), optionally with one injected (propagated) error."""
+    picked from one style), optionally with one injected (propagated) error, a fraction
+    `misread` of them another step's operation or operand applied (corrupt_steps)."""
     style = rng.choice(["concise", "verbose", "mixed"])
     if corrupt:
         state = rng.random()
-        c = corrupt_steps(prob, "concise", random.Random(state))
-        v = corrupt_steps(prob, "verbose", random.Random(state))
+        kind = "misread" if misread and rng.random() < misread else None  # no draw at 0: other data unchanged
+        c = corrupt_steps(prob, "concise", random.Random(state), kind)
+        v = corrupt_steps(prob, "verbose", random.Random(state), kind)
     else:
         c, v = prob.steps("concise"), prob.steps("verbose")
     if style == "concise":
@@ -246,7 +254,7 @@ def mixed_steps(prob: TestbedProblem, rng: random.Random, corrupt: bool) -> list
     return steps
 
 
-def labelled_sample(prob: TestbedProblem, rng: random.Random, pools: list[list]) -> tuple[TestbedProblem, list[str], list[bool]]:
+def labelled_sample(prob: TestbedProblem, rng: random.Random, pools: list[list], misread: float = 0.0) -> tuple[TestbedProblem, list[str], list[bool]]:
     """(problem, steps, per-step labels): half corrupted/clean templates, the rest real samples
     of the trained models, each model's pool equally often (the LLM's rare mistakes are the
     ones a PRM misses first)."""
@@ -255,7 +263,7 @@ def labelled_sample(prob: TestbedProblem, rng: random.Random, pools: list[list])
         pool = pools[rng.randrange(len(pools))]
         prob, steps = pool[rng.randrange(len(pool))]
     else:
-        steps = mixed_steps(prob, rng, corrupt=rng.random() < 0.6)
+        steps = mixed_steps(prob, rng, corrupt=rng.random() < 0.6, misread=misread)
     return prob, steps, check_steps(prob, steps)
 
 
@@ -451,8 +459,7 @@ def accuracy(model, problems, max_new: int) -> dict:
 
 VAL = generate_problems("validation", args.eval_n, seed=args.seed, difficulty=TRAIN_DIFFICULTY)
 QUICK_VAL = VAL[: min(64, len(VAL))]
-rng = random.Random(args.seed)
-stream = problem_stream(args.seed if args.data_seed is None else args.data_seed)
+DATA_SEED = args.seed if args.data_seed is None else args.data_seed
 
 
 def save(model, name: str) -> None:
@@ -530,12 +537,13 @@ if "slm" in PHASES:
     torch.manual_seed(args.seed + 1)
     slm = causal_lm("SLM", args.init_slm, args.slm_layers, args.slm_hidden)
     srng = random.Random(args.seed + 6)
+    slm_stream = problem_stream(DATA_SEED, "slm")
 
     def slm_example():
-        q = next(stream)
+        q = next(slm_stream)
         return stitched_example(q, "concise", srng) if srng.random() < args.stitch_frac else lm_example(q, "concise")
 
-    batches = bucketed(slm_example, args.batch_size, rng)
+    batches = bucketed(slm_example, args.batch_size, random.Random(args.seed + 10))
     REPORT["slm_train"] = train_loop(
         slm, batches, args.steps_slm, args.minutes_slm, "slm", lm_loss,
         eval_fn=lambda m: log(f"  slm quick val acc {accuracy(m, QUICK_VAL, args.max_new_concise)['accuracy']:.3f}"),
@@ -556,9 +564,10 @@ if "llm" in PHASES:
     torch.manual_seed(args.seed + 2)
     llm = causal_lm("LLM", args.init_llm, args.llm_layers, args.llm_hidden)
     jrng = random.Random(args.seed + 3)
+    llm_stream = problem_stream(DATA_SEED, "llm")
 
     def llm_example():
-        q = next(stream)
+        q = next(llm_stream)
         draw = jrng.random()
         if draw < args.judge_frac:
             return judge_example(q, jrng, slm_samples)
@@ -566,7 +575,7 @@ if "llm" in PHASES:
             return stitched_example(q, "verbose", jrng)
         return lm_example(q, "verbose", plain=draw < llm_frac_sum)
 
-    batches = bucketed(llm_example, args.batch_size, rng)
+    batches = bucketed(llm_example, args.batch_size, random.Random(args.seed + 11))
     REPORT["llm_train"] = train_loop(
         llm, batches, args.steps_llm, args.minutes_llm, "llm", lm_loss,
         eval_fn=lambda m: log(f"  llm quick val acc {accuracy(m, QUICK_VAL, args.max_new_verbose)['accuracy']:.3f}"),
@@ -635,12 +644,13 @@ if "prm" in PHASES:
             module.requires_grad_(False)
         log(f"PRM: embeddings and layers 0-{freeze - 1} frozen")
     prng = random.Random(args.seed + 5)
+    prm_stream = problem_stream(DATA_SEED, "prm")
 
     def prm_item():
-        q, steps, _ = labelled_sample(next(stream), prng, [slm_samples, llm_samples, llm_stretch, llm_slips])
+        q, steps, _ = labelled_sample(next(prm_stream), prng, [slm_samples, llm_samples, llm_stretch, llm_slips], args.prm_misread)
         return prm_example(q, steps)
 
-    batches = bucketed(prm_item, args.batch_size, rng)
+    batches = bucketed(prm_item, args.batch_size, random.Random(args.seed + 12))
     REPORT["prm_train"] = train_loop(prm, batches, args.steps_prm, args.minutes_prm, "prm", prm_loss, lr=args.lr_prm)
     REPORT["prm_train"]["params"] = n_params(prm)
     save(prm, "prm")

@@ -100,9 +100,46 @@ def test_corruptions_detected():
     rng = random.Random(0)
     for p in generate_problems("train", 300):
         for style in STYLES:
-            for kind in ("slip", "carry", "link", "operand", "value", "answer"):
+            for kind in ("slip", "carry", "link", "operand", "value", "answer", "misread"):
                 steps = corrupt_steps(p, style, rng, kind)
                 assert not all(check_steps(p, steps)), (p.problem, style, kind, steps)
+
+
+def test_misread_applies_another_steps_operation():
+    """The LLM's commonest mistake: it repeats an operation or operand of the problem, or jumps
+    ahead. A misread step's chain starts from the true running value with an operation or
+    operand taken from elsewhere in the problem."""
+    rng = random.Random(2)
+    n, from_the_problem, other_operand = 0, 0, 0
+    for p in generate_problems("train", 300):
+        if len(p.ops) < 2:
+            continue
+        steps = corrupt_steps(p, "concise", rng, "misread")
+        k = first_wrong_step(p, steps)
+        a, op, b = steps[k].split(" = ")[0].split()
+        assert int(a) == p.values[k] and (op, int(b)) != p.ops[k]
+        n += 1
+        # (a perturbed operand only where no other step's operation fits the running value)
+        from_the_problem += int(b) in {x for _, x in p.ops} or op != p.ops[k][0]
+        other_operand += int(b) != p.ops[k][1]
+    assert from_the_problem > 0.9 * n and other_operand > 0.3 * n
+
+
+def test_unknown_corruption_kind_is_refused(example):
+    with pytest.raises(ValueError, match="unknown corruption kind 'typo'"):
+        corrupt_steps(example, "concise", random.Random(0), "typo")
+
+
+def test_random_corruption_never_draws_misread():
+    """Drawing a kind at random keeps the six original kinds (the tokenizer corpus and the
+    judge's examples depend on these draws)."""
+    rng = random.Random(0)
+    for p in generate_problems("train", 200):
+        for _ in range(3):
+            steps = corrupt_steps(p, "concise", rng)
+            k = first_wrong_step(p, steps)
+            if k < len(p.ops):
+                assert steps[k].split(" = ")[0].split()[1] == p.ops[k][0]
 
 
 def test_wrong_step_propagates(example):

@@ -55,6 +55,22 @@ def test_plain_prompt_examples_change_only_the_llm(smoke_dir, tmp_path):
     assert args["plain_frac"] == "0.5"
 
 
+def test_prm_phase_alone_reproduces_the_full_run(smoke_dir, tmp_path):
+    """Each phase draws its own problem stream: `--only prm` on a run's SLM and LLM trains the
+    PRM that run trained, bit for bit, so PRM recipes can be compared without retraining the LLM."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    rerun = tmp_path / "prm_only"
+    for name in ("slm", "llm"):
+        shutil.copytree(smoke_dir / name, rerun / name)
+    smoke_run(rerun, "--only", "prm")
+    first, second = load_file(smoke_dir / "prm" / "model.safetensors"), load_file(rerun / "prm" / "model.safetensors")
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
 def validation_numbers(out: Path) -> str:
     """The run's validation report without wall times, as text (NaN AUCs compare equal)."""
     val = json.loads((out / "train_report.json").read_text())["val"]

@@ -496,6 +496,9 @@ def is_correct(problem: TestbedProblem, text: str) -> bool:
 # --------------------------------------------------------------------------- corruption
 
 
+CORRUPTION_KINDS = ("slip", "carry", "link", "operand", "value", "answer")  # drawn when no kind is given
+
+
 def corrupt_steps(
     problem: TestbedProblem, style: str, rng: random.Random, kind: str | None = None
 ) -> list[str]:
@@ -504,12 +507,16 @@ def corrupt_steps(
     kind: "slip" (one digit of a result changed), "carry" (result off by 10 or
     100: a missed or extra carry), "link" (a slip inside the chain, on the partial
     result the chain goes on from), "operand" (wrong operand used), "value"
-    (wrong running value copied) or "answer" (wrong boxed answer). The error
-    is propagated: later steps compute correctly from the wrong value, as a
-    model that slipped would. Labels come from :func:`check_steps`.
+    (wrong running value copied), "answer" (wrong boxed answer) or "misread"
+    (the operation or operand of another step of the problem applied: the trained
+    LLM's commonest mistake; chosen only when asked for, so that drawing a random
+    kind stays as it was). The error is propagated: later steps compute correctly
+    from the wrong value, as a model that slipped would. Labels come from
+    :func:`check_steps`.
     """
-    kinds = ["slip", "carry", "link", "operand", "value", "answer"]
-    kind = kind or rng.choice(kinds)
+    kind = kind or rng.choice(CORRUPTION_KINDS)
+    if kind not in (*CORRUPTION_KINDS, "misread"):
+        raise ValueError(f"unknown corruption kind {kind!r}; choose from {(*CORRUPTION_KINDS, 'misread')}")
     n = len(problem.ops)
     j = rng.randrange(n)  # operation where the error happens
     vals = [problem.start]
@@ -521,6 +528,8 @@ def corrupt_steps(
             a = _perturb(cur, rng)
         if i == j and kind == "operand":
             bb = _perturb(b, rng, lo=1 if op != "*" else 2, hi=9 if op == "*" else MAX_VALUE)
+        if i == j and kind == "misread":
+            op, bb = _misread(problem.ops, i, a, rng)
         c = apply_op(a, op, bb) if (op != "-" or a >= bb) else abs(a - bb)
         if i == j and kind in ("slip", "carry"):
             c = _perturb(c, rng, carry=(kind == "carry"))
@@ -550,6 +559,22 @@ def corrupt_steps(
     box = f"\\boxed{{{final}}}"
     steps.append(box if style == "concise" else f"So the answer is {box}.")
     return steps
+
+
+def _misread(ops: list[tuple[str, int]], i: int, value: int, rng: random.Random) -> tuple[str, int]:
+    """Operation i read wrongly: another step's operation and/or operand (the LLM repeats the
+    previous one or jumps ahead), or, in a one-step problem, the other of + and -."""
+    op, b = ops[i]
+    options = {(o, x) for k, (o2, x2) in enumerate(ops) if k != i for o, x in ((o2, x2), (op, x2), (o2, b))}
+    options |= {("-" if op == "+" else "+", b)} if op != "*" else set()
+    valid = sorted(
+        (o, x) for o, x in options
+        if (o, x) != (op, b) and (o != "*" or (2 <= x <= 9 and value < 100)) and (o != "-" or x <= value)
+        and 0 <= apply_op(value, o, x) <= MAX_VALUE
+    )
+    if not valid:
+        return op, _perturb(b, rng, lo=1 if op != "*" else 2, hi=9 if op == "*" else MAX_VALUE)
+    return rng.choice(valid)
 
 
 def _slip_inside(chain: list[str], rng: random.Random) -> tuple[list[str], int]:
