@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rstitch.analysis.tables import replace_marked_section
 from rstitch.cli.run import compose_config
-from rstitch.metrics import roc_auc
+from rstitch.metrics import roc_auc, roc_auc_interval
 from rstitch.methods.specreason import digit_score, digit_token_ids, judge_prompt
 from rstitch.rewards import load_prm
 from rstitch.runner import get_pair, run_config
@@ -48,16 +48,23 @@ def labeled_steps(samples: list[dict], records: dict[str, dict]) -> list[tuple[s
     return out
 
 
-def prm_auc(prm, steps: list[tuple[str, list[str], bool]]) -> float:
+def auc_with_interval(scores: list[float], steps: list[tuple[str, list[str], bool]]) -> tuple[float, float, float]:
+    """ROC-AUC and its 95% interval over problems (a model's wrong steps cluster in the few
+    problems it gets wrong: the interval shows how many of them the number rests on)."""
+    labels, problems = [y for *_, y in steps], [p for p, *_ in steps]
+    return (roc_auc(scores, labels), *roc_auc_interval(scores, labels, problems))
+
+
+def prm_auc(prm, steps: list[tuple[str, list[str], bool]]) -> tuple[float, float, float]:
     scores = {}
     for problem, prefix, _ in steps:  # score each full trace once; prefixes are its rows
         key = (problem, len(prefix))
         if key not in scores:
             scores[key] = prm.score(problem, prefix)[-1]
-    return roc_auc([scores[(p, len(x))] for p, x, _ in steps], [y for _, _, y in steps])
+    return auc_with_interval([scores[(p, len(x))] for p, x, _ in steps], steps)
 
 
-def judge_auc(pair, steps: list[tuple[str, list[str], bool]], limit: int) -> float:
+def judge_auc(pair, steps: list[tuple[str, list[str], bool]], limit: int) -> tuple[float, float, float]:
     llm = pair.llm
     digits = digit_token_ids(llm)
     chosen = steps[:limit]
@@ -65,7 +72,7 @@ def judge_auc(pair, steps: list[tuple[str, list[str], bool]], limit: int) -> flo
     for problem, prefix, _ in chosen:
         ids = llm.tokenizer.encode(judge_prompt(llm.tokenizer, problem, prefix, "\n\n"), add_special_tokens=False)
         scores.append(digit_score(llm.new_sequence(ids).next_distribution().logits, digits, "expected"))
-    return roc_auc(scores, [y for _, _, y in chosen])
+    return auc_with_interval(scores, chosen)
 
 
 def slm_entropies(pair, cfg: dict, samples: list[dict], problems: dict[str, str]) -> dict:
@@ -83,6 +90,10 @@ def slm_entropies(pair, cfg: dict, samples: list[dict], problems: dict[str, str]
         "mean_entropy_incorrect": statistics.fmean(per_trace[False]) if per_trace[False] else float("nan"),
         "frac_norm_entropy_gt_0.01": sum(h > 0.01 for h in all_norm) / len(all_norm),
     }
+
+
+def auc_fields(name: str, auc: tuple[float, float, float]) -> dict:
+    return {name: auc[0], f"{name}_ci95": [auc[1], auc[2]]}
 
 
 def family_overrides(family: Path | None) -> list[str]:
@@ -127,16 +138,16 @@ def main() -> None:
     slm_steps, llm_steps = labeled_steps(slm_samples, metadata), labeled_steps(llm_samples, metadata)
     prm = load_prm("testbed", path=str((args.family / "prm").resolve()) if args.family else None)
     props = {
-        "n": args.n,
+        "n": args.n, "judge_steps": args.judge_steps,
         "params_slm": pair.slm.num_parameters, "params_llm": pair.llm.num_parameters, "params_prm": prm.num_parameters,
         "acc_llm": llm_sum["accuracy"], "acc_slm": slm_sum["accuracy"],
         "latency_llm_s": llm_sum["latency_s"], "latency_slm_s": slm_sum["latency_s"],
         "per_token_latency_ratio": per_token(llm_samples) / per_token(slm_samples),
         "tokens_ratio_both_solved": mean_tokens(slm_samples) / mean_tokens(llm_samples), "n_both_solved": len(both),
-        "prm_auc_slm_steps": prm_auc(prm, slm_steps), "prm_auc_llm_steps": prm_auc(prm, llm_steps),
+        **auc_fields("prm_auc_slm_steps", prm_auc(prm, slm_steps)), **auc_fields("prm_auc_llm_steps", prm_auc(prm, llm_steps)),
         "steps_slm": len(slm_steps), "wrong_steps_slm": sum(not y for *_, y in slm_steps),
         "steps_llm": len(llm_steps), "wrong_steps_llm": sum(not y for *_, y in llm_steps),
-        "judge_auc_slm_steps": judge_auc(pair, slm_steps, args.judge_steps),
+        **auc_fields("judge_auc_slm_steps", judge_auc(pair, slm_steps, args.judge_steps)),
         **slm_entropies(pair, cfg, slm_samples, {k: r.problem for k, r in records.items()}),
     }
     points = [("llm_only", "", llm_sum), ("slm_only", "", slm_sum)]
@@ -153,8 +164,10 @@ def main() -> None:
 
 def render(p: dict, points: list[tuple[str, str, dict]], sweep_n: int) -> str:
     check = lambda ok: "yes" if ok else "**no**"  # noqa: E731
+    auc = lambda k: f"{p[k]:.3f} ({p[k + '_ci95'][0]:.2f}-{p[k + '_ci95'][1]:.2f})"  # noqa: E731
     lines = [
-        f"Measured by `python scripts/measure_testbed.py --n {p['n']} --sweep-n {sweep_n} --write-doc` on the test "
+        f"Measured by `python scripts/measure_testbed.py --n {p['n']} --sweep-n {sweep_n} --judge-steps {p['judge_steps']} "
+        "--write-doc` on the test "
         f"split ({p['n']} problems, greedy, batch 1, one torch thread on a shared 2-core CPU, framework HF engine, fp32).",
         "",
         "| property | target | measured | met |",
@@ -164,11 +177,14 @@ def render(p: dict, points: list[tuple[str, str, dict]], sweep_n: int) -> str:
         f"| parameters LLM / SLM | >= 10 | {p['params_llm'] / p['params_slm']:.1f} ({p['params_llm'] / 1e6:.2f}M / {p['params_slm'] / 1e6:.2f}M) | {check(p['params_llm'] / p['params_slm'] >= 10)} |",
         f"| median per-token latency LLM / SLM | >= 3 | {p['per_token_latency_ratio']:.2f} | {check(p['per_token_latency_ratio'] >= 3)} |",
         f"| SLM / LLM mean output tokens (both solved, n={p['n_both_solved']}) | <= 0.75 | {p['tokens_ratio_both_solved']:.3f} | {check(p['tokens_ratio_both_solved'] <= 0.75)} |",
-        f"| PRM ROC-AUC, SLM steps ({p['steps_slm']}, {p['wrong_steps_slm']} wrong) | >= 0.85 | {p['prm_auc_slm_steps']:.3f} | {check(p['prm_auc_slm_steps'] >= 0.85)} |",
-        f"| PRM ROC-AUC, LLM steps ({p['steps_llm']}, {p['wrong_steps_llm']} wrong) | >= 0.85 | {p['prm_auc_llm_steps']:.3f} | {check(p['prm_auc_llm_steps'] >= 0.85)} |",
-        f"| judge ROC-AUC (LLM's expected 0-9 score), SLM steps | reported | {p['judge_auc_slm_steps']:.3f} | |",
+        f"| PRM ROC-AUC, SLM steps ({p['steps_slm']}, {p['wrong_steps_slm']} wrong) | >= 0.85 | {auc('prm_auc_slm_steps')} | {check(p['prm_auc_slm_steps'] >= 0.85)} |",
+        f"| PRM ROC-AUC, LLM steps ({p['steps_llm']}, {p['wrong_steps_llm']} wrong) | >= 0.85 | {auc('prm_auc_llm_steps')} | {check(p['prm_auc_llm_steps'] >= 0.85)} |",
+        f"| judge ROC-AUC (LLM's expected 0-9 score), SLM steps | reported | {auc('judge_auc_slm_steps')} | |",
         f"| SLM mean token entropy (nats), traces ending correct / incorrect | reported | {p['mean_entropy_correct']:.4f} / {p['mean_entropy_incorrect']:.4f} | |",
         f"| fraction of SLM tokens with normalized entropy > 0.01 | reported | {p['frac_norm_entropy_gt_0.01']:.3f} | |",
+        "",
+        "ROC-AUCs are given with their 95% bootstrap interval over problems (`roc_auc_interval`); \"met\" reads the "
+        "point estimate.",
         "",
         f"Accuracy-latency points on the first {sweep_n} test problems (mean latency per problem; speedup against `llm_only`):",
         "",

@@ -135,3 +135,29 @@ def test_roc_auc_ranks_with_ties_counting_half():
     assert roc_auc([0.5, 0.5], [True, False]) == 0.5
     assert roc_auc([0.2, 0.9], [False, True]) == 1.0
     assert roc_auc([0.3, 0.4], [True, True]) != roc_auc([0.3, 0.4], [True, True])  # nan: one class only
+
+
+def test_roc_auc_interval_resamples_whole_groups():
+    """Wrong steps clustered in a few problems: resampling problems gives a wider interval than
+    treating every step as independent, and the interval holds the point estimate."""
+    import random
+
+    from rstitch.metrics import roc_auc, roc_auc_interval
+
+    rng = random.Random(0)
+    scores, labels, problems = [], [], []
+    for problem in range(100):
+        wrong = problem < 4  # four problems hold every wrong step, scored alike within a problem
+        level = rng.random()
+        for _ in range(6):
+            labels.append(not wrong)
+            scores.append(level + 0.05 * rng.random() if wrong else rng.random())
+            problems.append(problem)
+    auc = roc_auc(scores, labels)
+    lo, hi = roc_auc_interval(scores, labels, problems)
+    lo_steps, hi_steps = roc_auc_interval(scores, labels, range(len(scores)))
+    assert lo < auc < hi and lo_steps < auc < hi_steps
+    assert hi - lo > 1.2 * (hi_steps - lo_steps)
+    assert roc_auc_interval(scores, labels, problems) == (lo, hi)  # seeded
+    nan_lo, nan_hi = roc_auc_interval([0.1, 0.2], [True, True], [0, 1])
+    assert nan_lo != nan_lo and nan_hi != nan_hi

@@ -55,6 +55,18 @@ def test_plain_prompt_examples_change_only_the_llm(smoke_dir, tmp_path):
     assert args["plain_frac"] == "0.5"
 
 
+def test_misread_corruptions_change_only_the_prm(smoke_dir, tmp_path):
+    """--prm-misread adds misread corruptions to the PRM's data only: the SLM and the LLM (and
+    its judge examples) stay bit for bit the same; the PRM does not."""
+    from safetensors.torch import load_file
+
+    misread = smoke_run(tmp_path / "misread", "--prm-misread", "0.5")
+    same = {name: all(torch.equal(a, load_file(misread / name / "model.safetensors")[k])
+                      for k, a in load_file(smoke_dir / name / "model.safetensors").items())
+            for name in ("slm", "llm", "prm")}
+    assert same == {"slm": True, "llm": True, "prm": False}
+
+
 def test_prm_phase_alone_reproduces_the_full_run(smoke_dir, tmp_path):
     """Each phase draws its own problem stream: `--only prm` on a run's SLM and LLM trains the
     PRM that run trained, bit for bit, so PRM recipes can be compared without retraining the LLM."""

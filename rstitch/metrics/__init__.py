@@ -7,6 +7,6 @@ from rstitch.metrics.latency_model import (
     latency_file,
     load_pair_latency,
 )
-from rstitch.metrics.ranking import roc_auc
+from rstitch.metrics.ranking import roc_auc, roc_auc_interval
 
-__all__ = ["Forward", "ForwardTrace", "LatencyModel", "estimate_latency", "latency_file", "load_pair_latency", "roc_auc"]
+__all__ = ["Forward", "ForwardTrace", "LatencyModel", "estimate_latency", "latency_file", "load_pair_latency", "roc_auc", "roc_auc_interval"]

@@ -1,7 +1,8 @@
 """How well a score ranks right items above wrong ones (PRM, judge and router evaluations)."""
 from __future__ import annotations
 
-from typing import Sequence
+import random
+from typing import Hashable, Sequence
 
 
 def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float:
@@ -21,3 +22,29 @@ def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float:
         rank_sum += mid_rank * sum(bool(labels[k]) for k in order[i : j + 1])
         i = j + 1
     return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+
+def roc_auc_interval(
+    scores: Sequence[float], labels: Sequence[bool], groups: Sequence[Hashable],
+    level: float = 0.95, n_boot: int = 2000, seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of `roc_auc`, resampling whole groups (e.g. the steps of one
+    problem: a model's wrong steps come clustered in the few problems it gets wrong, so resampling
+    steps alone would claim far more certainty than the data hold). Resamples with one class only
+    are skipped; (nan, nan) when the data have one class."""
+    by_group: dict[Hashable, list[int]] = {}
+    for i, g in enumerate(groups):
+        by_group.setdefault(g, []).append(i)
+    members = list(by_group.values())
+    rng = random.Random(seed)
+    aucs = []
+    for _ in range(n_boot):
+        rows = [i for _ in members for i in members[rng.randrange(len(members))]]
+        auc = roc_auc([scores[i] for i in rows], [labels[i] for i in rows])
+        if auc == auc:
+            aucs.append(auc)
+    if not aucs:
+        return float("nan"), float("nan")
+    aucs.sort()
+    tail = (1 - level) / 2
+    return aucs[int(tail * (len(aucs) - 1))], aucs[int(round((1 - tail) * (len(aucs) - 1)))]
