@@ -30,8 +30,9 @@ def roc_auc_interval(
 ) -> tuple[float, float]:
     """Percentile bootstrap interval of `roc_auc`, resampling whole groups (e.g. the steps of one
     problem: a model's wrong steps come clustered in the few problems it gets wrong, so resampling
-    steps alone would claim far more certainty than the data hold). Resamples with one class only
-    are skipped; (nan, nan) when the data have one class."""
+    steps alone would claim far more certainty than the data hold). With only a handful of groups
+    holding one class the interval is too narrow itself: resamples can only recombine those few.
+    Resamples with one class only are skipped; (nan, nan) when the data have one class."""
     by_group: dict[Hashable, list[int]] = {}
     for i, g in enumerate(groups):
         by_group.setdefault(g, []).append(i)
