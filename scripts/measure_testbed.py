@@ -48,31 +48,30 @@ def labeled_steps(samples: list[dict], records: dict[str, dict]) -> list[tuple[s
     return out
 
 
-def auc_with_interval(scores: list[float], steps: list[tuple[str, list[str], bool]]) -> tuple[float, float, float]:
-    """ROC-AUC and its 95% interval over problems (a model's wrong steps cluster in the few
-    problems it gets wrong: the interval shows how many of them the number rests on)."""
+def auc_fields(name: str, scores: list[float], steps: list[tuple[str, list[str], bool]]) -> dict:
+    """ROC-AUC of `scores` on the steps' labels and its 95% interval over problems (a model's wrong
+    steps cluster in the few problems it gets wrong: the interval shows how many it rests on)."""
     labels, problems = [y for *_, y in steps], [p for p, *_ in steps]
-    return (roc_auc(scores, labels), *roc_auc_interval(scores, labels, problems))
+    return {name: roc_auc(scores, labels), f"{name}_ci95": list(roc_auc_interval(scores, labels, problems))}
 
 
-def prm_auc(prm, steps: list[tuple[str, list[str], bool]]) -> tuple[float, float, float]:
+def prm_scores(prm, steps: list[tuple[str, list[str], bool]]) -> list[float]:
     scores = {}
     for problem, prefix, _ in steps:  # score each full trace once; prefixes are its rows
         key = (problem, len(prefix))
         if key not in scores:
             scores[key] = prm.score(problem, prefix)[-1]
-    return auc_with_interval([scores[(p, len(x))] for p, x, _ in steps], steps)
+    return [scores[(p, len(x))] for p, x, _ in steps]
 
 
-def judge_auc(pair, steps: list[tuple[str, list[str], bool]], limit: int) -> tuple[float, float, float]:
+def judge_scores(pair, steps: list[tuple[str, list[str], bool]]) -> list[float]:
     llm = pair.llm
     digits = digit_token_ids(llm)
-    chosen = steps[:limit]
     scores = []
-    for problem, prefix, _ in chosen:
+    for problem, prefix, _ in steps:
         ids = llm.tokenizer.encode(judge_prompt(llm.tokenizer, problem, prefix, "\n\n"), add_special_tokens=False)
         scores.append(digit_score(llm.new_sequence(ids).next_distribution().logits, digits, "expected"))
-    return auc_with_interval(scores, chosen)
+    return scores
 
 
 def slm_entropies(pair, cfg: dict, samples: list[dict], problems: dict[str, str]) -> dict:
@@ -90,10 +89,6 @@ def slm_entropies(pair, cfg: dict, samples: list[dict], problems: dict[str, str]
         "mean_entropy_incorrect": statistics.fmean(per_trace[False]) if per_trace[False] else float("nan"),
         "frac_norm_entropy_gt_0.01": sum(h > 0.01 for h in all_norm) / len(all_norm),
     }
-
-
-def auc_fields(name: str, auc: tuple[float, float, float]) -> dict:
-    return {name: auc[0], f"{name}_ci95": [auc[1], auc[2]]}
 
 
 def family_overrides(family: Path | None) -> list[str]:
@@ -144,10 +139,11 @@ def main() -> None:
         "latency_llm_s": llm_sum["latency_s"], "latency_slm_s": slm_sum["latency_s"],
         "per_token_latency_ratio": per_token(llm_samples) / per_token(slm_samples),
         "tokens_ratio_both_solved": mean_tokens(slm_samples) / mean_tokens(llm_samples), "n_both_solved": len(both),
-        **auc_fields("prm_auc_slm_steps", prm_auc(prm, slm_steps)), **auc_fields("prm_auc_llm_steps", prm_auc(prm, llm_steps)),
+        **auc_fields("prm_auc_slm_steps", prm_scores(prm, slm_steps), slm_steps),
+        **auc_fields("prm_auc_llm_steps", prm_scores(prm, llm_steps), llm_steps),
         "steps_slm": len(slm_steps), "wrong_steps_slm": sum(not y for *_, y in slm_steps),
         "steps_llm": len(llm_steps), "wrong_steps_llm": sum(not y for *_, y in llm_steps),
-        **auc_fields("judge_auc_slm_steps", judge_auc(pair, slm_steps, args.judge_steps)),
+        **auc_fields("judge_auc_slm_steps", judge_scores(pair, slm_steps[: args.judge_steps]), slm_steps[: args.judge_steps]),
         **slm_entropies(pair, cfg, slm_samples, {k: r.problem for k, r in records.items()}),
     }
     points = [("llm_only", "", llm_sum), ("slm_only", "", slm_sum)]

@@ -508,15 +508,15 @@ def corrupt_steps(
     100: a missed or extra carry), "link" (a slip inside the chain, on the partial
     result the chain goes on from), "operand" (wrong operand used), "value"
     (wrong running value copied), "answer" (wrong boxed answer) or "misread"
-    (the operation or operand of another step of the problem applied: the trained
-    LLM's commonest mistake; chosen only when asked for, so that drawing a random
-    kind stays as it was). The error is propagated: later steps compute correctly
+    (the operation or operand of another step of the problem applied, a mistake the
+    trained LLM makes; chosen only when asked for, so that drawing a random kind
+    stays as it was). The error is propagated: later steps compute correctly
     from the wrong value, as a model that slipped would. Labels come from
     :func:`check_steps`.
     """
     kind = kind or rng.choice(CORRUPTION_KINDS)
-    if kind not in (*CORRUPTION_KINDS, "misread"):
-        raise ValueError(f"unknown corruption kind {kind!r}; choose from {(*CORRUPTION_KINDS, 'misread')}")
+    if kind not in (known := (*CORRUPTION_KINDS, "misread")):
+        raise ValueError(f"unknown corruption kind {kind!r}; choose from {known}")
     n = len(problem.ops)
     j = rng.randrange(n)  # operation where the error happens
     vals = [problem.start]
@@ -569,7 +569,7 @@ def _misread(ops: list[tuple[str, int]], i: int, value: int, rng: random.Random)
     options |= {("-" if op == "+" else "+", b)} if op != "*" else set()
     valid = sorted(
         (o, x) for o, x in options
-        if (o, x) != (op, b) and (o != "*" or (2 <= x <= 9 and value < 100)) and (o != "-" or x <= value)
+        if (o, x) != (op, b) and (o != "*" or (2 <= x <= 9 and value < 100))
         and 0 <= apply_op(value, o, x) <= MAX_VALUE
     )
     if not valid:
