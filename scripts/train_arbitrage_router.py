@@ -327,21 +327,24 @@ def evaluate(y_hat: np.ndarray, deltas: list[float]) -> dict:
 
 
 def build_smoke_models(root: Path) -> dict[str, str]:
-    """Tiny random SLM, LLM and PRM on the testbed tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM, LlamaForTokenClassification
+    """Tiny random SLM, LLM and (likelihood) PRM on the testbed tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
 
+    from rstitch.rewards.likelihood_prm import LikelihoodHead, save_prm
     from rstitch.testbed.tokenizer import build_tokenizer
 
     tok = build_tokenizer(root / "tokenizer")
     paths = {}
-    for seed, (name, cls, extra) in enumerate([("slm", LlamaForCausalLM, {}), ("llm", LlamaForCausalLM, {}),
-                                               ("prm", LlamaForTokenClassification, {"num_labels": 1})]):
+    for seed, name in enumerate(("slm", "llm", "prm")):
         torch.manual_seed(seed)
         cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                           num_attention_heads=2, num_key_value_heads=2, eos_token_id=tok.eos_token_id,
-                          pad_token_id=tok.pad_token_id, bos_token_id=None, **extra)
-        cls(cfg).save_pretrained(root / name)
-        tok.save_pretrained(root / name)
+                          pad_token_id=tok.pad_token_id, bos_token_id=None)
+        if name == "prm":
+            save_prm(root / name, LlamaForCausalLM(cfg), tok, LikelihoodHead())
+        else:
+            LlamaForCausalLM(cfg).save_pretrained(root / name)
+            tok.save_pretrained(root / name)
         paths[name] = str(root / name)
     return paths
 

@@ -10,16 +10,15 @@ Pipeline:
   2. SLM: 2-layer Llama on prompt + concise solution + eos  -> OUT/slm
   3. sample the SLM on training problems (real, labelled mistakes for the judge and the PRM)
   4. LLM: deep Llama on prompt + verbose solution + eos, plus ~20% SpecReason judge
-     examples (conversation + JUDGE_PREFIX -> one digit, 9 = correct step, 0 = wrong), and
-     optionally solutions after the PRM's input prefix instead of the chat prompt  -> OUT/llm
+     examples (conversation + JUDGE_PREFIX -> one digit, 9 = correct step, 0 = wrong)  -> OUT/llm
   5. sample the LLM on training problems; solve greedily problems with operands a little past the
-     training range, where it errs the way it errs on test problems (`stretch_samples`); optionally
-     make it slip where it is likeliest to (`near_misses`)
-  6. PRM: LlamaForTokenClassification (num_labels=1), BCE at the "\\n\\n" token ending each step,
-     plus dense per-token labels (is the step still right up to here: `locate_errors`) -> OUT/prm
+     training range, where it errs the way it errs on test problems (`stretch_samples`)
+  6. PRM: the LLM read through its own predictions (`rstitch.rewards.likelihood_prm`): a logistic
+     head on the lowest probability it gives a written digit or operator, fitted on step-checker
+     labels of both models' solutions and of corrupted ones  -> OUT/prm
   7. validation: greedy accuracy / output length of SLM and LLM, judge and PRM ROC-AUC -> OUT/train_report.json
 
-``--steps-*`` fix the number of optimizer steps and the learning-rate schedule, so a run is
+``--steps-slm/llm`` fix the number of optimizer steps and the learning-rate schedule, so a run is
 exactly reproducible (tests/test_testbed_train_smoke.py trains twice and compares the weights).
 ``--minutes-*`` are safety caps on each phase's wall time, set well above what the default step
 counts take on a 2-core CPU; a phase that hits one stops early, undecayed, and the run then
@@ -42,14 +41,22 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM, LlamaForTokenClassification
+from transformers import LlamaConfig, LlamaForCausalLM
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rstitch.metrics import roc_auc  # noqa: E402
+from rstitch.rewards.likelihood_prm import (  # noqa: E402
+    CheckedLogProbs,
+    CheckedValues,
+    LikelihoodHead,
+    encode_prm_input,
+    fit_head,
+    save_prm,
+    step_features,
+)
 from rstitch.testbed import ASSETS_DIR  # noqa: E402
-from rstitch.testbed.slips import digit_families, draw_slip  # noqa: E402
 from rstitch.testbed.task import (  # noqa: E402
     STEP_SEPARATOR,
     STYLES,
@@ -58,15 +65,14 @@ from rstitch.testbed.task import (  # noqa: E402
     check_steps,
     corrupt_steps,
     extract_boxed,
-    locate_errors,
     generate_problems,
     make_problem,
     split_steps,
 )
 from rstitch.testbed.tokenizer import (  # noqa: E402
     build_tokenizer,
+    digit_families,
     load_tokenizer,
-    prm_text,
     render_judge_prompt,
     render_prompt,
 )
@@ -83,63 +89,44 @@ p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
 p.add_argument("--data-seed", type=int, default=None, help="seed of the training-problem stream (default: --seed)")
 p.add_argument("--only", default="slm,llm,prm", help="comma list of phases to train (the others are loaded from --out)")
 p.add_argument("--init-llm", type=Path, default=None, help="start the LLM from this checkpoint instead of a fresh init")
-p.add_argument("--prm-init", default="llm",
-               help="PRM body: 'llm' (the LLM of this run: verifying a chain takes what writing it takes), "
-                    "'scratch' (--prm-layers/--prm-hidden), or a causal-LM checkpoint dir")
-p.add_argument("--prm-freeze", type=int, default=-1,
-               help="keep the embeddings and the first N layers of an initialised PRM body as they are "
-                    "(-1: all of them, so the PRM reads the LLM's own features; 0: fine-tune the whole body)")
-p.add_argument("--prm-extra-layers", type=int, default=2,
-               help="fresh layers between an initialised PRM body and the score head (they learn to read the body)")
-p.add_argument("--prm-from", type=Path, default=None, help="with prm not in --only: evaluate the PRM of this dir")
 # model sizes
 p.add_argument("--slm-layers", type=int, default=2)
 p.add_argument("--slm-hidden", type=int, default=64)
 p.add_argument("--llm-layers", type=int, default=10)
 p.add_argument("--llm-hidden", type=int, default=112)
-p.add_argument("--prm-layers", type=int, default=4)
-p.add_argument("--prm-hidden", type=int, default=96)
 # optimisation
 p.add_argument("--batch-size", type=int, default=16)
 p.add_argument("--lr", type=float, default=2e-3)
-p.add_argument("--lr-prm", type=float, default=2e-3, help="PRM learning rate")
 p.add_argument("--steps-slm", type=int, default=1500)
 p.add_argument("--steps-llm", type=int, default=5500)
-p.add_argument("--steps-prm", type=int, default=2000)
 p.add_argument("--minutes-slm", type=float, default=10.0)
 p.add_argument("--minutes-llm", type=float, default=75.0)
-p.add_argument("--minutes-prm", type=float, default=30.0)
 p.add_argument("--schedule-by-time", action="store_true",
                help="decay the learning rate by the time cap too when it is further along than the step count "
                     "(the run then depends on the machine's speed)")
 p.add_argument("--judge-frac", type=float, default=0.2, help="fraction of LLM examples in the judge format")
 p.add_argument("--stitch-frac", type=float, default=0.3,
                help="fraction of SLM/LLM examples that continue a solution begun in the other model's style")
-p.add_argument("--plain-frac", type=float, default=0.0,
-               help="fraction of LLM examples that read the PRM's input (problem, newline) instead of the chat prompt")
 p.add_argument("--tokenizer", type=Path, default=None, help="use this tokenizer instead of training one (with --init-*)")
 p.add_argument("--init-slm", type=Path, default=None, help="start the SLM from this checkpoint instead of a fresh init")
 p.add_argument("--sample-slm", type=int, default=8192, help="training problems sampled from the SLM for judge/PRM data")
 p.add_argument("--sample-llm", type=int, default=1024, help="training problems sampled from the LLM for PRM data")
 p.add_argument("--stretch-llm", type=int, default=1024,
                help="greedy LLM solutions of training problems with operands up to 70, past the training range, for PRM data")
-p.add_argument("--prm-misread", type=float, default=0.0,
-               help="fraction of the PRM's corrupted solutions that misread an operation (another step's operation or operand)")
-p.add_argument("--near-miss-llm", type=int, default=0, help="LLM solutions with one of its own likeliest slips, for PRM data (docs/testbed.md)")
+p.add_argument("--prm-solutions", type=int, default=4096,
+               help="labelled solutions the PRM head is fitted on: half real samples of both models, half clean or corrupted")
 p.add_argument("--eval-n", type=int, default=200, help="validation problems for the final evaluation")
 p.add_argument("--max-new-concise", type=int, default=120)
 p.add_argument("--max-new-verbose", type=int, default=400)
 p.add_argument("--eval-every", type=int, default=0, help="quick validation eval every N steps (0: off)")
 args = p.parse_args()
-if (llm_frac_sum := args.judge_frac + args.stitch_frac + args.plain_frac) > 1:
-    p.error(f"--judge-frac + --stitch-frac + --plain-frac is {llm_frac_sum:g}; "
-            "they share the LLM's examples and must sum to at most 1")
+if (llm_frac_sum := args.judge_frac + args.stitch_frac) > 1:
+    p.error(f"--judge-frac + --stitch-frac is {llm_frac_sum:g}; they share the LLM's examples and must sum to at most 1")
 
 if args.smoke:
-    args.slm_hidden, args.llm_hidden, args.prm_hidden = 32, 48, 32
-    args.llm_layers, args.prm_layers = 3, 2
-    args.steps_slm, args.steps_llm, args.steps_prm = 12, 12, 12
-    args.sample_slm, args.sample_llm, args.stretch_llm, args.near_miss_llm, args.eval_n = 16, 8, 8, 8, 8
+    args.slm_hidden, args.llm_hidden, args.llm_layers = 32, 48, 3
+    args.steps_slm, args.steps_llm = 12, 12
+    args.sample_slm, args.sample_llm, args.stretch_llm, args.prm_solutions, args.eval_n = 16, 8, 8, 32, 8
     args.max_new_concise, args.max_new_verbose = 30, 40
     args.threads = 1
 if args.out is None:
@@ -192,12 +179,9 @@ def problem_stream(seed: int, phase: str):
 # ----------------------------------------------------------------------------- examples
 
 
-def lm_example(prob: TestbedProblem, style: str, plain: bool = False) -> tuple[list[int], list[int]]:
-    """prompt + solution + eos; loss on the solution and eos only. `plain`: the prompt is the
-    PRM's input prefix (problem, newline) instead of the chat prompt, so that the LLM's own
-    confidence, which the PRM's frozen body carries, holds in the PRM's input format too."""
-    prefix = prm_text(prob.problem, []) if plain else render_prompt(tok, prob.problem)
-    prompt = tok.encode(prefix, add_special_tokens=False)
+def lm_example(prob: TestbedProblem, style: str) -> tuple[list[int], list[int]]:
+    """prompt + solution + eos; loss on the solution and eos only."""
+    prompt = tok.encode(render_prompt(tok, prob.problem), add_special_tokens=False)
     target = tok.encode(prob.solution(style), add_special_tokens=False) + [EOS]
     return prompt + target, [-100] * len(prompt) + target
 
@@ -230,16 +214,14 @@ def stitched_example(prob: TestbedProblem, style: str, rng: random.Random) -> tu
     return prompt + body, [-100] * (len(prompt) + cut) + body[cut:]
 
 
-def mixed_steps(prob: TestbedProblem, rng: random.Random, corrupt: bool, misread: float = 0.0) -> list[str]:
+def mixed_steps(prob: TestbedProblem, rng: random.Random, corrupt: bool) -> list[str]:
     """Steps in concise, verbose or mixed style (mixed: each operation step
-    picked from one style), optionally with one injected (propagated) error, a fraction
-    `misread` of them another step's operation or operand applied (corrupt_steps)."""
+    picked from one style), optionally with one injected (propagated) error (corrupt_steps)."""
     style = rng.choice(["concise", "verbose", "mixed"])
     if corrupt:
         state = rng.random()
-        kind = "misread" if misread and rng.random() < misread else None  # no draw at 0: other data unchanged
-        c = corrupt_steps(prob, "concise", random.Random(state), kind)
-        v = corrupt_steps(prob, "verbose", random.Random(state), kind)
+        c = corrupt_steps(prob, "concise", random.Random(state))
+        v = corrupt_steps(prob, "verbose", random.Random(state))
     else:
         c, v = prob.steps("concise"), prob.steps("verbose")
     if style == "concise":
@@ -254,7 +236,7 @@ def mixed_steps(prob: TestbedProblem, rng: random.Random, corrupt: bool, misread
     return steps
 
 
-def labelled_sample(prob: TestbedProblem, rng: random.Random, pools: list[list], misread: float = 0.0) -> tuple[TestbedProblem, list[str], list[bool]]:
+def labelled_sample(prob: TestbedProblem, rng: random.Random, pools: list[list]) -> tuple[TestbedProblem, list[str], list[bool]]:
     """(problem, steps, per-step labels): half corrupted/clean templates, the rest real samples
     of the trained models, each model's pool equally often (the LLM's rare mistakes are the
     ones a PRM misses first)."""
@@ -263,7 +245,7 @@ def labelled_sample(prob: TestbedProblem, rng: random.Random, pools: list[list],
         pool = pools[rng.randrange(len(pools))]
         prob, steps = pool[rng.randrange(len(pool))]
     else:
-        steps = mixed_steps(prob, rng, corrupt=rng.random() < 0.6, misread=misread)
+        steps = mixed_steps(prob, rng, corrupt=rng.random() < 0.6)
     return prob, steps, check_steps(prob, steps)
 
 
@@ -278,36 +260,6 @@ def judge_example(prob: TestbedProblem, rng: random.Random, sampled: list) -> tu
     prompt = tok.encode(render_judge_prompt(tok, prob.problem, steps[: t + 1]), add_special_tokens=False)
     digit = DIGIT_IDS[9] if labels[t] else DIGIT_IDS[0]
     return prompt + [digit], [-100] * len(prompt) + [digit]
-
-
-def prm_example(prob: TestbedProblem, steps: list[str]) -> tuple[list[int], list[int], list[float], list[float]]:
-    """PRM input ids, the positions of the tokens ending each step's "\\n\\n", the step labels,
-    and dense per-token labels (-1: unlabelled).
-
-    The dense label of a token says whether its step is still correct up to that token
-    (`locate_errors`); the token where the step goes wrong and every later token of the step
-    are 0. A label only at each step's end leaves the PRM to find a slipped digit anywhere in
-    the text from one bit; the dense labels show it where.
-    """
-    text = prm_text(prob.problem, steps)
-    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-    offsets = enc["offset_mapping"]
-    starts, pos = [], len(prob.problem) + 1
-    for s in steps:
-        starts.append(pos)
-        pos += len(s) + len(STEP_SEPARATOR)
-    dense = [-1.0] * len(offsets)
-    for k, err in enumerate(locate_errors(prob, steps)):
-        lo, hi = starts[k], starts[k] + len(steps[k]) + len(STEP_SEPARATOR)
-        for i, (a, b) in enumerate(offsets):
-            if lo <= a < hi:
-                dense[i] = 1.0 if err is None or b <= lo + err[0] else 0.0 if b >= lo + err[1] else -1.0
-    # the token ending each step's separator carries that step's label
-    positions = [max(i for i, (a, _) in enumerate(offsets) if a < starts[k] + len(s) + len(STEP_SEPARATOR)) for k, s in enumerate(steps)]
-    labels = [float(x) for x in check_steps(prob, steps)]
-    for i, y in zip(positions, labels):
-        dense[i] = y
-    return enc["input_ids"], positions, labels, dense
 
 
 def collate(batch: list[tuple[list[int], list[int]]]):
@@ -499,27 +451,6 @@ def stretch_samples(model, n: int, max_new: int, seed: int, name: str) -> list[t
     return labelled(probs, generate(model, probs, max_new), f"{name} stretch")
 
 
-@torch.no_grad()
-def near_misses(model, n: int, style: str, max_new: int, seed: int, name: str, bs: int = 64) -> list[tuple[TestbedProblem, list[str]]]:
-    """Solutions of n training problems with one of the model's own likeliest slips
-    (`rstitch.testbed.slips`), written on from the slip by the model itself (greedy)."""
-    if not n:
-        return []
-    problems = generate_problems("train", n, seed=20_000 + seed, difficulty=TRAIN_DIFFICULTY)
-    g, prefixes = torch.Generator().manual_seed(seed), []
-    for i in range(0, n, bs):
-        batch = [lm_example(q, style) for q in problems[i : i + bs]]
-        ids, _, att = collate(batch)
-        p_next = model(input_ids=ids, attention_mask=att).logits.softmax(-1)
-        for b, (x, y) in enumerate(batch):
-            start = y.count(-100)  # first solution token
-            sol = x[start:-1]  # without eos
-            t, slip = draw_slip(sol, p_next[b, start - 1 : len(x) - 2], DIGIT_FAMILIES, g) or (len(sol), None)
-            prefixes.append(tok.decode(sol[:t] + ([slip] if slip is not None else [])))
-    texts = generate(model, problems, max_new, prefixes=prefixes)
-    return labelled(problems, [pre + t for pre, t in zip(prefixes, texts)], f"{name} near misses")
-
-
 def causal_lm(name: str, init: Path | None, layers: int, hidden: int) -> LlamaForCausalLM:
     """A fresh model of the given shape, or the checkpoint `init` to continue from."""
     if init is not None:
@@ -573,7 +504,7 @@ if "llm" in PHASES:
             return judge_example(q, jrng, slm_samples)
         if draw < args.judge_frac + args.stitch_frac:
             return stitched_example(q, "verbose", jrng)
-        return lm_example(q, "verbose", plain=draw < llm_frac_sum)
+        return lm_example(q, "verbose")
 
     batches = bucketed(llm_example, args.batch_size, random.Random(args.seed + 11))
     REPORT["llm_train"] = train_loop(
@@ -590,73 +521,48 @@ llm.eval()
 
 llm_samples = sample_model(llm, args.sample_llm, args.max_new_verbose, seed=2, name="LLM")
 llm_stretch = stretch_samples(llm, args.stretch_llm, args.max_new_verbose, seed=4, name="LLM") if "prm" in PHASES else []
-llm_slips = near_misses(llm, args.near_miss_llm, "verbose", args.max_new_verbose, seed=3, name="LLM") if "prm" in PHASES else []
 
 # ----------------------------------------------------------------------------- 6. PRM
 
 
-def prm_loss(model, batch):
-    """BCE at the token ending each step (what the PRM is read at) plus BCE on the dense labels."""
-    n = max(len(x) for x, *_ in batch)
-    ids = torch.full((len(batch), n), PAD, dtype=torch.long)
-    att = torch.zeros((len(batch), n), dtype=torch.long)
-    dense = torch.full((len(batch), n), -1.0)
-    rows, cols, ys = [], [], []
-    for i, (x, pos, y, d) in enumerate(batch):
-        ids[i, : len(x)] = torch.tensor(x)
-        att[i, : len(x)] = 1
-        dense[i, : len(d)] = torch.tensor(d)
-        rows += [i] * len(pos)
-        cols += pos
-        ys += y
-    logits = model(input_ids=ids, attention_mask=att).logits[..., 0]
-    labelled = dense >= 0
-    step_loss = F.binary_cross_entropy_with_logits(logits[rows, cols], torch.tensor(ys))
-    return step_loss + F.binary_cross_entropy_with_logits(logits[labelled], dense[labelled])
-
-
 @torch.no_grad()
-def prm_scores(model, items) -> tuple[list[float], list[bool]]:
-    scores, labels = [], []
-    for q, steps in items:
-        x, pos, *_ = prm_example(q, steps)
-        logits = model(input_ids=torch.tensor([x])).logits[0, :, 0]
-        scores += torch.sigmoid(logits[pos]).tolist()
-        labels += check_steps(q, steps)
-    return scores, labels
+def prm_features(model, head: LikelihoodHead, items: list[tuple[TestbedProblem, list[str]]], bs: int = 32):
+    """Features and checker labels of every step of `items`, read as `TestbedPRM` reads them
+    (same input ids, same features), with batched forwards of the PRM's language model."""
+    values = CheckedValues(head, tok)
+    rows_of = CheckedLogProbs(model.lm_head, values)
+    feats, labels = [], []
+    for i in range(0, len(items), bs):
+        chunk = items[i : i + bs]
+        enc = [encode_prm_input(tok, q.problem, steps) for q, steps in chunk]
+        ids, _, att = collate([(x, x) for x, *_ in enc])
+        rows = rows_of(model.model(input_ids=ids, attention_mask=att).last_hidden_state)
+        for b, ((q, steps), (x, start, ends)) in enumerate(zip(chunk, enc)):
+            feats.append(step_features(rows[b, : len(x)], x, start, ends, values, head.floor))
+            labels += check_steps(q, steps)
+    return torch.cat(feats), torch.tensor(labels, dtype=torch.float32)
 
 
 if "prm" in PHASES:
-    torch.manual_seed(args.seed + 4)
-    if args.prm_init != "scratch":
-        body = OUT / "llm" if args.prm_init == "llm" else Path(args.prm_init)
-        body_layers = LlamaConfig.from_pretrained(body).num_hidden_layers
-        prm = LlamaForTokenClassification.from_pretrained(body, num_labels=1, num_hidden_layers=body_layers + args.prm_extra_layers)
-        log(f"PRM: body initialised from {body}, {args.prm_extra_layers} fresh layers on top")
-        freeze = body_layers if args.prm_freeze < 0 else args.prm_freeze
-    else:
-        prm = LlamaForTokenClassification(llama_config(args.prm_layers, args.prm_hidden, num_labels=1))
-        freeze = 0
-    log(f"PRM: {prm.config.num_hidden_layers} layers, hidden {prm.config.hidden_size}, {n_params(prm) / 1e6:.3f}M params")
-    if freeze:
-        body = prm.model
-        for module in (body.embed_tokens, *body.layers[:freeze]):
-            module.requires_grad_(False)
-        log(f"PRM: embeddings and layers 0-{freeze - 1} frozen")
     prng = random.Random(args.seed + 5)
     prm_stream = problem_stream(DATA_SEED, "prm")
-
-    def prm_item():
-        q, steps, _ = labelled_sample(next(prm_stream), prng, [slm_samples, llm_samples, llm_stretch, llm_slips], args.prm_misread)
-        return prm_example(q, steps)
-
-    batches = bucketed(prm_item, args.batch_size, random.Random(args.seed + 12))
-    REPORT["prm_train"] = train_loop(prm, batches, args.steps_prm, args.minutes_prm, "prm", prm_loss, lr=args.lr_prm)
-    REPORT["prm_train"]["params"] = n_params(prm)
-    save(prm, "prm")
+    pools = [slm_samples, llm_samples, llm_stretch]
+    items = [labelled_sample(next(prm_stream), prng, pools)[:2] for _ in range(args.prm_solutions)]
+    t0 = time.time()
+    prm_head = LikelihoodHead()
+    x, y = prm_features(llm, prm_head, items)
+    fit = fit_head(x, y, prm_head)
+    scores = prm_head.score(x)
+    REPORT["prm_train"] = {"solutions": len(items), "steps": len(y), "wrong_step_frac": float(1 - y.mean()),
+                           "auc": roc_auc(scores.tolist(), y.bool().tolist()), **fit,
+                           "weight": prm_head.weight, "bias": prm_head.bias, "minutes": round((time.time() - t0) / 60, 2)}
+    log(f"PRM head on {len(y)} steps: weight {prm_head.weight}, bias {prm_head.bias}, train AUC {REPORT['prm_train']['auc']:.3f}")
+    if (OUT / "prm").exists():
+        shutil.rmtree(OUT / "prm")
+    save_prm(OUT / "prm", llm, tok, prm_head)
 else:
-    prm = LlamaForTokenClassification.from_pretrained(args.prm_from or OUT / "prm")
-prm.eval()
+    prm_head = LikelihoodHead.load(OUT / "prm")
+prm_lm = llm if "prm" in PHASES else LlamaForCausalLM.from_pretrained(OUT / "prm").eval()
 
 # ----------------------------------------------------------------------------- 7. validation report
 
@@ -672,9 +578,9 @@ REPORT["val"] = {
 }
 for name, ev in (("slm", slm_eval), ("llm", llm_eval)):
     items = [(q, split_steps(t)) for q, t in zip(VAL, ev["texts"]) if split_steps(t)]
-    s, lab = prm_scores(prm, items)
-    REPORT["val"][f"prm_auc_{name}_steps"] = roc_auc(s, lab)
-    REPORT["val"][f"{name}_wrong_step_frac"] = float(1 - np.mean(lab)) if lab else float("nan")
+    x, lab = prm_features(prm_lm, prm_head, items) if items else (torch.zeros(0, 2), torch.zeros(0))
+    REPORT["val"][f"prm_auc_{name}_steps"] = roc_auc(prm_head.score(x).tolist(), lab.bool().tolist())
+    REPORT["val"][f"{name}_wrong_step_frac"] = float(1 - lab.mean()) if len(lab) else float("nan")
 
 # judge: P(digit 9) vs P(digit 0) on SLM-generated validation steps
 vrng = random.Random(args.seed + 6)
@@ -697,6 +603,6 @@ log(json.dumps(REPORT["val"], indent=1))
 log(f"done in {REPORT['total_minutes']} min -> {OUT}")
 if OUT.resolve() == ASSETS_DIR.resolve():
     # Everything downstream was fitted to the family it replaced; stale routers fail silently.
-    log("the package's R-Stitch+ router, Arbitrage router and EASD tau_H belong to the previous family: "
+    log("the package's R-Stitch+ router, Arbitrage router, EASD tau_H and latency model belong to the previous family: "
         "rerun scripts/train_router.py, scripts/train_arbitrage_router.py and scripts/calibrate_easd.py "
         "(docs/testbed.md, 'Training')")

@@ -10,7 +10,7 @@ from rstitch.methods import DecodeContext, build_method
 from rstitch.methods.base import LLM, SLM
 from rstitch.methods.rsd import RSD, accepts
 from rstitch.methods.steps import step_text
-from rstitch.rewards.hf_prm import TestbedPRM
+from rstitch.rewards.likelihood_prm import LikelihoodHead, TestbedPRM, save_prm
 
 PROMPTS = [[5, 6, 7, 8], [20, 21, 9]]
 PROBLEM = "What is 2 + 3?"
@@ -19,19 +19,16 @@ STEP_OPTIONS = {"max_step_tokens": 5, "max_repeats": 0}
 
 @pytest.fixture(scope="module")
 def prm_path(tiny_pair, tmp_path_factory) -> str:
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForTokenClassification
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tok = AutoTokenizer.from_pretrained(tiny_pair["tokenizer"])
     torch.manual_seed(3)
-    model = LlamaForTokenClassification(LlamaConfig(
+    model = LlamaForCausalLM(LlamaConfig(
         vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, num_labels=1, pad_token_id=tok.pad_token_id,
+        num_attention_heads=4, num_key_value_heads=2, pad_token_id=tok.pad_token_id,
     ))
-    with torch.no_grad():
-        model.score.weight.mul_(30.0)  # spread the rewards over (0, 1)
     path = tmp_path_factory.mktemp("rsd_prm")
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
+    save_prm(path, model, tok, LikelihoodHead(weight=[2.0, 2.0], bias=9.0))  # rewards spread over (0, 1)
     return str(path)
 
 
@@ -77,13 +74,13 @@ def test_mid_threshold_follows_algorithm_1(tiny_runners, prm, prm_path):
     for decision, score in zip(out.stats["step_decisions"], out.stats["step_scores"]):
         limit = min(5, 40 - position)
         draft = tiny_runners.slm.new_sequence(prefix).generate(limit, Sampler(), ["\n\n"], eos).token_ids
-        reward = fresh_prm.score(PROBLEM, steps + [step_text(tiny_runners.slm.tokenizer.decode(draft), "\n\n")])[-1]
+        reward = fresh_prm.score(PROBLEM, steps + [step_text(tiny_runners.slm.tokenizer.decode(draft, skip_special_tokens=True), "\n\n")])[-1]
         assert score == pytest.approx(reward, abs=1e-5)
         assert decision == ("accept" if reward >= delta else "escalate")
         if decision == "escalate":
             draft = tiny_runners.llm.new_sequence(prefix).generate(limit, Sampler(), ["\n\n"], eos).token_ids
         assert out.token_ids[position:position + len(draft)] == draft
-        steps.append(step_text(tiny_runners.llm.tokenizer.decode(draft), "\n\n"))
+        steps.append(step_text(tiny_runners.llm.tokenizer.decode(draft, skip_special_tokens=True), "\n\n"))  # as the method reads steps
         prefix += draft
         position += len(draft)
     assert position == len(out.token_ids)

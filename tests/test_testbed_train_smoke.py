@@ -38,38 +38,13 @@ def test_same_seeds_same_family(smoke_dir, tmp_path):
         first, second = load_file(smoke_dir / name / "model.safetensors"), load_file(again / name / "model.safetensors")
         assert first.keys() == second.keys()
         assert all(torch.equal(first[k], second[k]) for k in first), name
+    assert (smoke_dir / "prm" / "prm_head.json").read_text() == (again / "prm" / "prm_head.json").read_text()
     assert validation_numbers(smoke_dir) == validation_numbers(again)
 
 
-def test_plain_prompt_examples_change_only_the_llm(smoke_dir, tmp_path):
-    """--plain-frac swaps some of the LLM's chat prompts for the PRM's input prefix: the SLM,
-    trained before it, stays bit for bit the same; the LLM does not."""
-    from safetensors.torch import load_file
-
-    plain = smoke_run(tmp_path / "plain", "--plain-frac", "0.5")
-    weights = {name: (load_file(smoke_dir / name / "model.safetensors"), load_file(plain / name / "model.safetensors"))
-               for name in ("slm", "llm")}
-    assert all(torch.equal(a, weights["slm"][1][k]) for k, a in weights["slm"][0].items())
-    assert not all(torch.equal(a, weights["llm"][1][k]) for k, a in weights["llm"][0].items())
-    args = json.loads((plain / "train_report.json").read_text())["args"]
-    assert args["plain_frac"] == "0.5"
-
-
-def test_misread_corruptions_change_only_the_prm(smoke_dir, tmp_path):
-    """--prm-misread adds misread corruptions to the PRM's data only: the SLM and the LLM (and
-    its judge examples) stay bit for bit the same; the PRM does not."""
-    from safetensors.torch import load_file
-
-    misread = smoke_run(tmp_path / "misread", "--prm-misread", "0.5")
-    same = {name: all(torch.equal(a, load_file(misread / name / "model.safetensors")[k])
-                      for k, a in load_file(smoke_dir / name / "model.safetensors").items())
-            for name in ("slm", "llm", "prm")}
-    assert same == {"slm": True, "llm": True, "prm": False}
-
-
 def test_prm_phase_alone_reproduces_the_full_run(smoke_dir, tmp_path):
-    """Each phase draws its own problem stream: `--only prm` on a run's SLM and LLM trains the
-    PRM that run trained, bit for bit, so PRM recipes can be compared without retraining the LLM."""
+    """Each phase draws its own problem stream: `--only prm` on a run's SLM and LLM fits the
+    PRM that run fitted, bit for bit, so PRM recipes can be compared without retraining the LLM."""
     import shutil
 
     from safetensors.torch import load_file
@@ -81,6 +56,7 @@ def test_prm_phase_alone_reproduces_the_full_run(smoke_dir, tmp_path):
     first, second = load_file(smoke_dir / "prm" / "model.safetensors"), load_file(rerun / "prm" / "model.safetensors")
     assert first.keys() == second.keys()
     assert all(torch.equal(first[k], second[k]) for k in first)
+    assert (smoke_dir / "prm" / "prm_head.json").read_text() == (rerun / "prm" / "prm_head.json").read_text()
 
 
 def validation_numbers(out: Path) -> str:
@@ -92,8 +68,9 @@ def validation_numbers(out: Path) -> str:
 
 
 def test_outputs_load(smoke_dir):
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForTokenClassification
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rstitch.rewards import load_prm
     from rstitch.testbed.task import JUDGE_PREFIX, generate_problems
     from rstitch.testbed.tokenizer import render_judge_prompt, render_prompt
 
@@ -106,9 +83,8 @@ def test_outputs_load(smoke_dir):
     tok = AutoTokenizer.from_pretrained(smoke_dir / "tokenizer")
     slm = AutoModelForCausalLM.from_pretrained(smoke_dir / "slm")
     llm = AutoModelForCausalLM.from_pretrained(smoke_dir / "llm")
-    prm = LlamaForTokenClassification.from_pretrained(smoke_dir / "prm")
-    assert prm.config.num_labels == 1
-    assert slm.config.vocab_size == llm.config.vocab_size == prm.config.vocab_size == len(tok)
+    prm = load_prm("testbed", path=str(smoke_dir / "prm"))
+    assert slm.config.vocab_size == llm.config.vocab_size == len(prm.tokenizer) == len(tok)
 
     q = generate_problems("test", 1)[0]
     prompt = render_prompt(tok, q.problem)
@@ -118,8 +94,8 @@ def test_outputs_load(smoke_dir):
         for m in (slm, llm):
             out = m.generate(**ids, max_new_tokens=5, do_sample=False)
             assert out.shape[1] == ids["input_ids"].shape[1] + 5 or tok.eos_token_id in out[0].tolist()
-        logits = prm(**ids).logits
-    assert logits.shape[-1] == 1
+    scores = prm.score(q.problem, q.steps("concise"))
+    assert len(scores) == len(q.steps("concise")) and all(0.0 <= x <= 1.0 for x in scores)
     assert render_judge_prompt(tok, q.problem, ["a"]).endswith(JUDGE_PREFIX)
     report = json.loads((smoke_dir / "train_report.json").read_text())
     assert "val" in report
@@ -142,23 +118,21 @@ def test_tokenizer_identical_across_models(smoke_dir):
     assert t.convert_ids_to_tokens(t.encode("\n\n", add_special_tokens=False)) == ["ĊĊ"]
 
 
-def test_prm_reads_the_llms_frozen_body(smoke_dir):
-    """Default PRM: the LLM's embeddings and every LLM layer unchanged, fresh layers on top."""
+def test_prm_is_the_llm_with_a_fitted_head(smoke_dir):
+    """The PRM's language model is the LLM, weight for weight; its head was fitted on checker labels."""
     from safetensors.torch import load_file
 
     llm, prm = load_file(smoke_dir / "llm" / "model.safetensors"), load_file(smoke_dir / "prm" / "model.safetensors")
-    body = {k: v for k, v in llm.items() if k.startswith("model.") and not k.startswith("model.norm")}
-    assert any(".layers." in k for k in body) and "model.embed_tokens.weight" in body
-    assert all(torch.equal(prm[k], v) for k, v in body.items())
-    llm_layers = {k.split(".")[2] for k in body if ".layers." in k}
-    prm_layers = {k.split(".")[2] for k in prm if ".layers." in k}
-    assert len(prm_layers) == len(llm_layers) + 2
+    assert llm.keys() == prm.keys() and all(torch.equal(prm[k], v) for k, v in llm.items())
+    head = json.loads((smoke_dir / "prm" / "prm_head.json").read_text())
+    fit = json.loads((smoke_dir / "train_report.json").read_text())["prm_train"]
+    assert head["weight"] == fit["weight"] and head["bias"] == fit["bias"] and fit["steps"] > fit["solutions"] > 0
 
 
 def test_report_counts_each_prm_data_pool(smoke_dir):
-    """SLM samples, LLM samples, LLM stretch solutions and near misses are all drawn and counted."""
+    """SLM samples, LLM samples and LLM stretch solutions are all drawn and counted."""
     pools = json.loads((smoke_dir / "train_report.json").read_text())["samples"]
-    assert set(pools) == {"SLM samples", "LLM samples", "LLM stretch", "LLM near misses"}
+    assert set(pools) == {"SLM samples", "LLM samples", "LLM stretch"}
     for pool in pools.values():
         assert pool["solutions"] > 0 and pool["steps"] >= pool["solutions"]
         assert 0.0 <= pool["wrong_step_frac"] <= 1.0
@@ -196,7 +170,7 @@ def n_params(model_dir: Path) -> int:
 
 
 def test_example_fractions_over_one_are_refused(tmp_path):
-    proc = train_smoke(tmp_path, "--plain-frac", "0.6")
+    proc = train_smoke(tmp_path, "--judge-frac", "0.8")
     assert proc.returncode != 0
-    assert "--plain-frac is 1.1" in proc.stderr.strip().splitlines()[-1]
+    assert "--judge-frac + --stitch-frac is 1.1" in proc.stderr.strip().splitlines()[-1]
     assert not any(tmp_path.iterdir())

@@ -10,7 +10,7 @@ from rstitch.rewards.base import ProcessRewardModel
 
 # name -> "module:Class"; imported lazily so a PRM's dependencies load only when used.
 PRMS = {
-    "testbed": "rstitch.rewards.hf_prm:TestbedPRM",
+    "testbed": "rstitch.rewards.likelihood_prm:TestbedPRM",
     "oracle": "rstitch.rewards.oracle:OracleStepChecker",
     "skywork": "rstitch.rewards.hf_prm:SkyworkPRM",
     "qwen_math_prm": "rstitch.rewards.hf_prm:QwenMathPRM",

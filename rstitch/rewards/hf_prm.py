@@ -1,8 +1,6 @@
 """Transformer PRMs: a backbone, a scoring head, and one reward read per step at a marker token.
+(The testbed PRM, a causal LM read through its own predictions, is `likelihood_prm`.)
 
-* `TestbedPRM`: `LlamaForTokenClassification` (num_labels=1); input
-  ``problem + "\\n" + "".join(step + "\\n\\n")``; reward = sigmoid of the logit at the last token
-  of each step's separator.
 * `SkyworkPRM` (Skywork-o1-Open-PRM-Qwen-2.5-1.5B / -7B): the checkpoint is a Qwen2 causal LM
   plus a value head (``v_head.summary.weight`` [1, H] and ``v_head.summary.bias`` [1]) that
   Skywork's own code attaches. We load the Qwen2 backbone with `AutoModel` (the ``lm_head`` is
@@ -61,36 +59,6 @@ class HFProcessRewardModel(ProcessRewardModel):
         return self.tokenizer.encode(text, add_special_tokens=False)
 
 
-class TestbedPRM(HFProcessRewardModel):
-    __test__ = False  # not a pytest class
-
-    def __init__(self, path: str | None = None, device: str = "cpu", dtype: str = "float32", separator: str = "\n\n"):
-        path = path or str(_testbed_prm_dir())
-        model, tokenizer = _load(path, "AutoModelForTokenClassification", device, dtype)
-        super().__init__("testbed", tokenizer, getattr(model, model.base_model_prefix), model.score)
-        self.separator = separator
-        self._checked: set[str] = set()
-        self._testbed_only = path == str(_testbed_prm_dir())  # the shipped PRM knows nothing else
-
-    def encode(self, problem: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
-        if self._testbed_only and problem not in self._checked:
-            from rstitch.rewards.oracle import parse_problem
-
-            parse_problem(problem)
-            self._checked.add(problem)
-        # Pieces are tokenized one by one: the testbed tokenizer isolates newline runs, so this
-        # equals tokenizing the joined text, and a prefix of steps gives a prefix of ids.
-        ids = self._ids(problem + "\n")
-        positions = []
-        for step in steps:
-            ids += self._ids(step + self.separator)
-            positions.append(len(ids) - 1)
-        return ids, positions
-
-    def reward(self, rows: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(rows[:, 0])
-
-
 class SkyworkPRM(HFProcessRewardModel):
     def __init__(self, path: str, device: str = "cpu", dtype: str = "bfloat16", separator: str = "\n\n"):
         backbone, tokenizer = _load(path, "AutoModel", device, dtype)
@@ -143,12 +111,6 @@ class QwenMathPRM(HFProcessRewardModel):
 
     def reward(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.softmax(rows, dim=-1)[:, 1]
-
-
-def _testbed_prm_dir():
-    from rstitch.testbed import PRM_DIR
-
-    return PRM_DIR
 
 
 def _load(path: str, auto_class: str, device: str, dtype: str, trust_remote_code: bool = False):

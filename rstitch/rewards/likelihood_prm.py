@@ -1,0 +1,206 @@
+"""A PRM read off a causal LM's own predictions: the testbed PRM.
+
+A frozen causal LM reads the PRM input (``problem + "\\n"``, then each step and ``"\\n\\n"``). At
+every *checked* token of the solution (a digit or an operator: what an arithmetic slip or a
+misread operation changes) it gives the probability of the written token among the tokens of its
+kind: "7" among the ten digits, an operator among the operators, a digit written with a leading
+space counted with its bare twin. Only the value is judged, not the style, so one model rates
+concise and verbose steps alike (its raw probability of a concise step's first digit is tiny
+because it would have started with "Adding", not because the digit is wrong).
+
+Step k gets two features: the lowest checked log-probability over the whole solution up to the end
+of step k (a step built on a wrong value is wrong too: the checker labels it so) and the lowest
+within step k. A logistic head fitted on step-checker labels (``scripts/train_testbed.py``) turns
+them into a score in [0, 1], read at the token ending the step, as Skywork-PRM is read.
+
+On disk: the causal LM as a standard Hugging Face checkpoint plus ``prm_head.json`` (the checked
+values of each kind, the floor, the head's weights).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from rstitch.errors import ConfigError
+from rstitch.rewards.base import ProcessRewardModel
+from rstitch.rewards.prefix_cache import PrefixCachedHead
+
+HEAD_FILE = "prm_head.json"
+FEATURES = ("solution_min", "step_min")
+DEFAULT_KINDS = {"digit": [str(d) for d in range(10)], "operator": ["+", "-", "*"]}
+
+
+@dataclass
+class LikelihoodHead:
+    """What is checked and how two features become a score (the contents of ``prm_head.json``)."""
+
+    weight: list[float] = field(default_factory=lambda: [1.0, 0.0])
+    bias: float = 0.0
+    kinds: dict[str, list[str]] = field(default_factory=lambda: {k: list(v) for k, v in DEFAULT_KINDS.items()})
+    variants: list[str] = field(default_factory=lambda: ["", " "])  # a value's token, bare and space-led
+    floor: float = -20.0  # log-probabilities are clipped here: past it, how wrong does not matter
+
+    def __post_init__(self) -> None:
+        if len(self.weight) != len(FEATURES):
+            raise ConfigError(f"PRM head: expected {len(FEATURES)} weights ({', '.join(FEATURES)}), got {len(self.weight)}")
+
+    def save(self, directory: str | Path) -> None:
+        Path(directory, HEAD_FILE).write_text(json.dumps({"features": list(FEATURES), **asdict(self)}, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "LikelihoodHead":
+        path = Path(directory, HEAD_FILE)
+        if not path.is_file():
+            raise ConfigError(f"PRM '{directory}' has no {HEAD_FILE} (a testbed PRM is a causal LM plus that head)")
+        data = json.loads(path.read_text())
+        if data.pop("features", list(FEATURES)) != list(FEATURES):
+            raise ConfigError(f"PRM head {path}: features must be {list(FEATURES)}")
+        return cls(**data)
+
+    def score(self, features: torch.Tensor) -> torch.Tensor:
+        """Features [n, 2] -> scores [n] in [0, 1]."""
+        return torch.sigmoid(features @ torch.tensor(self.weight, dtype=features.dtype) + self.bias)
+
+
+class CheckedValues:
+    """The checked values of a tokenizer: each value's token ids, its kind, and the map back."""
+
+    def __init__(self, head: LikelihoodHead, tokenizer) -> None:
+        self.token_ids: list[list[int]] = []  # per value: its single-token spellings
+        self.kind_of: list[int] = []  # per value: index of its kind
+        for k, values in enumerate(head.kinds.values()):
+            for value in values:
+                ids = [enc[0] for v in head.variants if len(enc := tokenizer.encode(v + value, add_special_tokens=False)) == 1]
+                if not ids:
+                    raise ConfigError(f"PRM head: {value!r} is not a single token of this tokenizer")
+                self.token_ids.append(sorted(set(ids)))
+                self.kind_of.append(k)
+        self.value_of = {t: i for i, ids in enumerate(self.token_ids) for t in ids}
+        if len(self.value_of) != sum(map(len, self.token_ids)):
+            raise ConfigError("PRM head: a token spells two checked values")
+        self.kinds = torch.tensor(self.kind_of)
+
+
+class CheckedLogProbs(torch.nn.Module):
+    """Hidden states [n, H] -> [n, n_values]: log-probability of each checked value at the next
+    token, normalised within its kind (the LM head's log-softmax, summed over a value's spellings)."""
+
+    def __init__(self, lm_head: torch.nn.Module, values: CheckedValues) -> None:
+        super().__init__()
+        self.lm_head, self.values = lm_head, values
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logp = torch.log_softmax(self.lm_head(hidden).float(), dim=-1)
+        per_value = torch.stack([logp[..., ids].logsumexp(-1) for ids in self.values.token_ids], dim=-1)
+        out = torch.empty_like(per_value)
+        for k in range(int(self.values.kinds.max()) + 1):
+            cols = self.values.kinds == k
+            out[..., cols] = per_value[..., cols] - per_value[..., cols].logsumexp(-1, keepdim=True)
+        return out
+
+
+def encode_prm_input(tokenizer, problem: str, steps: Sequence[str], separator: str = "\n\n") -> tuple[list[int], int, list[int]]:
+    """Input ids of ``problem + "\\n" + "".join(step + separator)``, the first solution token, and
+    the last token of each step's separator. Pieces are tokenized one by one: the testbed tokenizer
+    isolates newline runs, so this equals tokenizing the joined text, and a prefix of the steps
+    gives a prefix of the ids (what the prefix cache reuses)."""
+    ids = tokenizer.encode(problem + "\n", add_special_tokens=False)
+    start, ends = len(ids), []
+    for step in steps:
+        ids += tokenizer.encode(step + separator, add_special_tokens=False)
+        ends.append(len(ids) - 1)
+    return ids, start, ends
+
+
+def step_features(rows: torch.Tensor, ids: Sequence[int], start: int, ends: Sequence[int], values: CheckedValues,
+                  floor: float) -> torch.Tensor:
+    """Features [len(ends), 2] of the steps whose last tokens are `ends` (in order).
+
+    `rows[t]` are the checked log-probabilities predicted at position t (`CheckedLogProbs`), so the
+    written token ids[t] is judged by rows[t - 1]; the solution starts at token `start`."""
+    checked = torch.zeros(len(ids))  # 0 = certain: unchecked tokens never lower a minimum
+    for t in range(max(1, start), len(ids)):
+        v = values.value_of.get(ids[t])
+        if v is not None:
+            checked[t] = rows[t - 1, v].clamp(min=floor)
+    feats, begin, running = [], start, 0.0
+    for end in ends:
+        step_min = float(checked[begin : end + 1].min()) if end >= begin else 0.0
+        running = min(running, step_min)
+        feats.append((running, step_min))
+        begin = end + 1
+    return torch.tensor(feats, dtype=torch.float32).reshape(len(ends), len(FEATURES))
+
+
+def fit_head(features: torch.Tensor, labels: torch.Tensor, head: LikelihoodHead, l2: float = 1e-4) -> dict:
+    """Logistic regression of step labels on the features (full batch, L-BFGS: deterministic);
+    sets `head.weight` and `head.bias` and returns the final loss."""
+    w = torch.zeros(features.shape[1] + 1, dtype=torch.float64, requires_grad=True)
+    x = torch.cat([features.double(), torch.ones(len(features), 1, dtype=torch.float64)], 1)
+    y = labels.double()
+    opt = torch.optim.LBFGS([w], lr=1.0, max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(x @ w, y) + l2 * (w[:-1] ** 2).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    w = w.detach()
+    head.weight = [round(float(v), 6) for v in w[:-1]]
+    head.bias = round(float(w[-1]), 6)
+    with torch.no_grad():
+        return {"loss": float(torch.nn.functional.binary_cross_entropy_with_logits(x @ w, y))}
+
+
+def save_prm(directory: str | Path, model, tokenizer, head: LikelihoodHead) -> None:
+    """A likelihood PRM directory: the causal LM, its tokenizer and the head."""
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    head.save(directory)
+
+
+class TestbedPRM(ProcessRewardModel):
+    """The testbed PRM (registry name ``testbed``): a likelihood PRM directory, the shipped one by
+    default. Like the other transformer PRMs it reuses the KV cache of the prefix shared with the
+    previous call, so scoring a growing solution costs each step's own tokens."""
+
+    __test__ = False  # not a pytest class
+
+    def __init__(self, path: str | None = None, device: str = "cpu", dtype: str = "float32", separator: str = "\n\n"):
+        super().__init__()
+        from rstitch.rewards.hf_prm import _load
+        from rstitch.testbed import PRM_DIR
+
+        path = path or str(PRM_DIR)
+        model, self.tokenizer = _load(path, "AutoModelForCausalLM", device, dtype)
+        self.head = LikelihoodHead.load(path)
+        self.values = CheckedValues(self.head, self.tokenizer)
+        self.scorer = PrefixCachedHead(model.model, CheckedLogProbs(model.lm_head, self.values).eval(), self.cost)
+        self.num_parameters = sum(p.numel() for p in model.parameters())  # tied weights counted once
+        self.name, self.separator = "testbed", separator
+        self._checked: set[str] = set()
+        self._testbed_only = Path(path).resolve() == PRM_DIR.resolve()  # the shipped PRM knows nothing else
+
+    def encode(self, problem: str, steps: Sequence[str]) -> tuple[list[int], int, list[int]]:
+        """Input ids, the first solution token, and the last token of each step's separator."""
+        if self._testbed_only and problem not in self._checked:
+            from rstitch.rewards.oracle import parse_problem
+
+            parse_problem(problem)
+            self._checked.add(problem)
+        return encode_prm_input(self.tokenizer, problem, steps, self.separator)
+
+    def features(self, problem: str, steps: Sequence[str]) -> torch.Tensor:
+        ids, start, ends = self.encode(problem, steps)
+        return step_features(self.scorer.rows(ids), ids, start, ends, self.values, self.head.floor)
+
+    def score(self, problem: str, steps: Sequence[str]) -> list[float]:
+        if not steps:
+            return []
+        return [float(s) for s in self.head.score(self.features(problem, steps))]
