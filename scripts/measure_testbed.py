@@ -107,7 +107,7 @@ def main() -> None:
     parser.add_argument("--results-root", default=None, help="default: runs/testbed-properties[-FAMILY]")
     parser.add_argument("--family", type=Path, default=None,
                         help="measure the family in this train_testbed.py --out directory instead of the shipped one")
-    parser.add_argument("--judge-steps", type=int, default=800, help="steps scored by the judge")
+    parser.add_argument("--judge-steps", type=int, default=None, help="SLM steps scored by the judge (default: all)")
     parser.add_argument("--sweep-n", type=int, default=None, help="test problems for the rstitch/random points (default: --n)")
     parser.add_argument("--no-sweeps", action="store_true", help="skip the rstitch/random points")
     parser.add_argument("--write-doc", action="store_true", help=f"replace the measured section of {DOC}")
@@ -131,6 +131,7 @@ def main() -> None:
     both = {s["id"] for s in slm_samples if s["correct"]} & {s["id"] for s in llm_samples if s["correct"]}
     mean_tokens = lambda ss: statistics.fmean([s["tokens"] for s in ss if s["id"] in both] or [float("nan")])  # noqa: E731
     slm_steps, llm_steps = labeled_steps(slm_samples, metadata), labeled_steps(llm_samples, metadata)
+    judged = slm_steps[: args.judge_steps]  # the first steps, whole problems but for the last
     prm = load_prm("testbed", path=str((args.family / "prm").resolve()) if args.family else None)
     props = {
         "n": args.n, "judge_steps": args.judge_steps,
@@ -143,7 +144,8 @@ def main() -> None:
         **auc_fields("prm_auc_llm_steps", prm_scores(prm, llm_steps), llm_steps),
         "steps_slm": len(slm_steps), "wrong_steps_slm": sum(not y for *_, y in slm_steps),
         "steps_llm": len(llm_steps), "wrong_steps_llm": sum(not y for *_, y in llm_steps),
-        **auc_fields("judge_auc_slm_steps", judge_scores(pair, slm_steps[: args.judge_steps]), slm_steps[: args.judge_steps]),
+        **auc_fields("judge_auc_slm_steps", judge_scores(pair, judged), judged),
+        "judged_steps": len(judged), "judged_wrong_steps": sum(not y for *_, y in judged),
         **slm_entropies(pair, cfg, slm_samples, {k: r.problem for k, r in records.items()}),
     }
     points = [("llm_only", "", llm_sum), ("slm_only", "", slm_sum)]
@@ -162,8 +164,9 @@ def render(p: dict, points: list[tuple[str, str, dict]], sweep_n: int) -> str:
     check = lambda ok: "yes" if ok else "**no**"  # noqa: E731
     auc = lambda k: f"{p[k]:.3f} ({p[k + '_ci95'][0]:.2f}-{p[k + '_ci95'][1]:.2f})"  # noqa: E731
     lines = [
-        f"Measured by `python scripts/measure_testbed.py --n {p['n']} --sweep-n {sweep_n} --judge-steps {p['judge_steps']} "
-        "--write-doc` on the test "
+        f"Measured by `python scripts/measure_testbed.py --n {p['n']} --sweep-n {sweep_n}"
+        + (f" --judge-steps {p['judge_steps']}" if p.get("judge_steps") else "")
+        + " --write-doc` on the test "
         f"split ({p['n']} problems, greedy, batch 1, one torch thread on a shared 2-core CPU, framework HF engine, fp32).",
         "",
         "| property | target | measured | met |",
@@ -175,7 +178,7 @@ def render(p: dict, points: list[tuple[str, str, dict]], sweep_n: int) -> str:
         f"| SLM / LLM mean output tokens (both solved, n={p['n_both_solved']}) | <= 0.75 | {p['tokens_ratio_both_solved']:.3f} | {check(p['tokens_ratio_both_solved'] <= 0.75)} |",
         f"| PRM ROC-AUC, SLM steps ({p['steps_slm']}, {p['wrong_steps_slm']} wrong) | >= 0.85 | {auc('prm_auc_slm_steps')} | {check(p['prm_auc_slm_steps'] >= 0.85)} |",
         f"| PRM ROC-AUC, LLM steps ({p['steps_llm']}, {p['wrong_steps_llm']} wrong) | >= 0.85 | {auc('prm_auc_llm_steps')} | {check(p['prm_auc_llm_steps'] >= 0.85)} |",
-        f"| judge ROC-AUC (LLM's expected 0-9 score), SLM steps | reported | {auc('judge_auc_slm_steps')} | |",
+        f"| judge ROC-AUC (LLM's expected 0-9 score), SLM steps ({p['judged_steps']}, {p['judged_wrong_steps']} wrong) | reported | {auc('judge_auc_slm_steps')} | |",
         f"| SLM mean token entropy (nats), traces ending correct / incorrect | reported | {p['mean_entropy_correct']:.4f} / {p['mean_entropy_incorrect']:.4f} | |",
         f"| fraction of SLM tokens with normalized entropy > 0.01 | reported | {p['frac_norm_entropy_gt_0.01']:.3f} | |",
         "",

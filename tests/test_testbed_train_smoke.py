@@ -153,6 +153,8 @@ def test_measure_testbed_measures_a_trained_family(smoke_dir, tmp_path):
     params = f"{n_params(smoke_dir / 'llm') / 1e6:.2f}M / {n_params(smoke_dir / 'slm') / 1e6:.2f}M"
     assert params in proc.stdout  # the smoke family's sizes, not the shipped 1.76M / 0.17M
     assert (tmp_path / "testbed" / "testbed" / "llm_only").is_dir()
+    judge_row = next(line for line in proc.stdout.splitlines() if line.startswith("| judge ROC-AUC"))
+    assert "SLM steps (3, " in judge_row and "--judge-steps 3 " in proc.stdout  # the cap is applied and said
 
 
 def test_measure_testbed_rejects_a_directory_without_a_family(tmp_path):
