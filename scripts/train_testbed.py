@@ -59,19 +59,17 @@ from rstitch.rewards.likelihood_prm import (  # noqa: E402
 from rstitch.testbed import ASSETS_DIR  # noqa: E402
 from rstitch.testbed.task import (  # noqa: E402
     STEP_SEPARATOR,
-    STYLES,
     Difficulty,
     TestbedProblem,
     check_steps,
     corrupt_steps,
     extract_boxed,
     generate_problems,
-    make_problem,
     split_steps,
 )
 from rstitch.testbed.tokenizer import (  # noqa: E402
     build_tokenizer,
-    digit_families,
+    digit_ids,
     load_tokenizer,
     render_judge_prompt,
     render_prompt,
@@ -156,8 +154,7 @@ if args.tokenizer is not None:  # continuing from checkpoints: keep their token 
 else:
     tok = build_tokenizer(OUT / "tokenizer")
 EOS, PAD = tok.eos_token_id, tok.pad_token_id
-DIGIT_FAMILIES = digit_families(tok)  # "0".."9" and " 0".." 9", each a single token (checked)
-DIGIT_IDS = DIGIT_FAMILIES[0].tolist()
+DIGIT_IDS = digit_ids(tok)  # the judge's answers "0".."9", each a single token (checked)
 log(f"tokenizer: vocab {len(tok)}")
 
 TRAIN_DIFFICULTY = Difficulty()  # the default "medium" mix: 1-6 ops, start and operands <= 50

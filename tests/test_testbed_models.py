@@ -82,10 +82,8 @@ def test_judge_separates_right_from_wrong_steps(testbed_pair, slm_steps):
     assert roc_auc(scores, labels) >= JUDGE_AUC_FLOOR
 
 
-def test_digit_families_are_single_tokens_of_both_spellings():
-    from rstitch.testbed.tokenizer import digit_families, load_tokenizer
+def test_digit_ids_are_the_single_digit_tokens():
+    from rstitch.testbed.tokenizer import digit_ids, load_tokenizer
 
     tok = load_tokenizer()
-    bare, spaced = digit_families(tok)
-    assert [tok.decode([int(t)]) for t in bare] == [str(d) for d in range(10)]
-    assert [tok.decode([int(t)]) for t in spaced] == [f" {d}" for d in range(10)]
+    assert [tok.decode([t]) for t in digit_ids(tok)] == [str(d) for d in range(10)]

@@ -135,15 +135,9 @@ def prm_text(problem: str, steps: list[str]) -> str:
     return problem + "\n" + "".join(step + "\n\n" for step in steps)
 
 
-def digit_families(tokenizer) -> list["torch.Tensor"]:
-    """Token ids of the digits "0".."9" and of " 0".." 9" (the testbed tokenizer writes a number's
-    first digit with its leading space), each checked to be a single token."""
-    import torch
-
-    families = []
-    for prefix in ("", " "):
-        ids = [tokenizer.encode(prefix + str(d), add_special_tokens=False) for d in range(10)]
-        if any(len(x) != 1 for x in ids):
-            raise ValueError(f"tokenizer does not write {prefix + '0'!r}..{prefix + '9'!r} as single tokens")
-        families.append(torch.tensor([x[0] for x in ids]))
-    return families
+def digit_ids(tokenizer) -> list[int]:
+    """Token ids of the digits "0".."9" (the judge's answers), each checked to be a single token."""
+    ids = [tokenizer.encode(str(d), add_special_tokens=False) for d in range(10)]
+    if any(len(x) != 1 for x in ids):
+        raise ValueError("tokenizer does not write each digit 0..9 as a single token")
+    return [x[0] for x in ids]
