@@ -36,6 +36,13 @@ def get_pair(pair_cfg: dict[str, Any], engine_cfg: dict[str, Any]) -> ModelPair:
     return _PAIRS[cache_key]
 
 
+def check_engine_gives(method: Method, pair: ModelPair, engine: str) -> None:
+    """What the method reads, the engine must give: one line before any sample, not a wrong result."""
+    if method.reads_hidden_states and not all(m.gives_hidden_states for m in pair.models().values()):
+        raise ConfigError(f"method '{method.name}' reads the models' last hidden states, which engine '{engine}' "
+                          "cannot give; use engine=hf or engine=vllm")
+
+
 def sample_seed(base_seed: int, problem_id: str, sample_index: int) -> int:
     """Independent of run order, so a resumed run draws the same tokens."""
     digest = hashlib.sha256(f"{base_seed}/{problem_id}/{sample_index}".encode()).digest()
@@ -114,6 +121,7 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
     prompt = PromptFormat(**cfg["prompt"])
     sampler = Sampler(**cfg["decoding"])
     pair = get_pair(cfg["pair"], cfg["engine"])
+    check_engine_gives(method, pair, cfg["engine"]["name"])
     store = SampleStore(run_dir, run_key(cfg))
     try:
         tokenizer = pair.tokenizer
@@ -126,7 +134,10 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
             logger.start(name, cfg, name)
         if todo:
             warm_ctx = DecodeContext(pair, sampler, min(WARMUP_TOKENS, budget), todo[0][0].problem, todo[0][0].metadata)
-            method.decode(prompt.encode(tokenizer, todo[0][0].problem), warm_ctx)  # untimed warm-up
+            try:  # untimed warm-up; what the engine cannot do for this method surfaces here, before any sample
+                method.decode(prompt.encode(tokenizer, todo[0][0].problem), warm_ctx)
+            except ConfigError as err:
+                raise ConfigError(f"method '{method.name}' on engine '{cfg['engine']['name']}': {err}") from None
 
         bar = tqdm(total=len(records) * n_samples, initial=len(records) * n_samples - len(todo), desc=method.name, unit="sample")
         for record, index in todo:

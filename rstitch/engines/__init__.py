@@ -14,6 +14,7 @@ from rstitch.errors import ConfigError
 ENGINES = {
     "hf": "rstitch.engines.hf:HFModelRunner",
     "vllm": "rstitch.engines.vllm:VLLMModelRunner",
+    "llamacpp": "rstitch.engines.llamacpp:LlamaCppModelRunner",
 }
 ROLES = ("slm", "llm")
 

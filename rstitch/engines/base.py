@@ -243,7 +243,13 @@ class StopWatcher:
 
 
 def check_model_path(path: str) -> None:
-    """A path that names a local location must exist; anything else is a hub id."""
+    """A path that names a local location must exist; `packaged:<name>` needs its packages;
+    anything else is a hub id."""
+    from rstitch.engines import packaged
+
+    if packaged.is_packaged(path):
+        packaged.check(path)
+        return
     local = os.path.isabs(path) or path.startswith(("./", "../", "~"))
     if local and not os.path.isdir(os.path.expanduser(path)):
         raise ConfigError(f"model path not found: {path}")
@@ -258,6 +264,7 @@ class ModelRunner(ABC):
     num_parameters: int
     hidden_size: int
     eos_token_ids: list[int]
+    gives_hidden_states: bool = True  # `want_hidden` sequences return the last hidden state
 
     def __init__(self) -> None:
         self.cost = CostCounter()

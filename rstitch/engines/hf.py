@@ -1,12 +1,15 @@
 """Hugging Face transformers backend (CPU or GPU): one DynamicCache per sequence."""
 from __future__ import annotations
 
+import json
 import os
 import time
+import weakref
 from typing import Sequence as Seq
 
 import torch
 
+from rstitch.engines import packaged
 from rstitch.engines.base import ModelRunner, Sequence, check_model_path
 from rstitch.errors import ConfigError
 
@@ -54,9 +57,10 @@ class HFModelRunner(ModelRunner):
         attn_implementation: str | None = None,
         trust_remote_code: bool = False,
         num_threads: int | None = None,
+        gguf_file: str | None = None,
     ):
         super().__init__()
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         if dtype not in DTYPES:
@@ -67,14 +71,18 @@ class HFModelRunner(ModelRunner):
         hf_logging.disable_progress_bar()  # per-shard bars would bury the run's own output
         self.name = name or os.path.basename(path.rstrip("/"))
         self.path = path
+        path = packaged.resolve(path, "hf")
         self.device = torch.device(device)
         self.dtype = dtype
         try:
-            self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-            kwargs = {"dtype": DTYPES[dtype], "trust_remote_code": trust_remote_code}
+            # gguf_file: a GGUF checkpoint in `path`, dequantized to `dtype` at load (slow: its
+            # tokenizer is rebuilt from the GGUF vocabulary each time; packaged models convert once)
+            gguf = {"gguf_file": gguf_file} if gguf_file else {}
+            self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **gguf)
+            kwargs = {"trust_remote_code": trust_remote_code, **gguf}
             if attn_implementation:
                 kwargs["attn_implementation"] = attn_implementation
-            self.model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(self.device).eval()
+            self.model = load_causal_lm(path, dtype, device, **kwargs)
         except OSError as err:  # hub id unreachable offline, or a directory without a model
             raise ConfigError(f"cannot load model '{path}': {str(err).splitlines()[0]}") from None
         self.vocab_size = min(len(self.tokenizer), self.model.config.vocab_size)
@@ -92,6 +100,23 @@ class HFModelRunner(ModelRunner):
     def synchronize(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+_WEIGHTS: "weakref.WeakValueDictionary[str, torch.nn.Module]" = weakref.WeakValueDictionary()
+
+
+def load_causal_lm(path: str, dtype: str, device: str, **kwargs) -> torch.nn.Module:
+    """A causal LM in eval mode, shared while in use: a judge PRM on the pair's own LLM reads the
+    same weights instead of a second copy (inference only; every user keeps its own KV caches)."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {k: v for k, v in kwargs.items() if v}  # unset options: the same load as omitting them
+    key = json.dumps([path, dtype, str(device), kwargs], sort_keys=True)
+    model = _WEIGHTS.get(key)
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **kwargs).to(device).eval()
+        _WEIGHTS[key] = model
+    return model
 
 
 def _eos_ids(tokenizer, model) -> list[int]:

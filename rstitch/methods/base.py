@@ -48,6 +48,7 @@ class Method(ABC):
 
     name: ClassVar[str]
     models_used: ClassVar[tuple[str, ...]] = MODEL_KEYS
+    reads_hidden_states: ClassVar[bool] = False  # asks sequences for last hidden states (not every engine has them)
 
     @abstractmethod
     def decode(self, prompt_ids: list[int], ctx: DecodeContext) -> DecodeResult:

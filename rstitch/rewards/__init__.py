@@ -14,6 +14,7 @@ PRMS = {
     "oracle": "rstitch.rewards.oracle:OracleStepChecker",
     "skywork": "rstitch.rewards.hf_prm:SkyworkPRM",
     "qwen_math_prm": "rstitch.rewards.hf_prm:QwenMathPRM",
+    "llm_judge": "rstitch.rewards.judge_prm:LLMJudgePRM",
 }
 _LOADED: dict[str, ProcessRewardModel] = {}  # reused across the jobs of a sweep, like model pairs
 

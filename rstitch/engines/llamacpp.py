@@ -1,0 +1,204 @@
+"""llama.cpp backend (`engine=llamacpp`, `pip install -e ".[llamacpp]"`): GGUF models at full speed on CPU.
+
+One llama.cpp context per model holds every open sequence of it: a `Sequence` owns a sequence id
+and that id's KV stream (`n_ctx` cells of its own; not a unified buffer, where a sequence's
+logits would depend on where its cells lie among other sequences' cells: up to 0.4 on the 0.5B's
+logits, measured). The three backend hooks map onto llama.cpp directly:
+
+* partial prefill: the uncached tokens go into one `llama_decode` batch at their positions, with
+  output flags on the last `keep` of them (chunked by `n_batch`);
+* rollback: `llama_memory_seq_rm(seq, n_keep, -1)` drops the sequence's cells from a position on;
+* costs: through the shared `CostCounter` (base class), like every backend.
+
+Logits cover the full vocabulary (exact entropy) and are cut to the shared tokenizer vocabulary.
+A sequence's cells and id are freed when the `Sequence` object goes away (per sample).
+`LlamaCppModelRunner.decode_requests` takes tokens of several sequences in one call: the seam for
+running the in-flight samples of a batch as one decode.
+
+Tokenizer: llama.cpp's token ids are the GGUF vocabulary's, and so are those of the Hugging Face
+tokenizer rebuilt from the same file (transformers' GGUF reader), which the methods use for text,
+chat templates and stop strings. Packaged models cache it; other GGUF files rebuild it per load
+unless `tokenizer` names a local directory or hub id of the same vocabulary.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import weakref
+from typing import Sequence as Seq
+
+import numpy as np
+import torch
+
+from rstitch.engines import packaged
+from rstitch.engines.base import ModelRunner, Sequence
+from rstitch.errors import ConfigError
+
+
+
+def _llama_cpp():
+    try:
+        import llama_cpp
+    except ImportError:
+        raise ConfigError('engine=llamacpp needs llama-cpp-python: pip install -e ".[llamacpp]"') from None
+    return llama_cpp
+
+
+def _silence(llama_cpp) -> None:
+    """llama.cpp logs every tensor at load: keep only errors."""
+    level_error = 4  # GGML_LOG_LEVEL_ERROR
+
+    @llama_cpp.llama_log_callback
+    def callback(level, text, _user_data):
+        if level == level_error:
+            print(text.decode("utf-8", errors="replace"), end="", flush=True)
+
+    _silence.callback = callback  # keep a reference: llama.cpp calls it from C
+    llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
+
+
+class LlamaCppSequence(Sequence):
+    runner: "LlamaCppModelRunner"
+
+    def __init__(self, runner: "LlamaCppModelRunner", prompt_ids: Seq[int], want_hidden: bool = False):
+        if want_hidden:
+            raise ConfigError("engine 'llamacpp' cannot give hidden states (R-Stitch+'s router reads them); use engine=hf or engine=vllm")
+        super().__init__(runner, prompt_ids, want_hidden)
+        self.seq_id = runner._acquire()
+        weakref.finalize(self, runner._release, self.seq_id)
+
+    def _forward(self, new_ids: list[int], keep: int) -> tuple[torch.Tensor, None]:
+        logits = self.runner.decode_requests([(self.seq_id, self.n_cached, new_ids, keep)])[0]
+        return logits, None
+
+    def _crop(self, n_keep: int) -> None:
+        self.runner._remove(self.seq_id, n_keep)
+
+
+class LlamaCppModelRunner(ModelRunner):
+    gives_hidden_states = False
+    def __init__(
+        self,
+        path: str,
+        name: str | None = None,
+        num_threads: int | None = None,
+        n_ctx: int = 4096,
+        n_seq_max: int = 16,
+        n_batch: int = 512,
+        tokenizer: str | None = None,
+        dtype: str | None = None,  # GGUF files carry their own types; accepted so pair configs compose
+        device: str = "cpu",
+    ):
+        super().__init__()
+        llama_cpp = _llama_cpp()
+        if device != "cpu":
+            raise ConfigError(f"engine 'llamacpp' runs on the CPU here; got device '{device}'")
+        gguf = packaged.resolve(path, "gguf")
+        if not os.path.isfile(gguf):
+            raise ConfigError(f"engine 'llamacpp' needs a GGUF file (or packaged:<name>), not found: {path}")
+        self.name = name or os.path.basename(gguf)
+        self.path = path
+        self.tokenizer = _load_tokenizer(path, gguf, tokenizer)
+        _silence(llama_cpp)
+        llama_cpp.llama_backend_init()
+        self._lib = llama_cpp
+        self.model = llama_cpp.llama_model_load_from_file(gguf.encode(), llama_cpp.llama_model_default_params())
+        if not self.model:
+            raise ConfigError(f"llama.cpp could not load GGUF file {gguf}")
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx * n_seq_max  # split evenly: every sequence id has a stream of n_ctx cells
+        params.n_batch = params.n_ubatch = n_batch
+        params.n_seq_max = n_seq_max
+        params.kv_unified = False
+        threads = num_threads or os.cpu_count() or 1
+        params.n_threads = params.n_threads_batch = threads
+        self.ctx = llama_cpp.llama_init_from_model(self.model, params)
+        if not self.ctx:
+            raise ConfigError(f"llama.cpp could not create a context of {params.n_ctx} tokens for {gguf}")
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.n_ctx, self.n_seq_max, self.n_batch = n_ctx, n_seq_max, n_batch
+        vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+        self.vocab_size = min(len(self.tokenizer), self.n_vocab)
+        self.num_parameters = llama_cpp.llama_model_n_params(self.model)
+        self.hidden_size = llama_cpp.llama_model_n_embd(self.model)
+        self.eos_token_ids = _eos_ids(llama_cpp, vocab, self.tokenizer, path)
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self._free_ids = list(range(n_seq_max - 1, -1, -1))
+        weakref.finalize(self, _free_context, llama_cpp, self._batch, self.ctx, self.model)
+
+    def new_sequence(self, prompt_ids: Seq[int], want_hidden: bool = False) -> LlamaCppSequence:
+        return LlamaCppSequence(self, prompt_ids, want_hidden)
+
+    # --- sequence ids and cells ------------------------------------------------------------
+    def _acquire(self) -> int:
+        if not self._free_ids:
+            raise ConfigError(f"engine 'llamacpp': more than {self.n_seq_max} sequences open on '{self.name}'; raise engine.n_seq_max")
+        return self._free_ids.pop()
+
+    def _release(self, seq_id: int) -> None:
+        self._remove(seq_id, 0)
+        self._free_ids.append(seq_id)
+
+    def _remove(self, seq_id: int, n_keep: int) -> None:
+        self._lib.llama_memory_seq_rm(self.memory, seq_id, n_keep, -1)
+
+    # --- decoding ----------------------------------------------------------------------------
+    def decode_requests(self, requests: list[tuple[int, int, list[int], int]]) -> list[torch.Tensor]:
+        """Run `(seq_id, start position, tokens, keep)` requests together; return per request the
+        logits [keep, vocab_size] of its last `keep` tokens. Tokens are packed into batches of up
+        to `n_batch` (one decode call carries tokens of several sequences)."""
+        entries = [(r, seq_id, start + i, token, i >= len(tokens) - keep)
+                   for r, (seq_id, start, tokens, keep) in enumerate(requests) for i, token in enumerate(tokens)]
+        outputs: list[list[torch.Tensor]] = [[] for _ in requests]
+        for begin in range(0, len(entries), self.n_batch):
+            chunk = entries[begin: begin + self.n_batch]
+            self._decode_chunk(chunk)
+            for i, (r, *_rest, wanted) in enumerate(chunk):
+                if wanted:
+                    outputs[r].append(self._logits_at(i))
+        return [torch.stack(rows) for rows in outputs]
+
+    def _decode_chunk(self, chunk: list[tuple[int, int, int, int, bool]]) -> None:
+        batch = self._batch
+        batch.n_tokens = len(chunk)
+        for i, (_, seq_id, pos, token, wanted) in enumerate(chunk):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, pos, 1, wanted
+            batch.seq_id[i][0] = seq_id
+        status = self._lib.llama_decode(self.ctx, batch)
+        if status != 0:
+            raise ConfigError(f"llama_decode failed on '{self.name}' (status {status}; 1 = no room in a sequence's "
+                              f"{self.n_ctx} cells: raise engine.n_ctx)")
+
+    def _logits_at(self, index: int) -> torch.Tensor:
+        pointer = self._lib.llama_get_logits_ith(self.ctx, index)
+        row = np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))[: self.vocab_size]
+        return torch.from_numpy(row.copy())
+
+
+def _free_context(llama_cpp, batch, ctx, model) -> None:
+    llama_cpp.llama_batch_free(batch)
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
+
+
+def _load_tokenizer(path: str, gguf: str, tokenizer: str | None):
+    """The Hugging Face tokenizer of the GGUF vocabulary (see the module docstring)."""
+    from transformers import AutoTokenizer
+
+    if tokenizer:
+        return AutoTokenizer.from_pretrained(os.path.expanduser(tokenizer))
+    if packaged.is_packaged(path):
+        return AutoTokenizer.from_pretrained(packaged.tokenizer_dir(path))
+    return AutoTokenizer.from_pretrained(os.path.dirname(gguf) or ".", gguf_file=os.path.basename(gguf))
+
+
+def _eos_ids(llama_cpp, vocab, tokenizer, path: str) -> list[int]:
+    """A packaged model's EOS ids as its converted checkpoint has them (the HF engine's, so both
+    engines stop alike); for other files every end-of-generation token llama.cpp marks."""
+    if packaged.is_packaged(path):
+        return packaged.eos_token_ids(path, tokenizer)
+    ids = {i for i in range(llama_cpp.llama_vocab_n_tokens(vocab)) if llama_cpp.llama_vocab_is_eog(vocab, i)}
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)

