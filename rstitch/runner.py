@@ -14,7 +14,7 @@ from rstitch.data import load_dataset_records
 from rstitch.data.prompts import PromptFormat
 from rstitch.engines import ModelPair, Sampler, load_pair
 from rstitch.errors import ConfigError
-from rstitch.grading import extract_answer, grade
+from rstitch.grading import grade_sample
 from rstitch.methods import DecodeContext, DecodeResult, Method, build_method
 from rstitch.metrics.latency_model import load_pair_latency
 from rstitch.results import SampleStore, find_speedup, find_summaries, summarize_samples
@@ -81,9 +81,8 @@ def sample_record(record, index: int, result: DecodeResult, latency: float, cost
         "response": response,
         "output_token_ids": result.token_ids,
         "token_sources": result.sources,
-        "answer": extract_answer(response, multiple_choice=multiple_choice),
+        **grade_sample(response, record.answer, multiple_choice=multiple_choice),  # answer, correct(, grading_error)
         "gold": record.answer,
-        "correct": grade(response, record.answer, multiple_choice=multiple_choice),
         "latency_s": latency,
         "tokens": len(result.token_ids),
         "tokens_slm": result.tokens_by(0),

@@ -20,6 +20,7 @@ import threading
 import time
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 from rstitch.grading.extract import extract_answer
 
@@ -43,6 +44,18 @@ def grade(response: str, gold: str, multiple_choice: bool = False, timeout_s: fl
     if multiple_choice:
         return predicted.strip().upper() == _gold_letter(gold)
     return is_equivalent(predicted, gold, timeout_s=timeout_s)
+
+
+def grade_sample(response: str, gold: str, multiple_choice: bool = False, timeout_s: float = 5.0) -> dict[str, Any]:
+    """A sample record's ``answer`` and ``correct``, plus ``grading_error`` when grading raised:
+    one bad sample is graded wrong with the reason, and the run goes on."""
+    try:
+        return {"answer": extract_answer(response, multiple_choice=multiple_choice),
+                "correct": grade(response, gold, multiple_choice=multiple_choice, timeout_s=timeout_s)}
+    except Exception as err:  # noqa: BLE001 - recorded on the sample and counted in the summary
+        reason = f"{type(err).__name__}: {err}"[:500]
+        logger.warning("grading failed; sample counted as wrong (%s)", reason)
+        return {"answer": None, "correct": False, "grading_error": reason}
 
 
 def is_equivalent(predicted: str, gold: str, timeout_s: float = 5.0, fast_path: bool = True) -> bool:
