@@ -79,7 +79,7 @@ def test_multirun_sweep_writes_one_dir_per_point(tmp_path, tiny_pair, problems_f
         (["method=nope"], "unknown method 'nope'; valid:"),
         (["pair=nope"], "unknown pair 'nope'; valid:"),
         (["dataset=nope"], "unknown dataset 'nope'; valid:"),
-        (["method.tau=abc"], "method.tau of 'rstitch' must be a number"),
+        (["method.tau=abc"], "method.tau of 'rstitch' must be a finite number"),
         (["pair.llm.path=/nonexistent/model"], "model path not found: /nonexistent/model"),
     ],
 )

@@ -51,3 +51,54 @@ def test_a_grading_exception_is_recorded_on_its_sample_and_the_run_goes_on(tmp_p
     assert by_id["a"]["correct"] is False and by_id["a"]["grading_error"].startswith("RecursionError")
     assert "grading_error" not in by_id["b"]
     assert summary["grading_errors"] == 1 and summary["n_samples"] == 2
+
+
+# --------------------------------------------------------------------------- parameters
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    "method,params,needle",
+    [
+        ("rstitch", {"tau": NAN}, "method.tau of 'rstitch' must be a finite number"),
+        ("rstitch", {"tau": INF}, "method.tau of 'rstitch' must be a finite number"),
+        ("rstitch_plus", {"tau": NAN}, "method.tau of 'rstitch_plus' must be a finite number"),
+        ("random", {"p": NAN}, "method.p of 'random' must be a finite number"),
+        ("random", {"p": 1.5}, "method.p of 'random' must be in [0.0, 1.0]"),
+        ("random", {"seed": 0.5}, "method.seed of 'random' must be an integer >= 0"),
+        ("rsd", {"alpha": -1.0}, "method.alpha of 'rsd' must be >= 0.0"),
+        ("specreason", {"threshold": NAN}, "method.threshold of 'specreason' must be a finite number"),
+        ("easd", {"tau_o": INF}, "method.tau_o of 'easd' must be a finite number"),
+    ],
+)
+def test_non_finite_or_out_of_range_parameters_are_one_line(method, params, needle):
+    from rstitch.methods import build_method
+
+    with pytest.raises(ConfigError) as err:
+        build_method(method, **params)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("tau", [-1.0, 2.0])
+def test_rstitch_keeps_its_documented_sentinels(tau):
+    from rstitch.methods import build_method
+
+    assert build_method("rstitch", tau=tau).tau == tau  # < 0: all LLM, >= 1: SLM only (docs/reliability.md)
+
+
+@pytest.mark.parametrize(
+    "options,needle",
+    [
+        ({"temperature": NAN}, "decoding.temperature must be a finite number >= 0"),
+        ({"temperature": INF}, "decoding.temperature must be a finite number >= 0"),
+        ({"top_p": NAN}, "decoding.top_p must be a number in (0, 1]"),
+        ({"seed": 1.5}, "decoding.seed must be an integer"),
+    ],
+)
+def test_decoding_parameters_are_finite_and_in_range(options, needle):
+    from rstitch.engines import Sampler
+
+    with pytest.raises(ConfigError, match=None) as err:
+        Sampler(**options)
+    assert needle in str(err.value)
