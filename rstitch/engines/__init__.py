@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,15 @@ ENGINES = {
     "vllm": "rstitch.engines.vllm:VLLMModelRunner",
 }
 ROLES = ("slm", "llm")
+# Engines whose backend is an optional dependency: the package to import and how to install it.
+OPTIONAL_BACKENDS = {"vllm": ("vllm", "pip install -e '.[vllm]' (docs/vllm.md)")}
+
+
+def check_engine_installed(engine: str) -> None:
+    """One line before any model loads, instead of an ImportError halfway through."""
+    package, install = OPTIONAL_BACKENDS.get(engine, (None, None))
+    if package is not None and importlib.util.find_spec(package) is None:
+        raise ConfigError(f"engine '{engine}' needs the '{package}' package, which is not installed: {install}")
 
 
 def load_model(engine: str, path: str, **options: Any) -> ModelRunner:
@@ -49,6 +59,7 @@ def load_pair(slm: dict, llm: dict, engine: str = "hf", **shared: Any) -> ModelP
     """Load both models (each a dict with `path` and optional `name`, per-model options).
     `shared` options apply to both, except `per_model: {slm: {...}, llm: {...}}`, whose entries
     (e.g. an engine's memory share of each model) apply to one of them."""
+    check_engine_installed(engine)
     for spec in (slm, llm):  # fail on a bad path before spending time loading the other model
         if "path" not in spec:
             raise ConfigError(f"pair model {spec} has no path")

@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import selectors
+import signal
 import subprocess
 import sys
 import threading
@@ -334,6 +335,7 @@ atexit.register(_close_pool)
 def serve_worker() -> None:
     """Worker main loop: one JSON request per stdin line, one JSON verdict per stdout line."""
     _limit_memory(WORKER_MEMORY_LIMIT_BYTES)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; we end with its stdin
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=0)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not corrupt the protocol
     logging.getLogger("math_verify").setLevel(logging.ERROR)
