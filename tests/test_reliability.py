@@ -110,3 +110,51 @@ def test_missing_engine_backend_is_one_line_before_any_model_loads(tiny_pair, mo
     monkeypatch.setitem(engines.OPTIONAL_BACKENDS, "vllm", ("no_such_backend_pkg", "pip install -e '.[vllm]'"))
     with pytest.raises(ConfigError, match="engine 'vllm' needs the 'no_such_backend_pkg' package, which is not installed"):
         engines.load_pair({"path": tiny_pair["slm"]}, {"path": tiny_pair["llm"]}, engine="vllm")
+
+
+# --------------------------------------------------------------------------- run identity
+
+
+def _replace_prefix(node, old: str, new: str):
+    if isinstance(node, dict):
+        return {k: _replace_prefix(v, old, new) for k, v in node.items()}
+    return new + node[len(old):] if isinstance(node, str) and node.startswith(old) else node
+
+
+@pytest.mark.parametrize("method", ["rstitch", "rstitch_plus", "rsd"])
+def test_the_same_config_from_two_clones_has_the_same_run_key(tmp_path, method):
+    import shutil
+
+    from rstitch.results.keys import run_key, run_tag
+    from rstitch.testbed import ASSETS_DIR
+
+    here = compose_config([f"method={method}"])
+    clone_assets = tmp_path / "elsewhere" / "rstitch" / "testbed" / "assets"
+    shutil.copytree(ASSETS_DIR, clone_assets)
+    there = _replace_prefix(here, str(ASSETS_DIR), str(clone_assets))
+    assert there != here  # the configs do name different places
+    assert run_key(there) == run_key(here) and run_tag(there) == run_tag(here)
+    assert str(ASSETS_DIR) not in json.dumps(run_key(here)) and str(tmp_path) not in json.dumps(run_key(there))
+
+
+def test_run_directory_names_are_short_and_flat():
+    from rstitch.results.keys import run_tag
+
+    tag = run_tag(compose_config(["method=rstitch_plus", "method.router=${testbed_asset:rstitch_router}/"]))
+    assert "/" not in tag and len(tag) <= 120
+    assert "router=rstitch_router" in tag  # a local path appears by its name
+    assert run_tag(compose_config(["method=rstitch_plus"])) == tag  # a trailing slash does not matter
+
+
+def test_a_local_dataset_file_is_keyed_by_name_and_content(tmp_path):
+    from rstitch.results.keys import comparison_key
+
+    rows = [{"id": "a", "problem": "1+1?", "answer": "2"}]
+    one, two = tmp_path / "one" / "p.jsonl", tmp_path / "two" / "p.jsonl"
+    for path in (one, two):
+        path.parent.mkdir()
+        write_problems(path, rows)
+    key = lambda path: comparison_key(compose_config(["dataset=math500", f"dataset.path={path}"]))  # noqa: E731
+    assert key(one) == key(two)
+    write_problems(two, rows * 2)
+    assert key(one) != key(two)
