@@ -158,3 +158,55 @@ def test_a_local_dataset_file_is_keyed_by_name_and_content(tmp_path):
     assert key(one) == key(two)
     write_problems(two, rows * 2)
     assert key(one) != key(two)
+
+
+# --------------------------------------------------------------------------- context windows
+
+# The tiny models have 2048 positions and a one-character-per-token tokenizer.
+LONG_PROBLEM = "1+" * 1100
+
+
+def overflow_problems(tmp_path: Path, long_problem: str = LONG_PROBLEM) -> Path:
+    return write_problems(tmp_path / "p.jsonl", [{"id": "short", "problem": "1+1?", "answer": "2"},
+                                                 {"id": "long", "problem": long_problem, "answer": "2"}])
+
+
+def test_a_prompt_past_the_context_is_one_line_naming_the_problem(tmp_path, tiny_pair):
+    cfg = tiny_config(tiny_pair, overflow_problems(tmp_path), tmp_path / "runs", "method=llm_only")
+    with pytest.raises(ConfigError) as err:
+        run_config(cfg)
+    assert "problem 'long'" in str(err.value) and "2048-token context" in str(err.value)
+    assert not list((tmp_path / "runs").rglob("samples.jsonl"))  # nothing decoded before the check
+
+
+def test_skipped_overflows_are_counted_in_the_summary(tmp_path, tiny_pair):
+    cfg = tiny_config(tiny_pair, overflow_problems(tmp_path), tmp_path / "runs", "method=llm_only", "on_overflow=skip")
+    summary = run_config(cfg)
+    assert [s["id"] for s in samples_under(tmp_path / "runs")] == ["short"]
+    assert summary["skipped_context_overflow"] == 1 and summary["n_samples"] == 1
+
+
+def test_truncate_cuts_the_budget_to_the_room_left(tmp_path, tiny_pair):
+    fits_barely = "1+" * 1010  # about 2030 prompt tokens: room for a few of the 8 new tokens
+    cfg = tiny_config(tiny_pair, overflow_problems(tmp_path, fits_barely), tmp_path / "runs", "method=llm_only",
+                      "on_overflow=truncate", "max_new_tokens=40")
+    run_config(cfg)
+    by_id = {s["id"]: s for s in samples_under(tmp_path / "runs")}
+    assert "max_new_tokens" not in by_id["short"]
+    assert 1 <= by_id["long"]["max_new_tokens"] < 40 and by_id["long"]["tokens"] <= by_id["long"]["max_new_tokens"]
+
+
+def test_a_huge_problem_fails_fast_without_tokenizing(tmp_path, tiny_pair):
+    import time
+
+    cfg = tiny_config(tiny_pair, overflow_problems(tmp_path, "x" * (10 << 20)), tmp_path / "runs", "method=llm_only")
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match="problem 'long': a prompt far longer"):
+        run_config(cfg)
+    assert time.monotonic() - start < 30  # reading the file and loading the pair; tokenizing would take minutes
+
+
+def test_unknown_overflow_policy_is_one_line(tmp_path, tiny_pair):
+    cfg = tiny_config(tiny_pair, overflow_problems(tmp_path), tmp_path / "runs", "on_overflow=drop")
+    with pytest.raises(ConfigError, match="on_overflow must be one of error, skip, truncate"):
+        run_config(cfg)

@@ -24,8 +24,9 @@ def _testbed_asset(name: str) -> str:
 
 
 def _run_tag(*, _root_: DictConfig) -> str:
-    keys = ("pair", "engine", "dataset", "prompt", "max_new_tokens", "decoding", "n_samples", "method")
-    return run_tag({k: OmegaConf.to_container(_root_[k], resolve=True) if isinstance(_root_[k], DictConfig) else _root_[k] for k in keys})
+    keys = ("pair", "engine", "dataset", "prompt", "max_new_tokens", "decoding", "n_samples", "method", "on_overflow")
+    return run_tag({k: OmegaConf.to_container(_root_[k], resolve=True) if isinstance(_root_[k], DictConfig) else _root_.get(k)
+                    for k in keys})
 
 
 OmegaConf.register_new_resolver("testbed_asset", _testbed_asset, replace=True)

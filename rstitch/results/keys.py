@@ -57,6 +57,8 @@ def comparison_key(cfg: dict[str, Any]) -> dict[str, Any]:
         "max_new_tokens": cfg["max_new_tokens"],
         "decoding": cfg["decoding"],
         "n_samples": cfg["n_samples"],
+        # Only a cut budget changes what is recorded; error and skip record the same samples.
+        **({"on_overflow": "truncate"} if cfg.get("on_overflow") == "truncate" else {}),
     }
 
 
