@@ -210,3 +210,84 @@ def test_unknown_overflow_policy_is_one_line(tmp_path, tiny_pair):
     cfg = tiny_config(tiny_pair, overflow_problems(tmp_path), tmp_path / "runs", "on_overflow=drop")
     with pytest.raises(ConfigError, match="on_overflow must be one of error, skip, truncate"):
         run_config(cfg)
+
+
+# --------------------------------------------------------------------------- loading models
+
+
+def test_pickled_weights_load_only_when_a_config_allows_them(tmp_path, tiny_pair):
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    from rstitch.engines.hf import HFModelRunner
+
+    pickled = tmp_path / "pickled"
+    shutil.copytree(tiny_pair["slm"], pickled)
+    torch.save(load_file(pickled / "model.safetensors"), pickled / "pytorch_model.bin")  # the same weights, pickled
+    (pickled / "model.safetensors").unlink()
+    with pytest.raises(ConfigError, match="cannot load model"):
+        HFModelRunner(str(pickled))
+    assert HFModelRunner(str(pickled), use_safetensors=False).num_parameters > 0
+
+
+def test_remote_code_is_off_unless_a_config_sets_it_and_then_warns(tiny_pair, caplog):
+    import inspect
+
+    from rstitch.engines.hf import HFModelRunner
+    from rstitch.rewards.hf_prm import QwenMathPRM
+
+    assert inspect.signature(QwenMathPRM).parameters["trust_remote_code"].default is False
+    assert compose_config(["method=rsd", "prm=qwen2.5_math_prm_7b"])["method"]["prm"]["trust_remote_code"] is True
+    with caplog.at_level("WARNING"):
+        HFModelRunner(tiny_pair["slm"], revision="main")
+    assert "trust_remote_code" not in caplog.text
+    with caplog.at_level("WARNING"):
+        HFModelRunner(tiny_pair["slm"], trust_remote_code=True)
+    assert f"trust_remote_code is set for '{tiny_pair['slm']}'" in caplog.text
+
+
+def test_home_relative_model_paths_are_expanded(tmp_path, tiny_pair, monkeypatch):
+    import shutil
+
+    from rstitch.engines import load_pair
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    shutil.copytree(tiny_pair["slm"], tmp_path / "slm")
+    pair = load_pair({"path": "~/slm"}, {"path": tiny_pair["llm"]})
+    assert pair.slm.path == str(tmp_path / "slm")
+
+
+@pytest.mark.parametrize("path", ["./no/such/model", "no/such/model", "~/no_such_model", "models/"])
+def test_a_path_that_does_not_exist_is_one_line_at_once(tiny_pair, path):
+    import time
+
+    from rstitch.engines import load_pair
+
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match=f"model path not found: {path}"):
+        load_pair({"path": path}, {"path": tiny_pair["llm"]})
+    assert time.monotonic() - start < 1.0
+
+
+@pytest.mark.parametrize("offline", [True, False])
+def test_an_unreachable_hub_model_is_one_line_naming_the_way_out(tmp_path, tiny_pair, problems_file, offline):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update({"WANDB_MODE": "offline", "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": "http://127.0.0.1:9"})
+    if offline:
+        env["HF_HUB_OFFLINE"] = "1"
+    cmd = [sys.executable, "-m", "rstitch.cli.run", f"results_root={tmp_path / 'runs'}", "logger=none", "pair.name=tiny",
+           "pair.slm.path=nobody/no-such-model", f"pair.llm.path={tiny_pair['llm']}", "dataset=math500",
+           f"dataset.path={problems_file}"]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert "nobody/no-such-model" in lines[0] and "HF_HUB_OFFLINE=1" in lines[0] and "local model directory" in lines[0]
+    assert time.monotonic() - start < 60

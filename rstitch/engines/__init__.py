@@ -4,10 +4,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import os
 from dataclasses import dataclass
 from typing import Any
 
-from rstitch.engines.base import CostCounter, Generation, ModelRunner, Sequence, TokenDistribution, check_model_path
+from rstitch.engines.base import (CostCounter, Generation, ModelRunner, Sequence, TokenDistribution, check_hub_model,
+                                  check_model_path, resolve_model_path)
 from rstitch.engines.sampling import Sampler
 from rstitch.errors import ConfigError
 
@@ -60,10 +62,7 @@ def load_pair(slm: dict, llm: dict, engine: str = "hf", **shared: Any) -> ModelP
     `shared` options apply to both, except `per_model: {slm: {...}, llm: {...}}`, whose entries
     (e.g. an engine's memory share of each model) apply to one of them."""
     check_engine_installed(engine)
-    for spec in (slm, llm):  # fail on a bad path before spending time loading the other model
-        if "path" not in spec:
-            raise ConfigError(f"pair model {spec} has no path")
-        check_model_path(spec["path"])
+    slm, llm = (_resolved(spec) for spec in (slm, llm))  # a bad path fails before either model loads
     per_model = dict(shared.pop("per_model", None) or {})
     unknown = sorted(set(per_model) - set(ROLES))
     if unknown:
@@ -73,6 +72,15 @@ def load_pair(slm: dict, llm: dict, engine: str = "hf", **shared: Any) -> ModelP
     large = load_model(engine, **{**shared, **per_role["llm"], **llm})
     check_same_tokenizer(small, large)
     return ModelPair(small, large)
+
+
+def _resolved(spec: dict) -> dict:
+    if "path" not in spec:
+        raise ConfigError(f"pair model {spec} has no path")
+    path = resolve_model_path(spec["path"])
+    if not os.path.isdir(path):
+        check_hub_model(path, spec.get("revision"))
+    return {**spec, "path": path}
 
 
 def check_same_tokenizer(a: ModelRunner, b: ModelRunner) -> None:

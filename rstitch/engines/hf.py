@@ -7,7 +7,7 @@ from typing import Sequence as Seq
 
 import torch
 
-from rstitch.engines.base import ModelRunner, Sequence, check_model_path
+from rstitch.engines.base import ModelRunner, Sequence, resolve_model_path, warn_remote_code
 from rstitch.errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -54,6 +54,8 @@ class HFModelRunner(ModelRunner):
         attn_implementation: str | None = None,
         trust_remote_code: bool = False,
         num_threads: int | None = None,
+        revision: str | None = None,  # a hub commit to pin (null: the default branch)
+        use_safetensors: bool = True,  # false also loads pickled (.bin) weights, which can run code
     ):
         super().__init__()
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -61,7 +63,9 @@ class HFModelRunner(ModelRunner):
 
         if dtype not in DTYPES:
             raise ConfigError(f"unknown dtype '{dtype}'; valid: {', '.join(DTYPES)}")
-        check_model_path(path)
+        path = resolve_model_path(path)
+        if trust_remote_code:
+            warn_remote_code(path)
         if num_threads:  # small models on a shared CPU run far faster on one thread than on two
             torch.set_num_threads(int(num_threads))
         hf_logging.disable_progress_bar()  # per-shard bars would bury the run's own output
@@ -70,12 +74,13 @@ class HFModelRunner(ModelRunner):
         self.device = torch.device(device)
         self.dtype = dtype
         try:
-            self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-            kwargs = {"dtype": DTYPES[dtype], "trust_remote_code": trust_remote_code}
+            self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, revision=revision)
+            kwargs = {"dtype": DTYPES[dtype], "trust_remote_code": trust_remote_code, "revision": revision,
+                      "use_safetensors": use_safetensors}
             if attn_implementation:
                 kwargs["attn_implementation"] = attn_implementation
             self.model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(self.device).eval()
-        except OSError as err:  # hub id unreachable offline, or a directory without a model
+        except OSError as err:  # hub id unreachable offline, or a directory without (safetensors) weights
             raise ConfigError(f"cannot load model '{path}': {str(err).splitlines()[0]}") from None
         self.vocab_size = min(len(self.tokenizer), self.model.config.vocab_size)
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
