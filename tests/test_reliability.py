@@ -70,6 +70,7 @@ NAN, INF = float("nan"), float("inf")
         ("rsd", {"alpha": -1.0}, "method.alpha of 'rsd' must be >= 0.0"),
         ("specreason", {"threshold": NAN}, "method.threshold of 'specreason' must be a finite number"),
         ("easd", {"tau_o": INF}, "method.tau_o of 'easd' must be a finite number"),
+        ("arbitrage_oracle", {"tau": NAN}, "method.tau of 'arbitrage_oracle' must be a number"),
     ],
 )
 def test_non_finite_or_out_of_range_parameters_are_one_line(method, params, needle):

@@ -83,10 +83,14 @@ def build_method(name: str, **params: Any) -> Method:
         raise ConfigError(f"method '{name}': {err}") from None
 
 
-def require_number(method: str, key: str, value: Any, low: float | None = None, high: float | None = None) -> float:
-    """Thresholds come from the command line: reject strings, booleans, NaN and infinities (NaN
-    compares false with every threshold, so it would silently pick one model) with one clear line."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+def require_number(method: str, key: str, value: Any, low: float | None = None, high: float | None = None,
+                   infinite_ok: bool = False) -> float:
+    """Thresholds come from the command line: reject strings, booleans, NaN (it compares false with
+    every threshold, so it would silently pick one model) and, unless ``infinite_ok`` (a threshold
+    whose documented extremes are +-inf), infinities, with one clear line."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ConfigError(f"method.{key} of '{method}' must be a {'' if infinite_ok else 'finite '}number, got {value!r}")
+    if math.isinf(value) and not infinite_ok:
         raise ConfigError(f"method.{key} of '{method}' must be a finite number, got {value!r}")
     if (low is not None and value < low) or (high is not None and value > high):
         allowed = f"[{low}, {high}]" if low is not None and high is not None else f">= {low}" if low is not None else f"<= {high}"
