@@ -11,10 +11,11 @@ from typing import Any
 from tqdm import tqdm
 
 from rstitch.data import load_dataset_records
+from rstitch.data.context import ContextCheck
 from rstitch.data.prompts import PromptFormat
 from rstitch.engines import ModelPair, Sampler, load_pair
 from rstitch.errors import ConfigError
-from rstitch.grading import extract_answer, grade
+from rstitch.grading import grade_sample
 from rstitch.methods import DecodeContext, DecodeResult, Method, build_method
 from rstitch.metrics.latency_model import load_pair_latency
 from rstitch.results import SampleStore, find_speedup, find_summaries, summarize_samples
@@ -88,9 +89,8 @@ def sample_record(record, index: int, result: DecodeResult, latency: float, cost
         "response": response,
         "output_token_ids": result.token_ids,
         "token_sources": result.sources,
-        "answer": extract_answer(response, multiple_choice=multiple_choice),
+        **grade_sample(response, record.answer, multiple_choice=multiple_choice),  # answer, correct(, grading_error)
         "gold": record.answer,
-        "correct": grade(response, record.answer, multiple_choice=multiple_choice),
         "latency_s": latency,
         "tokens": len(result.token_ids),
         "tokens_slm": result.tokens_by(0),
@@ -129,22 +129,29 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
         latency_models = load_pair_latency(cfg["latency_dir"], pair) if cfg.get("latency_dir") else None
 
         todo = [(r, k) for r in records for k in range(n_samples) if not store.done(r.id, k)]
+        # Every prompt is checked against the context before anything decodes.
+        check = ContextCheck(pair, budget, cfg.get("on_overflow", "error"))
+        fitted = {r.id: check.prompt_ids(r.id, r.problem, lambda p: prompt.encode(tokenizer, p)) for r, _ in todo}
+        todo = [(r, k) for r, k in todo if fitted[r.id] is not None]
         name = f"{cfg['pair']['name']}/{cfg['dataset']['name']}/{method.name}/{run_tag(cfg)}"
         if logger is not None:
             logger.start(name, cfg, name)
         if todo:
             warm_ctx = DecodeContext(pair, sampler, min(WARMUP_TOKENS, budget), todo[0][0].problem, todo[0][0].metadata)
             try:  # untimed warm-up; what the engine cannot do for this method surfaces here, before any sample
-                method.decode(prompt.encode(tokenizer, todo[0][0].problem), warm_ctx)
+                method.decode(fitted[todo[0][0].id][0], warm_ctx)
             except ConfigError as err:
                 raise ConfigError(f"method '{method.name}' on engine '{cfg['engine']['name']}': {err}") from None
 
         bar = tqdm(total=len(records) * n_samples, initial=len(records) * n_samples - len(todo), desc=method.name, unit="sample")
         for record, index in todo:
             sampler.reseed(sample_seed(sampler.seed, record.id, index))
-            sample_ctx = replace(ctx, problem=record.problem, metadata=record.metadata)
-            result, latency, cost = timed_decode(method, prompt.encode(tokenizer, record.problem), sample_ctx)
+            prompt_ids, sample_budget = fitted[record.id]
+            sample_ctx = replace(ctx, problem=record.problem, metadata=record.metadata, max_new_tokens=sample_budget)
+            result, latency, cost = timed_decode(method, prompt_ids, sample_ctx)
             row = sample_record(record, index, result, latency, cost, pair, method)
+            if sample_budget < budget:  # on_overflow=truncate
+                row["max_new_tokens"] = sample_budget
             row["latency_estimate_s"] = estimate_latency(pair, latency_models)
             store.append(row)
             if logger is not None:
@@ -158,6 +165,7 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
         wanted = {(r.id, k) for r in records for k in range(n_samples)}
         samples = [s for key, s in store.records.items() if key in wanted]
         summary = summarize_run(cfg, method, samples, results_root if results_root is not None else Path(run_dir).parent)
+        summary["skipped_context_overflow"] = len(wanted) - len(samples)  # on_overflow=skip (or no room left)
         store.write_summary(summary)
         if logger is not None:
             logger.finish(summary, samples)

@@ -79,7 +79,7 @@ def test_multirun_sweep_writes_one_dir_per_point(tmp_path, tiny_pair, problems_f
         (["method=nope"], "unknown method 'nope'; valid:"),
         (["pair=nope"], "unknown pair 'nope'; valid:"),
         (["dataset=nope"], "unknown dataset 'nope'; valid:"),
-        (["method.tau=abc"], "method.tau of 'rstitch' must be a number"),
+        (["method.tau=abc"], "method.tau of 'rstitch' must be a finite number"),
         (["pair.llm.path=/nonexistent/model"], "model path not found: /nonexistent/model"),
     ],
 )
@@ -128,3 +128,52 @@ def test_prm_group_feeds_the_prm_methods_and_their_run_key():
     assert "prm" not in rstitch and "prm" not in rstitch["method"]
     with pytest.raises(SystemExit):
         compose_config(["method=rsd", "prm=nope"])
+
+
+def assert_one_error_line(proc: subprocess.CompletedProcess, needle: str) -> None:
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        (b'{"problem": "1+1?", "answer": "2"}\n{"problem": "caf\xe9", "answer": "3"}\n', "bad.jsonl:2: not UTF-8 text"),
+        (b'{"problem": "1+1?", "answer": "2"}\n[1, 2]\n', "bad.jsonl:2: not a JSON object (a list)"),
+        (b'"just a string"\n', "bad.jsonl:1: not a JSON object (a str)"),
+    ],
+)
+def test_bad_dataset_file_is_one_error_line(tmp_path, tiny_pair, content, needle):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(content)
+    proc = rstitch_run(tmp_path, *pair_overrides(tiny_pair), "dataset=math500", f"dataset.path={bad}", check=False)
+    assert_one_error_line(proc, needle)
+    assert run_dirs(tmp_path) == [] and not any((tmp_path / "runs").rglob("run_key.json"))
+
+
+def test_unwritable_results_root_is_one_error_line(tmp_path, tiny_pair, problems_file):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")  # works as root too, unlike a read-only directory
+    proc = rstitch_run(tmp_path, *pair_overrides(tiny_pair), "dataset=math500", f"dataset.path={problems_file}",
+                       f"results_root={blocker / 'runs'}", check=False)
+    assert_one_error_line(proc, f"results_root '{blocker / 'runs'}' is not writable")
+
+
+def test_ctrl_c_is_one_line_saying_what_is_saved_and_how_to_resume(tmp_path, tiny_pair, problems_file):
+    import signal
+    import time
+
+    env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "rstitch.cli.run", f"results_root={tmp_path / 'runs'}", "logger=none",
+           *pair_overrides(tiny_pair)[:-1], "max_new_tokens=400", "dataset=math500", f"dataset.path={problems_file}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    deadline = time.monotonic() + 300
+    while not any((tmp_path / "runs").rglob("samples.jsonl")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    [run_dir] = run_dirs(tmp_path)
+    saved = len(read_samples(run_dir))
+    last = [l for l in stderr.splitlines() if l.strip()][-1]
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
+    assert last == f"rstitch-run: interrupted: {saved} samples saved in {run_dir}; rerun the same command to resume"

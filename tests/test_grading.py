@@ -188,11 +188,11 @@ def _warm_worker() -> None:
 
 def test_timeout_from_the_main_thread_returns_false_and_replaces_the_worker():
     _warm_worker()
-    replaced = verify._get_pool().replaced_after_timeout
+    replaced = verify._get_pool().timed_out
     result, elapsed = _timed_pathological_grade(timeout_s=1.0)
     assert result is False
     assert elapsed < 1.0 + 2.0
-    assert verify._get_pool().replaced_after_timeout == replaced + 1  # the time limit did fire
+    assert verify._get_pool().timed_out == replaced + 1  # the time limit did fire
     assert grade("\\boxed{7/3}", "\\frac{14}{6}")  # a fresh worker takes over
 
 
@@ -264,3 +264,100 @@ def test_gold_solutions_grade_as_right():
     }
     for result in results.values():
         assert result.fraction_right >= 0.99, check.report([result])
+
+
+# --------------------------------------------------------------------------- hostile input
+
+HOSTILE_TIMEOUT_S = 1.0
+# Starting a replacement worker after a timeout (importing sympy) comes on top of the timeout.
+WORKER_RESTART_ALLOWANCE_S = 15.0
+MB = 1 << 20
+
+# Each pair is (response, gold); every one returns a bool within the timeout, none raises.
+HOSTILE = {
+    "huge exponent e": ("\\boxed{1e1000000000}", "5"),
+    "huge negative exponent": ("\\boxed{1e-1000000000}", "5"),
+    "huge exponent times ten": ("\\boxed{1\\times10^{1000000000}}", "5"),
+    "huge exponent 1e100000000": ("\\boxed{1e100000000}", "5"),
+    "huge power of ten": ("\\boxed{10^{1000000000}}", "5"),
+    "exponent past Decimal's range": ("\\boxed{1e" + "9" * 40 + "}", "5"),
+    "tower": ("\\boxed{2^{2^{2^{2^{2^{2^{2}}}}}}}", "5"),
+    "factorial": ("\\boxed{(10^{7})!}", "5"),
+    "deep optional arguments": ("\\boxed" + "[]" * 2000 + "{1}", "1"),
+    "repeated unclosed box[": ("\\boxed[" * (MB // 7), "1"),
+    "repeated box[] chain": ("\\boxed[\\boxed[" * 1000 + "]" + "[]" * 100_000, "1"),
+    "deep braces": ("\\boxed{" + "{" * 100_000 + "1" + "}" * 100_000 + "}", "1"),
+    "deep unclosed braces": ("\\boxed{" * (MB // 7), "1"),
+    "1 MB of digits": ("9" * MB, "9"),
+    "digits then junk": ("1" * MB + "x", "1"),
+    "gold of 5000 digits": ("\\boxed{5}", "1" * 5000),
+    "gold of 1 MB": ("\\boxed{5}", "1" * MB),
+    "scientific gold of 4400 digits": ("\\boxed{5}", "1" * 4400 + "e5"),
+    "answer statements": ("The answer is " * (MB // 14), "1"),
+    "code-like": ("\\boxed{__import__('os').system('echo pwned')}", "0"),
+    "lambda": ("\\boxed{(lambda: 1)()}", "1"),
+    "newlines and spaces": (" \n" * (MB // 2) + "\\boxed{3}", "3"),
+    "think tags": ("</think>" * (MB // 8), "1"),
+}
+
+
+@pytest.mark.parametrize("response,gold", HOSTILE.values(), ids=HOSTILE.keys())
+def test_hostile_input_grades_in_time_without_raising(response, gold):
+    _warm_worker()
+    start = time.monotonic()
+    for multiple_choice in (False, True):
+        assert isinstance(extract_answer(response, multiple_choice=multiple_choice), (str, type(None)))
+        assert isinstance(grade(response, gold, multiple_choice=multiple_choice, timeout_s=HOSTILE_TIMEOUT_S), bool)
+    assert time.monotonic() - start < 2 * HOSTILE_TIMEOUT_S + 1.0
+
+
+def test_huge_exponents_are_settled_without_math_verify():
+    for notation in ("1e1000000000", "1e-1000000000", "1\\times10^{1000000000}", "1e100000000"):
+        assert quick_compare(notation, "5") is False
+    assert quick_compare("1e1000000000", "10e999999999") is True
+
+
+def test_deep_box_options_do_not_recurse():
+    assert last_boxed("\\framebox[1cm][c]{7}") == "7"
+    assert last_boxed("\\boxed" + "[]" * 2000 + "{1}") is None  # no box takes 2000 options
+    assert extract_answer("\\framebox[1cm] 5") == "5"
+
+
+def test_grading_random_latex_like_text_returns_a_bool_in_time():
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    pieces = ["\\boxed{", "\\boxed[", "\\framebox", "\\frac", "{", "}", "[", "]", "^", "_", "!", "(", ")", "1", "0",
+              "e", "9" * 30, "\\times10^{", "\\sqrt", "\\cdot", " ", "\n", "$", "\\", "answer is ", "-", ".", ",",
+              "\\text{", "</think>", "x", "\\pi", "\\infty", "=", "A", "(B)"]
+    text = st.lists(st.sampled_from(pieces), max_size=60).map("".join)
+
+    @settings(max_examples=40, deadline=None, database=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(response=text, gold=text, multiple_choice=st.booleans())
+    def check(response, gold, multiple_choice):
+        start = time.monotonic()
+        verdict = grade(response, gold, multiple_choice=multiple_choice, timeout_s=HOSTILE_TIMEOUT_S)
+        assert isinstance(verdict, bool)
+        assert time.monotonic() - start < HOSTILE_TIMEOUT_S + WORKER_RESTART_ALLOWANCE_S
+
+    check()
+
+
+def test_timeout_does_not_stretch_with_more_callers_than_workers(monkeypatch):
+    pool = verify._WorkerPool(max_idle=1)
+    pool._idle.extend(verify._VerifyWorker() for _ in range(3))  # started up front: time only the comparisons
+    monkeypatch.setattr(verify, "_POOL", pool)
+    elapsed: list[float] = []
+
+    def run() -> None:
+        result, seconds = _timed_pathological_grade(timeout_s=HOSTILE_TIMEOUT_S)
+        assert result is False
+        elapsed.append(seconds)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    pool.close()
+    assert len(elapsed) == 3 and max(elapsed) < HOSTILE_TIMEOUT_S + 1.0, elapsed

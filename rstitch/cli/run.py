@@ -1,6 +1,7 @@
 """`rstitch-run`: the Hydra app rooted at conf/config.yaml."""
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -23,8 +24,9 @@ def _testbed_asset(name: str) -> str:
 
 
 def _run_tag(*, _root_: DictConfig) -> str:
-    keys = ("pair", "engine", "dataset", "prompt", "max_new_tokens", "decoding", "n_samples", "method")
-    return run_tag({k: OmegaConf.to_container(_root_[k], resolve=True) if isinstance(_root_[k], DictConfig) else _root_[k] for k in keys})
+    keys = ("pair", "engine", "dataset", "prompt", "max_new_tokens", "decoding", "n_samples", "method", "on_overflow")
+    return run_tag({k: OmegaConf.to_container(_root_[k], resolve=True) if isinstance(_root_[k], DictConfig) else _root_.get(k)
+                    for k in keys})
 
 
 OmegaConf.register_new_resolver("testbed_asset", _testbed_asset, replace=True)
@@ -65,6 +67,26 @@ def discard_if_empty(run_dir: Path) -> None:
         shutil.rmtree(run_dir)
 
 
+def saved_samples(run_dir: Path) -> int:
+    """Finished samples in a run directory (a line cut by the interrupt is not one)."""
+    path = run_dir / "samples.jsonl"
+    if not path.is_file():
+        return 0
+    return path.read_bytes().count(b"\n")
+
+
+def check_results_root(argv: list[str]) -> None:
+    """Hydra creates the run directory before the run starts, and an unwritable results_root
+    would end in its traceback: check the nearest existing ancestor first."""
+    given = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("results_root=")]
+    root = given[-1] if given else "runs"  # the last override wins, as in Hydra
+    existing = Path(root).expanduser().absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        fail(f"results_root '{root}' is not writable ({existing} is {'read-only' if existing.is_dir() else 'not a directory'})")
+
+
 def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
     """Catch `group=unknown` before Hydra does, with one line listing the valid choices."""
     groups = {p.name for p in conf_dir.iterdir() if p.is_dir()}
@@ -85,6 +107,7 @@ def app(cfg: DictConfig) -> None:
     from rstitch.runner import comparison_root, format_table, run
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    interrupted = False
     try:
         resolved = _run_config(cfg)
         logger = instantiate(resolved.pop("logger"))
@@ -92,12 +115,20 @@ def app(cfg: DictConfig) -> None:
     except ConfigError as err:
         discard_if_empty(run_dir)
         fail(str(err))
+    except KeyboardInterrupt:
+        interrupted = True  # reported below, once the run's frames (and its progress bar) are gone
+    if interrupted:
+        discard_if_empty(run_dir)
+        print(f"\nrstitch-run: interrupted: {saved_samples(run_dir)} samples saved in {run_dir}; "
+              "rerun the same command to resume", file=sys.stderr)
+        sys.exit(130)
     print(format_table(summary))
     print(f"results: {run_dir}")
 
 
 def main() -> None:
     check_group_choices(sys.argv[1:])
+    check_results_root(sys.argv[1:])
     app()
 
 

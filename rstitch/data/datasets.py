@@ -173,21 +173,31 @@ def read_rows_file(path: str | Path) -> list[Row]:
 
         return pq.read_table(file).to_pylist()
     if suffix == ".csv":
-        with file.open(encoding="utf-8", newline="") as handle:
-            return list(csv.DictReader(handle))
+        try:
+            with file.open(encoding="utf-8", newline="") as handle:
+                return list(csv.DictReader(handle))
+        except UnicodeDecodeError:
+            raise ConfigError(f"{file}: not UTF-8 text") from None
     raise ConfigError(f"unsupported dataset file type '{suffix}' ({file}); valid: .jsonl, .json, .parquet, .csv")
 
 
 def _read_jsonl(file: Path) -> list[Row]:
     rows = []
-    with file.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
+    with file.open("rb") as handle:
+        for line_number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ConfigError(f"{file}:{line_number}: not UTF-8 text (byte {err.start + 1})") from None
             if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError as err:
                 raise ConfigError(f"{file}:{line_number}: not a JSON object ({err.msg})") from None
+            if not isinstance(row, dict):
+                raise ConfigError(f"{file}:{line_number}: not a JSON object (a {type(row).__name__})")
+            rows.append(row)
     return rows
 
 

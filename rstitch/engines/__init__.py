@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
+import os
 from dataclasses import dataclass
 from typing import Any
 
-from rstitch.engines.base import CostCounter, Generation, ModelRunner, Sequence, TokenDistribution, check_model_path
+from rstitch.engines.base import (CostCounter, Generation, ModelRunner, Sequence, TokenDistribution, check_hub_model,
+                                  check_model_path, resolve_model_path)
+from rstitch.engines import packaged
 from rstitch.engines.sampling import Sampler
 from rstitch.errors import ConfigError
 
@@ -17,6 +21,15 @@ ENGINES = {
     "llamacpp": "rstitch.engines.llamacpp:LlamaCppModelRunner",
 }
 ROLES = ("slm", "llm")
+# Engines whose backend is an optional dependency: the package to import and how to install it.
+OPTIONAL_BACKENDS = {"vllm": ("vllm", "pip install -e '.[vllm]' (docs/vllm.md)")}
+
+
+def check_engine_installed(engine: str) -> None:
+    """One line before any model loads, instead of an ImportError halfway through."""
+    package, install = OPTIONAL_BACKENDS.get(engine, (None, None))
+    if package is not None and importlib.util.find_spec(package) is None:
+        raise ConfigError(f"engine '{engine}' needs the '{package}' package, which is not installed: {install}")
 
 
 def load_model(engine: str, path: str, **options: Any) -> ModelRunner:
@@ -50,10 +63,8 @@ def load_pair(slm: dict, llm: dict, engine: str = "hf", **shared: Any) -> ModelP
     """Load both models (each a dict with `path` and optional `name`, per-model options).
     `shared` options apply to both, except `per_model: {slm: {...}, llm: {...}}`, whose entries
     (e.g. an engine's memory share of each model) apply to one of them."""
-    for spec in (slm, llm):  # fail on a bad path before spending time loading the other model
-        if "path" not in spec:
-            raise ConfigError(f"pair model {spec} has no path")
-        check_model_path(spec["path"])
+    check_engine_installed(engine)
+    slm, llm = (_resolved(spec) for spec in (slm, llm))  # a bad path fails before either model loads
     per_model = dict(shared.pop("per_model", None) or {})
     unknown = sorted(set(per_model) - set(ROLES))
     if unknown:
@@ -63,6 +74,20 @@ def load_pair(slm: dict, llm: dict, engine: str = "hf", **shared: Any) -> ModelP
     large = load_model(engine, **{**shared, **per_role["llm"], **llm})
     check_same_tokenizer(small, large)
     return ModelPair(small, large)
+
+
+def _resolved(spec: dict) -> dict:
+    if "path" not in spec:
+        raise ConfigError(f"pair model {spec} has no path")
+    if packaged.is_packaged(spec["path"]):  # each engine reads its own form of it (checkpoint or GGUF)
+        packaged.check(spec["path"])
+        return dict(spec)
+    if os.path.isfile(os.path.expanduser(spec["path"])):  # a GGUF file (engine=llamacpp)
+        return {**spec, "path": os.path.expanduser(spec["path"])}
+    path = resolve_model_path(spec["path"])
+    if not os.path.isdir(path):
+        check_hub_model(path, spec.get("revision"))
+    return {**spec, "path": path}
 
 
 def check_same_tokenizer(a: ModelRunner, b: ModelRunner) -> None:

@@ -8,6 +8,7 @@ model). `rollback(n)` drops the last n tokens and their cache entries. Backends 
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -243,16 +244,65 @@ class StopWatcher:
 
 
 def check_model_path(path: str) -> None:
-    """A path that names a local location must exist; `packaged:<name>` needs its packages;
-    anything else is a hub id."""
+    """A path that names a local location must exist (a directory, or a GGUF file for engines
+    that read one); `packaged:<name>` needs its packages; anything else is a hub id. Converts
+    nothing."""
     from rstitch.engines import packaged
 
     if packaged.is_packaged(path):
         packaged.check(path)
-        return
-    local = os.path.isabs(path) or path.startswith(("./", "../", "~"))
-    if local and not os.path.isdir(os.path.expanduser(path)):
+    elif not os.path.exists(os.path.expanduser(path)):
+        resolve_model_path(path)
+
+
+def looks_like_path(path: str) -> bool:
+    """Not a hub id ("name" or "owner/name"): absolute, relative with ./ ../ ~, or nested deeper."""
+    return (os.path.isabs(path) or path.startswith(("./", "../", "~", ".")) or path.endswith("/")
+            or path.count("/") > 1 or "\\" in path)
+
+
+def resolve_model_path(path: str, kind: str = "hf") -> str:
+    """What to load: an existing directory (``~`` expanded), a packaged model's cached checkpoint
+    (`kind` "hf") or GGUF file ("gguf"), or a hub id. A path-like string that does not exist is
+    one error line at once, not minutes of hub retries."""
+    from rstitch.engines import packaged
+
+    if packaged.is_packaged(path):
+        packaged.check(path)
+        return packaged.resolve(path, kind)
+    expanded = os.path.expanduser(path)
+    if os.path.isdir(expanded) or (kind == "gguf" and os.path.isfile(expanded)):
+        return expanded
+    if looks_like_path(path):
         raise ConfigError(f"model path not found: {path}")
+    return path
+
+
+OFFLINE_HINT = "pass a local model directory, or with no network set HF_HUB_OFFLINE=1 to use models already in the hub cache"
+
+
+def check_hub_model(repo_id: str, revision: str | None = None) -> None:
+    """One line, before any download starts, when a hub model can be neither found in the cache
+    nor reached (instead of retries and dozens of warning lines)."""
+    import huggingface_hub
+    from huggingface_hub import constants
+    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+
+    if isinstance(huggingface_hub.try_to_load_from_cache(repo_id, "config.json", revision=revision), str):
+        return
+    if constants.HF_HUB_OFFLINE:
+        raise ConfigError(f"model '{repo_id}' is not a local directory and not in the hub cache (HF_HUB_OFFLINE=1); {OFFLINE_HINT}")
+    try:
+        huggingface_hub.model_info(repo_id, revision=revision, timeout=10)
+    except (RepositoryNotFoundError, RevisionNotFoundError):
+        raise ConfigError(f"model '{repo_id}' is not a local directory and not on the hub (at revision {revision or 'main'})") from None
+    except Exception as err:  # noqa: BLE001 - no network, proxy, DNS: all the same to the user
+        raise ConfigError(f"cannot reach the Hugging Face hub for model '{repo_id}' ({type(err).__name__}); {OFFLINE_HINT}") from None
+
+
+def warn_remote_code(path: str) -> None:
+    """trust_remote_code runs the checkpoint repository's Python in this process: say so."""
+    logging.getLogger("rstitch").warning("trust_remote_code is set for '%s': its repository's code runs in this process", path)
 
 
 class ModelRunner(ABC):

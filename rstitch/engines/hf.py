@@ -9,8 +9,7 @@ from typing import Sequence as Seq
 
 import torch
 
-from rstitch.engines import packaged
-from rstitch.engines.base import ModelRunner, Sequence, check_model_path
+from rstitch.engines.base import ModelRunner, Sequence, resolve_model_path, warn_remote_code
 from rstitch.errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -57,7 +56,9 @@ class HFModelRunner(ModelRunner):
         attn_implementation: str | None = None,
         trust_remote_code: bool = False,
         num_threads: int | None = None,
-        gguf_file: str | None = None,
+        revision: str | None = None,  # a hub commit to pin (null: the default branch)
+        use_safetensors: bool = True,  # false also loads pickled (.bin) weights, which can run code
+        gguf_file: str | None = None,  # a GGUF file in `path`, dequantized to `dtype` at every load
     ):
         super().__init__()
         from transformers import AutoTokenizer
@@ -65,25 +66,25 @@ class HFModelRunner(ModelRunner):
 
         if dtype not in DTYPES:
             raise ConfigError(f"unknown dtype '{dtype}'; valid: {', '.join(DTYPES)}")
-        check_model_path(path)
+        self.path = path  # as configured (a packaged:<name> stays one)
+        path = resolve_model_path(path)
+        if trust_remote_code:
+            warn_remote_code(path)
         if num_threads:  # small models on a shared CPU run far faster on one thread than on two
             torch.set_num_threads(int(num_threads))
         hf_logging.disable_progress_bar()  # per-shard bars would bury the run's own output
         self.name = name or os.path.basename(path.rstrip("/"))
-        self.path = path
-        path = packaged.resolve(path, "hf")
         self.device = torch.device(device)
         self.dtype = dtype
         try:
-            # gguf_file: a GGUF checkpoint in `path`, dequantized to `dtype` at load (slow: its
-            # tokenizer is rebuilt from the GGUF vocabulary each time; packaged models convert once)
-            gguf = {"gguf_file": gguf_file} if gguf_file else {}
-            self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **gguf)
-            kwargs = {"trust_remote_code": trust_remote_code, **gguf}
-            if attn_implementation:
-                kwargs["attn_implementation"] = attn_implementation
-            self.model = load_causal_lm(path, dtype, device, **kwargs)
-        except OSError as err:  # hub id unreachable offline, or a directory without a model
+            # gguf_file: the tokenizer is rebuilt from the GGUF vocabulary at every load (slow);
+            # packaged models are converted once instead (engines/packaged.py)
+            self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(
+                path, trust_remote_code=trust_remote_code, revision=revision, **({"gguf_file": gguf_file} if gguf_file else {}))
+            self.model = load_causal_lm(path, dtype, device, trust_remote_code=trust_remote_code, revision=revision,
+                                        use_safetensors=use_safetensors, gguf_file=gguf_file,
+                                        attn_implementation=attn_implementation)
+        except OSError as err:  # hub id unreachable offline, or a directory without (safetensors) weights
             raise ConfigError(f"cannot load model '{path}': {str(err).splitlines()[0]}") from None
         self.vocab_size = min(len(self.tokenizer), self.model.config.vocab_size)
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
@@ -105,16 +106,21 @@ class HFModelRunner(ModelRunner):
 _WEIGHTS: "weakref.WeakValueDictionary[str, torch.nn.Module]" = weakref.WeakValueDictionary()
 
 
-def load_causal_lm(path: str, dtype: str, device: str, **kwargs) -> torch.nn.Module:
+def load_causal_lm(path: str, dtype: str, device: str, *, trust_remote_code: bool = False, revision: str | None = None,
+                   use_safetensors: bool = True, gguf_file: str | None = None,
+                   attn_implementation: str | None = None) -> torch.nn.Module:
     """A causal LM in eval mode, shared while in use: a judge PRM on the pair's own LLM reads the
     same weights instead of a second copy (inference only; every user keeps its own KV caches)."""
     from transformers import AutoModelForCausalLM
 
-    kwargs = {k: v for k, v in kwargs.items() if v}  # unset options: the same load as omitting them
-    key = json.dumps([path, dtype, str(device), kwargs], sort_keys=True)
+    options = {"trust_remote_code": trust_remote_code, "revision": revision, "attn_implementation": attn_implementation}
+    # A GGUF file is its own format: the safetensors-only rule is for checkpoint directories.
+    options.update({"gguf_file": gguf_file} if gguf_file else {"use_safetensors": use_safetensors})
+    options = {k: v for k, v in options.items() if v is not None}
+    key = json.dumps([path, dtype, str(device), options], sort_keys=True)
     model = _WEIGHTS.get(key)
     if model is None:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **kwargs).to(device).eval()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **options).to(device).eval()
         _WEIGHTS[key] = model
     return model
 

@@ -117,6 +117,8 @@ class LlamaCppModelRunner(ModelRunner):
             raise ConfigError(f"llama.cpp could not create a context of {params.n_ctx} tokens for {gguf}")
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.n_ctx, self.n_seq_max, self.n_batch = n_ctx, n_seq_max, n_batch
+        # What one sequence can hold (the prompt-length check reads it): its cells, within the trained positions.
+        self.max_model_len = min(n_ctx, llama_cpp.llama_model_n_ctx_train(self.model))
         vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
         self.vocab_size = min(len(self.tokenizer), self.n_vocab)

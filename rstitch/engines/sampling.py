@@ -1,6 +1,7 @@
 """Token sampling: greedy, or temperature with nucleus (top-p), from a seeded generator."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -15,10 +16,12 @@ class Sampler:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise ConfigError(f"decoding.temperature must be a number >= 0, got {self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+        if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
+            raise ConfigError(f"decoding.temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ConfigError(f"decoding.top_p must be a number in (0, 1], got {self.top_p!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigError(f"decoding.seed must be an integer, got {self.seed!r}")
         self.generator = torch.Generator().manual_seed(int(self.seed))
 
     @property
@@ -52,6 +55,10 @@ class Sampler:
 
     def uniform(self) -> float:
         return float(torch.rand((), generator=self.generator))
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -6,11 +6,13 @@ number. Multiple-choice responses are reduced to a single option letter.
 """
 from __future__ import annotations
 
+import bisect
 import re
 
 BOX_COMMANDS = ("\\boxed", "\\fbox", "\\framebox")
 THINK_END = "</think>"
 OPTION_LETTERS = "ABCDEFGHIJ"
+MAX_OPTIONAL_ARGS = 2  # \\framebox[width][pos]{...} takes at most two
 
 _BOX_RE = re.compile(r"\\(?:" + "|".join(command[1:] for command in BOX_COMMANDS) + r")(?![A-Za-z])")
 _ANSWER_STATEMENT_RE = re.compile(
@@ -57,8 +59,9 @@ def last_boxed(text: str) -> str | None:
     # Once a box fails to close, no earlier box can close past its start: stop scanning there,
     # which keeps a response full of unclosed boxes linear instead of quadratic.
     limit = len(text)
+    closers = _Closers(text)
     for match in reversed(list(_BOX_RE.finditer(text))):
-        content, opened_at = _box_argument(text, match.end(), limit)
+        content, opened_at = _box_argument(text, match.end(), limit, closers)
         if content:
             return content
         if content is None and opened_at is not None:
@@ -80,13 +83,35 @@ def _search_order(response: str) -> list[str]:
     return [response]
 
 
-def _box_argument(text: str, start: int, limit: int) -> tuple[str | None, int | None]:
+class _Closers:
+    """Positions of "]" in a text, found once: looking each one up again from every box
+    command would make a response of many unclosed ``\\boxed[`` quadratic."""
+
+    def __init__(self, text: str):
+        self._text = text
+        self._positions: list[int] | None = None
+
+    def find(self, start: int, limit: int) -> int:
+        if self._positions is None:
+            self._positions = [m.start() for m in re.finditer(r"\]", self._text)]
+        k = bisect.bisect_left(self._positions, start)
+        return self._positions[k] if k < len(self._positions) and self._positions[k] < limit else -1
+
+
+def _box_argument(text: str, start: int, limit: int, closers: _Closers) -> tuple[str | None, int | None]:
     """(argument, index of its opening brace) of a box command whose name ends at ``start``;
     the argument is None when the braces do not close before ``limit``."""
     i = _skip_spaces(text, start)
-    if text.startswith("[", i):  # \\framebox[width][pos]{...}
-        close = text.find("]", i, limit)
-        return _box_argument(text, close + 1, limit) if close >= 0 else (None, None)
+    for _ in range(MAX_OPTIONAL_ARGS):  # \\framebox[width][pos]{...}
+        if not text.startswith("[", i):
+            break
+        close = closers.find(i, limit)
+        if close < 0:
+            return None, None
+        start = close + 1
+        i = _skip_spaces(text, start)
+    if text.startswith("[", i):  # more optional arguments than any box command takes: not a box
+        return None, None
     if text.startswith("{", i):
         end = _matching_brace(text, i, limit)
         return (text[i + 1 : end].strip() if end is not None else None), i

@@ -14,12 +14,14 @@ import logging
 import os
 import re
 import selectors
+import signal
 import subprocess
 import sys
 import threading
 import time
-from fractions import Fraction
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 from rstitch.grading.extract import extract_answer
 
@@ -28,6 +30,8 @@ logger = logging.getLogger(__name__)
 WORKER_STARTUP_TIMEOUT_S = 120.0  # importing sympy on a busy machine can take a while
 WORKER_MEMORY_LIMIT_BYTES = 4 * 1024**3  # a runaway sympy evaluation fails instead of eating RAM
 MAX_ANSWER_CHARS = 2_000  # longer "answers" are extraction noise; don't feed them to sympy
+MAX_EXPONENT_DIGITS = 15  # Decimal cannot hold larger exponents; such strings are not plain numbers
+MAX_SYMPY_EXPONENT = 300  # beyond a float's range math-verify would build the whole power (1e1000000000)
 
 
 def grade(response: str, gold: str, multiple_choice: bool = False, timeout_s: float = 5.0) -> bool:
@@ -43,6 +47,18 @@ def grade(response: str, gold: str, multiple_choice: bool = False, timeout_s: fl
     return is_equivalent(predicted, gold, timeout_s=timeout_s)
 
 
+def grade_sample(response: str, gold: str, multiple_choice: bool = False, timeout_s: float = 5.0) -> dict[str, Any]:
+    """A sample record's ``answer`` and ``correct``, plus ``grading_error`` when grading raised:
+    one bad sample is graded wrong with the reason, and the run goes on."""
+    try:
+        return {"answer": extract_answer(response, multiple_choice=multiple_choice),
+                "correct": grade(response, gold, multiple_choice=multiple_choice, timeout_s=timeout_s)}
+    except Exception as err:  # noqa: BLE001 - recorded on the sample and counted in the summary
+        reason = f"{type(err).__name__}: {err}"[:500]
+        logger.warning("grading failed; sample counted as wrong (%s)", reason)
+        return {"answer": None, "correct": False, "grading_error": reason}
+
+
 def is_equivalent(predicted: str, gold: str, timeout_s: float = 5.0, fast_path: bool = True) -> bool:
     """True iff the extracted answer ``predicted`` is mathematically equivalent to ``gold``.
 
@@ -50,12 +66,15 @@ def is_equivalent(predicted: str, gold: str, timeout_s: float = 5.0, fast_path: 
     """
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-    if not predicted.strip() or not str(gold).strip() or len(predicted) > MAX_ANSWER_CHARS:
+    gold = str(gold)
+    if not predicted.strip() or not gold.strip():
         return False
-    quick = quick_compare(predicted, str(gold)) if fast_path else None
+    if len(predicted) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:  # keeps every regex below cheap
+        return predicted.strip() == gold.strip()
+    quick = quick_compare(predicted, gold) if fast_path else None
     if quick is not None:
         return quick
-    result = _get_pool().compare(_as_latex(str(gold)), _as_latex(predicted), timeout_s)
+    result = _get_pool().compare(_as_latex(gold), _as_latex(predicted), timeout_s)
     if result is None:
         logger.warning("answer comparison exceeded %.1fs; counted as wrong (answer %.80r)", timeout_s, predicted)
         return False
@@ -80,7 +99,8 @@ def quick_compare(predicted: str, gold: str) -> bool | None:
     """True/False when a cheap check settles the comparison, None when math-verify must.
 
     Equal normalized strings are equivalent; two plain numbers are compared exactly, and two
-    different integers are settled as unequal (rounding tolerance only matters for decimals).
+    different integers are settled as unequal (rounding tolerance only matters for decimals), as
+    are numbers beyond a float's range, which math-verify would try to expand digit by digit.
     """
     pred, ref = normalize_answer(predicted), normalize_answer(gold)
     if not pred or not ref:
@@ -93,6 +113,8 @@ def quick_compare(predicted: str, gold: str) -> bool | None:
     if pred_number == ref_number:
         return True
     if _INTEGER_RE.match(pred) and _INTEGER_RE.match(ref):
+        return False
+    if max(abs(pred_number.adjusted()), abs(ref_number.adjusted())) > MAX_SYMPY_EXPONENT:
         return False
     return None
 
@@ -124,12 +146,14 @@ def _strip_delimiters(text: str) -> str:
     return text
 
 
-def _as_number(normalized: str) -> Fraction | None:
+def _as_number(normalized: str) -> Decimal | None:
+    """The exact value of a plain or scientific number. Decimal keeps "1e1000000000" as digits
+    and an exponent, so neither building nor comparing it expands the power."""
     if _DECIMAL_RE.match(normalized):
-        return Fraction(normalized)
+        return Decimal(normalized)
     scientific = _SCIENTIFIC_RE.match(normalized)
-    if scientific:
-        return Fraction(scientific.group(1)) * Fraction(10) ** int(scientific.group(2))
+    if scientific and len(scientific.group(2).lstrip("+-")) <= MAX_EXPONENT_DIGITS:
+        return Decimal(f"{scientific.group(1)}e{scientific.group(2)}")
     return None
 
 
@@ -222,29 +246,29 @@ class _VerifyWorker:
 
 
 class _WorkerPool:
-    """Idle workers shared by all threads; at most ``max_workers`` compare at once."""
+    """Idle workers shared by all threads. Every caller compares on a worker of its own (an idle
+    one, else a new one), so a timeout never includes waiting for another caller's comparison;
+    at most ``max_idle`` workers are kept between comparisons."""
 
-    def __init__(self, max_workers: int) -> None:
+    def __init__(self, max_idle: int) -> None:
         self._idle: list[_VerifyWorker] = []
         self._lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(max_workers)
-        self.replaced_after_timeout = 0
+        self._max_idle = max_idle
+        self.timed_out = 0  # comparisons that ran out of time (their worker was replaced)
 
     def compare(self, gold: str, predicted: str, timeout_s: float) -> bool | None:
-        with self._slots:
-            worker = self._take()
-            try:
-                result = _ask(worker, gold, predicted, timeout_s)
-            except BrokenPipeError:  # the idle worker died since its last answer: use a new one
-                worker = _VerifyWorker()
-                result = _ask(worker, gold, predicted, timeout_s)
-            if result is None:
-                with self._lock:
-                    self.replaced_after_timeout += 1
-            else:
-                with self._lock:
-                    self._idle.append(worker)
-            return result
+        worker = self._take()
+        try:
+            result = _ask(worker, gold, predicted, timeout_s)
+        except BrokenPipeError:  # the idle worker died since its last answer: use a new one
+            worker = _VerifyWorker()
+            result = _ask(worker, gold, predicted, timeout_s)
+        if result is None:
+            with self._lock:
+                self.timed_out += 1
+        else:
+            self._give_back(worker)
+        return result
 
     def _take(self) -> _VerifyWorker:
         with self._lock:
@@ -254,6 +278,14 @@ class _WorkerPool:
                     return worker
                 worker.kill()
         return _VerifyWorker()  # started outside the lock: startup takes a second or two
+
+    def _give_back(self, worker: _VerifyWorker) -> None:
+        with self._lock:
+            keep = len(self._idle) < self._max_idle
+            if keep:
+                self._idle.append(worker)
+        if not keep:  # a burst of callers is over: do not keep its extra interpreters
+            worker.close()
 
     def close(self) -> None:
         with self._lock:
@@ -278,7 +310,7 @@ def _get_pool() -> _WorkerPool:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = _WorkerPool(max_workers=max(1, min(4, os.cpu_count() or 1)))
+            _POOL = _WorkerPool(max_idle=max(1, min(4, os.cpu_count() or 1)))
         return _POOL
 
 
@@ -303,6 +335,7 @@ atexit.register(_close_pool)
 def serve_worker() -> None:
     """Worker main loop: one JSON request per stdin line, one JSON verdict per stdout line."""
     _limit_memory(WORKER_MEMORY_LIMIT_BYTES)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; we end with its stdin
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=0)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not corrupt the protocol
     logging.getLogger("math_verify").setLevel(logging.ERROR)

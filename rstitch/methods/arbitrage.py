@@ -51,7 +51,7 @@ def resolve_router(spec: "ArbitrageRouter | dict[str, Any]") -> ArbitrageRouter:
 class ArbitrageOracle(StepMethod):
     def __init__(self, tau: float = 0.0, prm: Any = None, **step_options: Any):
         super().__init__(**step_options)
-        self.tau = require_number("arbitrage_oracle", "tau", tau)
+        self.tau = require_number("arbitrage_oracle", "tau", tau, infinite_ok=True)  # +-inf: never / always the target
         self.use_prm(DEFAULT_PRM if prm is None else prm)
 
     def compare(self, run: StepRun, path: StepDecoder) -> StepPair:
@@ -72,7 +72,7 @@ class ArbitrageOracle(StepMethod):
 class ArbitrageRouted(DraftVerifyMethod):
     def __init__(self, tau: float = 0.5, router: Any = None, **step_options: Any):
         super().__init__(**step_options)
-        self.tau = require_number("arbitrage", "tau", tau)
+        self.tau = require_number("arbitrage", "tau", tau, infinite_ok=True)  # +-inf: never / always the target
         if router is not None and not isinstance(router, (dict, ArbitrageRouter)):
             raise ConfigError(f"method.router of 'arbitrage' must be a mapping (path, device, dtype), got {router!r}")
         self.router_spec = router if router is not None else {}

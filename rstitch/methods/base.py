@@ -1,6 +1,7 @@
 """What a decoding method is: given a prompt and a model pair, produce output tokens."""
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -83,12 +84,18 @@ def build_method(name: str, **params: Any) -> Method:
         raise ConfigError(f"method '{name}': {err}") from None
 
 
-def require_number(method: str, key: str, value: Any, low: float | None = None, high: float | None = None) -> float:
-    """Thresholds come from the command line: reject strings and booleans with one clear line."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"method.{key} of '{method}' must be a number, got {value!r}")
+def require_number(method: str, key: str, value: Any, low: float | None = None, high: float | None = None,
+                   infinite_ok: bool = False) -> float:
+    """Thresholds come from the command line: reject strings, booleans, NaN (it compares false with
+    every threshold, so it would silently pick one model) and, unless ``infinite_ok`` (a threshold
+    whose documented extremes are +-inf), infinities, with one clear line."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ConfigError(f"method.{key} of '{method}' must be a {'' if infinite_ok else 'finite '}number, got {value!r}")
+    if math.isinf(value) and not infinite_ok:
+        raise ConfigError(f"method.{key} of '{method}' must be a finite number, got {value!r}")
     if (low is not None and value < low) or (high is not None and value > high):
-        raise ConfigError(f"method.{key} of '{method}' must be in [{low}, {high}], got {value!r}")
+        allowed = f"[{low}, {high}]" if low is not None and high is not None else f">= {low}" if low is not None else f"<= {high}"
+        raise ConfigError(f"method.{key} of '{method}' must be {'in ' if allowed[0] == '[' else ''}{allowed}, got {value!r}")
     return float(value)
 
 

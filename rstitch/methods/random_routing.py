@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from rstitch.engines import TokenDistribution
-from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, Method, register_method, require_number
+from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, Method, register_method, require_int, require_number
 from rstitch.methods.token_switch import switch_decode
 
 
@@ -31,7 +31,7 @@ class _Coin:
 class RandomRouting(Method):
     def __init__(self, p: float = 0.5, seed: int = 0):
         self.p = require_number("random", "p", p, 0.0, 1.0)
-        self.seed = seed
+        self.seed = require_int("random", "seed", seed, low=0)
 
     def decode(self, prompt_ids: list[int], ctx: DecodeContext) -> DecodeResult:
         # Its own generator: routing coins must not shift the sampler's token stream.

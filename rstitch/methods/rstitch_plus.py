@@ -24,7 +24,7 @@ import torch
 
 from rstitch.engines import TokenDistribution
 from rstitch.errors import ConfigError
-from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, Method, register_method, require_number
+from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, Method, register_method, require_int, require_number
 from rstitch.methods.token_switch import switch_decode
 from rstitch.metrics.latency_model import ForwardTrace, LatencyModel, estimate_latency, load_pair_latency
 from rstitch.routers.rstitch_router import RStitchRouter, load_router, router_metadata
@@ -133,7 +133,7 @@ class RStitchPlus(Method):
         # A router is trained for one gate: by default decode at the tau it was trained at.
         self.tau = require_number("rstitch_plus", "tau", tau if tau is not None else trained_tau or PAPER_TAU)
         self.sample_router = bool(sample_router)
-        self.seed = seed
+        self.seed = require_int("rstitch_plus", "seed", seed, low=0)
         self.latency_dir = Path(latency_dir) if latency_dir else DEFAULT_LATENCY_DIR
         self._latency: dict[int, Mapping[str, LatencyModel] | None] = {}
 

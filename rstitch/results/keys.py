@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from typing import Any
 
-from rstitch.results.weights import method_weights, pair_weights
+from rstitch.results.weights import fingerprint, is_local, method_weights, pair_weights
 
 SHARD_KEYS = ("shard", "num_shards")
 
@@ -33,32 +34,59 @@ def unsharded(dataset: dict[str, Any]) -> dict[str, Any]:
     return {**dataset, "shard": 0, "num_shards": 1}
 
 
+def portable(node: Any) -> Any:
+    """`node` with every local path replaced by its last component: the key names an asset, its
+    fingerprint (below) says which one, and two checkouts in different places share run keys.
+    Hub ids and other values are kept as they are."""
+    if isinstance(node, dict):
+        return {key: portable(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [portable(value) for value in node]
+    return os.path.basename(os.path.normpath(os.path.expanduser(node))) if is_local(node) else node
+
+
 def comparison_key(cfg: dict[str, Any]) -> dict[str, Any]:
+    data_path = cfg["dataset"].get("path")
     return {
-        "pair": cfg["pair"],
+        "pair": portable(cfg["pair"]),
         "weights": pair_weights(cfg["pair"]),
-        "engine": cfg["engine"],
-        "dataset": dataset_key(cfg["dataset"]),
-        "prompt": cfg["prompt"],
+        "engine": portable(cfg["engine"]),
+        "dataset": portable(dataset_key(cfg["dataset"])),
+        **({"data": fingerprint(os.path.expanduser(data_path))} if is_local(data_path) else {}),
+        "prompt": portable(cfg["prompt"]),
         "max_new_tokens": cfg["max_new_tokens"],
         "decoding": cfg["decoding"],
         "n_samples": cfg["n_samples"],
+        # Only a cut budget changes what is recorded; error and skip record the same samples.
+        **({"on_overflow": "truncate"} if cfg.get("on_overflow") == "truncate" else {}),
     }
 
 
 def run_key(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {**comparison_key(cfg), "method": cfg["method"], "method_weights": method_weights(cfg["method"])}
+    return {**comparison_key(cfg), "method": portable(cfg["method"]), "method_weights": method_weights(cfg["method"])}
 
 
 def short_hash(obj: Any) -> str:
     return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
+MAX_TAG_VALUE_CHARS = 24  # longer settings are left to the hash (and run_key.json)
+
+
 def run_tag(cfg: dict[str, Any]) -> str:
-    """Readable and unique: the method's parameters, the shard (`shard=1of4`), then a hash of the
-    whole run key."""
-    params = [f"{k}={v}" for k, v in sorted(cfg["method"].items()) if k != "name" and not isinstance(v, (dict, list))]
+    """Readable, short and unique: the method's short parameters (a local path by its name), the
+    shard (`shard=1of4`), then a hash of the whole run key."""
+    method = portable(cfg["method"])
+    params = [f"{k}={v}" for k, v in sorted(method.items()) if k != "name" and _short_setting(v)]
     dataset = cfg["dataset"]
     if is_sharded(dataset):
         params.append(f"shard={dataset.get('shard')}of{dataset['num_shards']}")
     return "_".join([*params, short_hash(run_key(cfg))])
+
+
+def _short_setting(value: Any) -> bool:
+    """Fit for a directory name: a scalar without path separators, not too long."""
+    if isinstance(value, (dict, list)):
+        return False
+    text = str(value)
+    return len(text) <= MAX_TAG_VALUE_CHARS and "/" not in text and os.sep not in text

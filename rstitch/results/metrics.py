@@ -28,6 +28,7 @@ def summarize_samples(samples: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "switches": mean("switches"),
         "flops": mean("flops"),
         "finished_by_eos": mean("finished_by_eos"),
+        "grading_errors": sum(1 for r in rows if r.get("grading_error")),  # graded wrong (see each sample)
     }
     estimates = [r["latency_estimate_s"] for r in rows if r.get("latency_estimate_s") is not None]
     summary["latency_estimate_s"] = statistics.fmean(estimates) if len(estimates) == len(rows) else None

@@ -43,6 +43,7 @@ def is_local(value: Any) -> bool:
     separator): a bare word such as a method name may match a folder of the working directory."""
     if not isinstance(value, str) or not value:
         return False
+    value = os.path.expanduser(value)
     looks_like_path = os.path.isabs(value) or os.sep in value or value.startswith(".")
     return looks_like_path and os.path.exists(value)
 
@@ -50,7 +51,7 @@ def is_local(value: Any) -> bool:
 def pair_weights(pair: dict[str, Any]) -> dict[str, str]:
     """Fingerprints of the pair's local models, by role."""
     models = {role: (pair.get(role) or {}).get("path") for role in PAIR_ROLES}
-    return {role: fingerprint(path) for role, path in models.items() if is_local(path)}
+    return {role: fingerprint(os.path.expanduser(path)) for role, path in models.items() if is_local(path)}
 
 
 def method_weights(method: dict[str, Any]) -> dict[str, str]:
@@ -64,7 +65,7 @@ def method_weights(method: dict[str, Any]) -> dict[str, str]:
                 if key != "name":
                     walk(value, f"{prefix}{key}.")
         elif is_local(node):
-            found[prefix.rstrip(".")] = fingerprint(node)
+            found[prefix.rstrip(".")] = fingerprint(os.path.expanduser(node))
 
     walk(method, "")
     return found

@@ -20,6 +20,7 @@ from typing import Sequence
 
 import torch
 
+from rstitch.engines.base import check_hub_model, resolve_model_path, warn_remote_code
 from rstitch.errors import ConfigError
 from rstitch.rewards.base import ProcessRewardModel
 from rstitch.rewards.prefix_cache import PrefixCachedHead
@@ -86,10 +87,12 @@ class QwenMathPRM(HFProcessRewardModel):
         dtype: str = "bfloat16",
         system: str = QWEN_MATH_SYSTEM,
         auto_class: str = "AutoModel",
-        trust_remote_code: bool = True,
+        trust_remote_code: bool = False,  # its config sets it: the checkpoint ships its own model code
         use_cache: bool = False,  # its remote code predates cache objects; rerun the input
+        revision: str | None = None,
+        use_safetensors: bool = True,
     ):
-        model, tokenizer = _load(path, auto_class, device, dtype, trust_remote_code)
+        model, tokenizer = _load(path, auto_class, device, dtype, trust_remote_code, revision, use_safetensors)
         super().__init__("qwen_math_prm", tokenizer, getattr(model, model.base_model_prefix), model.score, use_cache)
         self.system = system
         self.step_id = tokenizer.convert_tokens_to_ids(QWEN_STEP_TOKEN)
@@ -113,17 +116,22 @@ class QwenMathPRM(HFProcessRewardModel):
         return torch.softmax(rows, dim=-1)[:, 1]
 
 
-def _load(path: str, auto_class: str, device: str, dtype: str, trust_remote_code: bool = False):
+def _load(path: str, auto_class: str, device: str, dtype: str, trust_remote_code: bool = False,
+          revision: str | None = None, use_safetensors: bool = True):
     import transformers
 
     if dtype not in DTYPES:
         raise ConfigError(f"unknown PRM dtype '{dtype}'; valid: {', '.join(DTYPES)}")
-    if os.path.isabs(path) and not os.path.isdir(path):
-        raise ConfigError(f"PRM path not found: {path}")
+    path = resolve_model_path(path)
+    if not os.path.isdir(path):
+        check_hub_model(path, revision)
+    if trust_remote_code:
+        warn_remote_code(path)
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, revision=revision)
         model = getattr(transformers, auto_class).from_pretrained(
-            path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code
+            path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, revision=revision,
+            use_safetensors=use_safetensors,
         )
     except OSError as err:  # hub id unreachable offline, or a directory without a model
         raise ConfigError(f"cannot load PRM '{path}': {str(err).splitlines()[0]}") from None

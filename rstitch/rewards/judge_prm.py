@@ -81,14 +81,12 @@ def _load_judge(path: str, device: str, dtype: str):
     same checkpoint (engines/hf.py `load_causal_lm`)."""
     from transformers import AutoTokenizer
 
-    from rstitch.engines import packaged
-    from rstitch.engines.base import check_model_path
+    from rstitch.engines.base import resolve_model_path
     from rstitch.engines.hf import DTYPES, load_causal_lm
 
     if dtype not in DTYPES:
         raise ConfigError(f"unknown PRM dtype '{dtype}'; valid: {', '.join(DTYPES)}")
-    check_model_path(path)
-    local = packaged.resolve(path, "hf")
+    local = resolve_model_path(path)
     try:
         return load_causal_lm(local, dtype, device), AutoTokenizer.from_pretrained(local)
     except OSError as err:  # hub id unreachable offline, or a directory without a model

@@ -55,7 +55,7 @@ class ArbitrageRouter:
             raise ConfigError(f"unknown router dtype '{dtype}'; valid: {', '.join(DTYPES)}")
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path)
-            model = AutoModelForSequenceClassification.from_pretrained(path, dtype=DTYPES[dtype]).to(device).eval()
+            model = AutoModelForSequenceClassification.from_pretrained(path, dtype=DTYPES[dtype], use_safetensors=True).to(device).eval()
         except OSError as err:
             raise ConfigError(f"cannot load Arbitrage router '{path}': {str(err).splitlines()[0]}") from None
         if model.config.num_labels != 2:
