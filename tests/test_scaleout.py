@@ -309,6 +309,7 @@ METHOD_GRIDS = {
     "rstitch_paper": {"method": ["llm_only", "slm_only", "specdec"]},
     "rstitch_paper_tau": {"method": ["rstitch"], "method.tau": [0.001, 0.005, 0.01, 0.02, 0.03, 0.05]},
     "rstitch_paper_random": {"method": ["random"], "method.p": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]},
+    "rstitch_paper_plus": {"method": ["rstitch_plus"]},
     "rsd_paper": {"method": ["llm_only", "slm_only"]},
     "rsd_paper_delta": {"method": ["rsd"], "method.delta": [0.6, 0.7, 0.8, 0.9]},
     "easd_paper": {"method": ["llm_only", "slm_only"]},
@@ -398,6 +399,13 @@ def test_testbed_twins_share_one_baseline_at_the_shared_budget():
     keys = {comparison_key(first_point(f"{paper}_testbed", method="llm_only", max_new_tokens=256)) == comparison_key(
         first_point("testbed_twin", method="llm_only")) for paper in SETTINGS}
     assert keys == {True}
+
+
+def test_rstitch_plus_grid_reads_one_router_per_pair_at_the_papers_tau():
+    for pair in R_STITCH_SETTING["pair"]:
+        method = first_point("rstitch_paper_plus", pair=pair)["method"]
+        assert (method["tau"], method["router"]) == (0.001, f"routers/rstitch_plus/{pair}")
+    assert first_point("rstitch_testbed_plus")["method"]["tau"] == 0.001
 
 
 def test_arbitrage_paper_grid_requires_a_router_for_the_pair():
