@@ -17,7 +17,7 @@ from rstitch.errors import ConfigError
 from rstitch.grading import extract_answer, grade
 from rstitch.methods import DecodeContext, DecodeResult, Method, build_method
 from rstitch.metrics.latency_model import load_pair_latency
-from rstitch.results import SampleStore, find_speedup, find_summaries, summarize_samples
+from rstitch.results import SampleStore, find_speedups, find_summaries, summarize_samples
 from rstitch.results.keys import comparison_key, run_key, run_tag
 
 _PAIRS: dict[str, ModelPair] = {}  # loaded pairs, reused across the jobs of a sweep
@@ -168,7 +168,10 @@ def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, A
         "comparison_key": comparison_key(cfg),
         "config": cfg,
     }
-    summary["speedup"] = 1.0 if method.name == "llm_only" else find_speedup(summary, find_summaries(results_root))
+    if method.name == "llm_only":
+        summary.update(speedup=1.0, speedup_tokens_per_s=1.0)
+    else:
+        summary.update(find_speedups(summary, find_summaries(results_root)))
     return summary
 
 
@@ -191,7 +194,7 @@ def format_table(summary: dict[str, Any]) -> str:
         ("accuracy", summary["accuracy"], "{:.3f}"), ("latency_s", summary["latency_s"], "{:.3f}"),
         ("tokens", summary["tokens"], "{:.1f}"), ("slm_tok", summary["tokens_slm"], "{:.1f}"),
         ("llm_tok", summary["tokens_llm"], "{:.1f}"), ("switches", summary["switches"], "{:.1f}"),
-        ("speedup", summary.get("speedup"), "{:.2f}"),
+        ("speedup", summary.get("speedup"), "{:.2f}"), ("tok/s_speedup", summary.get("speedup_tokens_per_s"), "{:.2f}"),
     ]
     cells = [(h, "-" if v is None else f.format(v)) for h, v, f in cols]
     widths = [max(len(h), len(c)) for h, c in cells]

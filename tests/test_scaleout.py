@@ -314,6 +314,7 @@ METHOD_GRIDS = {
     "rsd_paper_delta": {"method": ["rsd"], "method.delta": [0.6, 0.7, 0.8, 0.9]},
     "easd_paper": {"method": ["llm_only", "slm_only"]},
     "easd_paper_compare": {"method": ["easd", "specdec", "rsd"]},
+    "easd_paper_fixed": {"method": ["easd"]},
     "specreason_paper": {"method": ["llm_only", "slm_only"]},
     "specreason_paper_threshold": {"method": ["specreason"], "method.threshold": [3, 5, 7, 9]},
     "arbitrage_paper": {"method": ["llm_only", "slm_only"]},
@@ -406,6 +407,12 @@ def test_rstitch_plus_grid_reads_one_router_per_pair_at_the_papers_tau():
         method = first_point("rstitch_paper_plus", pair=pair)["method"]
         assert (method["tau"], method["router"]) == (0.001, f"routers/rstitch_plus/{pair}")
     assert first_point("rstitch_testbed_plus")["method"]["tau"] == 0.001
+
+
+def test_easd_fixed_grid_uses_the_papers_thresholds():
+    for preset in ("easd_paper_fixed", "easd_testbed_fixed"):
+        method = first_point(preset)["method"]
+        assert (method["tau_h"], method["tau_o"], method["top_n"]) == (2.0, 0.8, 5)
 
 
 def test_arbitrage_paper_grid_requires_a_router_for_the_pair():
