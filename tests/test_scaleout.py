@@ -310,7 +310,8 @@ METHOD_GRIDS = {
     "rstitch_paper_tau": {"method": ["rstitch"], "method.tau": [0.001, 0.005, 0.01, 0.02, 0.03, 0.05]},
     "rstitch_paper_random": {"method": ["random"], "method.p": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]},
     "rstitch_paper_plus": {"method": ["rstitch_plus"]},
-    "rsd_paper": {"method": ["llm_only", "slm_only"]},
+    "rsd_paper": {"method": ["llm_only", "slm_only", "specdec"]},
+    "rsd_paper_baselines": {"method": ["maj", "best_of_n"], "method.model": ["slm", "llm"]},
     "rsd_paper_delta": {"method": ["rsd"], "method.delta": [0.6, 0.7, 0.8, 0.9]},
     "easd_paper": {"method": ["llm_only", "slm_only"]},
     "easd_paper_compare": {"method": ["easd", "specdec", "rsd"]},
@@ -322,7 +323,7 @@ METHOD_GRIDS = {
 }
 SETTINGS = {  # the axes and fixed choices of each paper's setting
     "rstitch": (R_STITCH_SETTING, {"prompt": "r1"}),
-    "rsd": ({"dataset": ["gsm8k", "math500", "olympiadbench", "aime24"]},
+    "rsd": ({"dataset": ["gsm8k", "math500", "olympiadbench", "aime24", "minerva", "gpqa_diamond"]},
             {"pair": "qwen2.5_math_1.5b_7b", "prompt": "qwen_math_cot", "max_new_tokens": 4096}),
     "easd": ({"dataset": ["aime24", "amc23", "minerva", "math500", "olympiadbench"]},
              {"pair": "qwen2.5_math_1.5b_7b", "prompt": "qwen_math_cot", "max_new_tokens": 4096}),

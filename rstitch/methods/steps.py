@@ -135,6 +135,7 @@ class StepDecoder:
             finish = "budget" if len(token_ids) >= self.budget_left else "step_cap"
         self.calls[f"steps_{source}"] += 1
         self.calls[f"tokens_{source}"] += len(token_ids)
+        self.calls["capped_steps"] += finish == "step_cap"  # cut by max_step_tokens (ours, not the papers')
         text = self.ctx.runner(source).tokenizer.decode(token_ids, skip_special_tokens=True)
         return Step(list(token_ids), step_text(text, self.config.separator), source, finish)
 
@@ -294,6 +295,7 @@ class StepRun:
             "draft_calls": self.calls[f"steps_{SLM}"],
             "target_calls": self.calls[f"steps_{LLM}"],
             "generated_tokens": generated,
+            "capped_steps": self.calls["capped_steps"],
             **self.meter.stats(),
             **extra,
         }
@@ -383,11 +385,13 @@ class DraftVerifyMethod(StepMethod):
         return self.regenerate_step(run, path)
 
 
-def candidate_sampler(ctx: DecodeContext, temperature: float | None) -> Sampler:
-    """The run's sampler, or one at `temperature` drawing from the same (per-sample) generator."""
-    if temperature is None:
+def candidate_sampler(ctx: DecodeContext, temperature: float | None, top_p: float | None = None) -> Sampler:
+    """The run's sampler, or one at `temperature` / `top_p` (None: the run's) drawing from the
+    same (per-sample) generator."""
+    if temperature is None and top_p is None:
         return ctx.sampler
-    sampler = Sampler(temperature=temperature, top_p=ctx.sampler.top_p)
+    sampler = Sampler(temperature=ctx.sampler.temperature if temperature is None else temperature,
+                      top_p=ctx.sampler.top_p if top_p is None else top_p)
     sampler.generator = ctx.sampler.generator
     return sampler
 
@@ -422,4 +426,17 @@ def summarize_step_stats(samples: list[dict[str, Any]]) -> dict[str, Any]:
     out["acceptance_rate"] = total("accepted_steps") / drafted if drafted else None
     out["escalation_rate"] = total("escalations") / drafted if drafted else None
     out["wasted_escalation_rate"] = total("wasted_escalations") / scored if scored else None
+    out.update(step_cap_counts(samples))
     return out
+
+
+def step_cap_counts(samples: list[dict[str, Any]]) -> dict[str, int]:
+    """How often the step caps (ours, not the papers') fired in a run: steps cut at
+    `max_step_tokens` (generated steps, kept or not), samples ended by `max_steps` or by
+    `max_repeats` identical steps. Each changes latency when it fires."""
+    finishes = Counter(s.get("finish_reason") for s in samples)
+    return {
+        "step_caps_max_step_tokens": sum((s.get("stats") or {}).get("capped_steps") or 0 for s in samples),
+        "step_caps_max_steps": finishes["step_cap"],
+        "step_caps_max_repeats": finishes["repeat"],
+    }
