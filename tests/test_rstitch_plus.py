@@ -120,7 +120,7 @@ def test_stats_latency_estimate_and_summary(tiny_runners, tmp_path):
     summary = method.summarize(samples)
     assert summary["router_ms_per_call"] == pytest.approx(1000 * stats["router_time_s"] / stats["router_calls"])
     assert summary["router_calls"] == pytest.approx(stats["router_calls"] / 2)
-    assert summary["latency_estimate_rel_error"] == pytest.approx(
+    assert summary["trace_latency_estimate_rel_error"] == pytest.approx(
         (abs(stats["latency_estimate_s"] - 0.5) / 0.5 + abs(stats["latency_estimate_s"] - 0.25) / 0.25) / 2)
 
 

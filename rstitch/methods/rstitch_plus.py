@@ -24,7 +24,9 @@ import torch
 
 from rstitch.engines import TokenDistribution
 from rstitch.errors import ConfigError
-from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, Method, register_method, require_number
+from rstitch.methods.base import (
+    EXTRA_FLOPS, LLM, SLM, DecodeContext, DecodeResult, Method, model_flops, register_method, require_number,
+)
 from rstitch.methods.token_switch import switch_decode
 from rstitch.metrics.latency_model import ForwardTrace, LatencyModel, estimate_latency, load_pair_latency
 from rstitch.routers.rstitch_router import RStitchRouter, load_router, router_metadata
@@ -92,7 +94,10 @@ class RouterSwitch:
         return action
 
     def stats(self) -> dict[str, Any]:
-        return {"router_calls": self.calls, "router_llm_choices": self.llm_choices, "router_time_s": self.seconds}
+        # Each call runs the router once on one hidden state: its FLOPs count in the sample's.
+        flops = model_flops(self.router.num_parameters(), self.calls)
+        return {"router_calls": self.calls, "router_llm_choices": self.llm_choices, "router_time_s": self.seconds,
+                "flops_router": flops, EXTRA_FLOPS: flops}
 
 
 def routed_decode(prompt_ids: list[int], ctx: DecodeContext, policy: RouterSwitch,
@@ -160,9 +165,9 @@ class RStitchPlus(Method):
         }
         estimated = [(s["stats"]["latency_estimate_s"], s["latency_s"]) for s in samples
                      if "latency_estimate_s" in s.get("stats", {}) and s.get("latency_s")]
-        if estimated:
-            out["latency_estimate_s"] = statistics.fmean(e for e, _ in estimated)
-            out["latency_estimate_rel_error"] = statistics.fmean(abs(e - m) / m for e, m in estimated)
+        if estimated:  # the trace's estimate; the common latency_estimate_s is the runner's
+            out["trace_latency_estimate_s"] = statistics.fmean(e for e, _ in estimated)
+            out["trace_latency_estimate_rel_error"] = statistics.fmean(abs(e - m) / m for e, m in estimated)
         return out
 
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from rstitch.engines import CostCounter, ModelPair, Sampler, Sequence
-from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, Method, require_int
+from rstitch.methods.base import EXTRA_FLOPS, LLM, SLM, DecodeContext, DecodeResult, Method, model_flops, require_int
 from rstitch.errors import ConfigError
 from rstitch.rewards import ProcessRewardModel, check_prm_spec, resolve_prm
 from rstitch.rewards.prefix_cache import common_prefix_length
@@ -250,9 +250,10 @@ class CostMeter:
         params = {k: c.num_parameters for k, c in self.components.items()}
         tokens["target"] -= self.judge.tokens_processed
         tokens["judge"], params["judge"] = self.judge.tokens_processed, params["target"]
-        flops = {k: 2 * params[k] * tokens[k] for k in tokens}
+        flops = {k: model_flops(params[k], tokens[k]) for k in tokens}
         out: dict[str, Any] = {"flops": sum(flops.values())}
         out.update({f"flops_{k}": v for k, v in flops.items()})
+        out[EXTRA_FLOPS] = sum(flops.get(k, 0.0) for k in ("prm", "router"))  # outside the pair: the runner adds it
         for key in ("prm", "router"):
             if key in spent:
                 out.update({f"{key}_tokens": tokens[key], f"{key}_calls": spent[key].forward_calls,
@@ -404,8 +405,8 @@ def decision_generator(seed: int, prompt_ids: list[int]) -> torch.Generator:
 
 # --------------------------------------------------------------------------- run summary
 
-_MEAN_KEYS = (
-    "steps", "draft_calls", "target_calls", "generated_tokens", "flops", "flops_draft", "flops_target",
+_MEAN_KEYS = (  # "flops" itself is the common summary's (the mean of the samples' totals)
+    "steps", "draft_calls", "target_calls", "generated_tokens", "flops_draft", "flops_target",
     "flops_judge", "flops_prm", "flops_router", "prm_tokens", "prm_time_s", "judge_tokens", "judge_time_s",
     "router_tokens", "router_time_s",
 )
