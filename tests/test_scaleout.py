@@ -316,8 +316,8 @@ METHOD_GRIDS = {
     "easd_paper": {"method": ["llm_only", "slm_only"]},
     "easd_paper_compare": {"method": ["easd", "specdec", "rsd"]},
     "easd_paper_fixed": {"method": ["easd"]},
-    "specreason_paper": {"method": ["llm_only", "slm_only"]},
-    "specreason_paper_threshold": {"method": ["specreason"], "method.threshold": [3, 5, 7, 9]},
+    "specreason_paper": {"method": ["llm_only", "slm_only", "specdec"]},
+    "specreason_paper_threshold": {"method": ["specreason", "specreason_decode"], "method.threshold": [3, 5, 7, 9]},
     "arbitrage_paper": {"method": ["llm_only", "slm_only"]},
     "arbitrage_paper_tau": {"method": ["arbitrage"], "method.tau": [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]},
 }
@@ -327,8 +327,8 @@ SETTINGS = {  # the axes and fixed choices of each paper's setting
             {"pair": "qwen2.5_math_1.5b_7b", "prompt": "qwen_math_cot", "max_new_tokens": 4096}),
     "easd": ({"dataset": ["aime24", "amc23", "minerva", "math500", "olympiadbench"]},
              {"pair": "qwen2.5_math_1.5b_7b", "prompt": "qwen_math_cot", "max_new_tokens": 4096}),
-    "specreason": ({"pair": ["qwen3_0.6b_32b", "qwen3_1.7b_8b", "r1_1.5b_7b"], "dataset": ["aime24", "math500", "gpqa_diamond"]},
-                   {"prompt": "r1", "max_new_tokens": 8192}),
+    "specreason": ({"pair": ["qwq_32b_r1_1.5b", "skywork_or1_32b_r1_1.5b"], "dataset": ["aime24", "math500", "gpqa_diamond"]},
+                   {"prompt": "r1", "max_new_tokens": 8192, "n_samples": 16}),
     "arbitrage": ({"dataset": ["math500", "olympiadbench"]},
                   {"pair": "qwen2.5_math_1.5b_7b", "prompt": "qwen_math_cot", "max_new_tokens": 4096}),
 }
@@ -357,7 +357,8 @@ def first_point(preset: str, **choose) -> dict:
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_composes(preset):
     cfg = compose_config([f"experiment={preset}"])
-    assert cfg["decoding"]["temperature"] == 0.0
+    # Greedy as in R-Stitch, RSD, EASD, Arbitrage; SpecReason samples at 0.6 (16 samples per problem).
+    assert cfg["decoding"]["temperature"] == (0.6 if preset.startswith("specreason_paper") else 0.0)
     for key, values in sweep_params(preset).items():
         group = key if (CONF_DIR / key).is_dir() else None
         if group:  # every grid value names a config of its group
