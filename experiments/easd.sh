@@ -6,6 +6,6 @@
 set -euo pipefail
 setting=paper
 if [[ "${1:-}" == paper || "${1:-}" == testbed ]]; then setting=$1; shift; fi
-for grid in "" _compare; do
+for grid in "" _compare _fixed; do
   rstitch-run -m experiment=easd_$setting$grid "$@"
 done

@@ -6,6 +6,6 @@
 set -euo pipefail
 setting=paper
 if [[ "${1:-}" == paper || "${1:-}" == testbed ]]; then setting=$1; shift; fi
-for grid in "" _delta; do
+for grid in "" _delta _baselines; do
   rstitch-run -m experiment=rsd_$setting$grid "$@"
 done

@@ -17,8 +17,9 @@ from rstitch.engines import ModelPair, Sampler, load_pair
 from rstitch.errors import ConfigError
 from rstitch.grading import grade_sample
 from rstitch.methods import DecodeContext, DecodeResult, Method, build_method
+from rstitch.methods.base import EXTRA_FLOPS, model_flops
 from rstitch.metrics.latency_model import load_pair_latency
-from rstitch.results import SampleStore, find_speedup, find_summaries, summarize_samples
+from rstitch.results import SampleStore, find_speedups, find_summaries, summarize_samples
 from rstitch.results.keys import comparison_key, run_key, run_tag
 
 _PAIRS: dict[str, ModelPair] = {}  # loaded pairs, reused across the jobs of a sweep
@@ -72,11 +73,12 @@ def timed_decode(method: Method, prompt_ids: list[int], ctx: DecodeContext) -> t
 
 
 def sample_flops(cost: dict[str, dict], pair: ModelPair, stats: dict[str, Any]) -> float:
-    """2 x parameters x processed tokens per model (RSD section 3.3), plus what the method
-    reports for its own extra models (PRM, judge, router) as `stats["extra_flops"]`."""
+    """2 x parameters x processed tokens per model of the pair (RSD section 3.3; judge forwards
+    are on the LLM), plus what the method reports for its models outside the pair (PRM, router)
+    as `stats[EXTRA_FLOPS]`."""
     models = pair.models()
-    own = sum(2.0 * models[k].num_parameters * (c["prefill_tokens"] + c["decode_steps"]) for k, c in cost.items())
-    return own + float(stats.get("extra_flops", 0.0))
+    own = sum(model_flops(models[k].num_parameters, c["prefill_tokens"] + c["decode_steps"]) for k, c in cost.items())
+    return own + float(stats.get(EXTRA_FLOPS, 0.0))
 
 
 def sample_record(record, index: int, result: DecodeResult, latency: float, cost: dict, pair: ModelPair, method: Method) -> dict[str, Any]:
@@ -177,17 +179,26 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
 def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, Any]], results_root: str | Path) -> dict[str, Any]:
     """summary.json of a run (or of merged shards): the common metrics, the method's own, and the
     speedup over the `llm_only` run with the same comparison key under `results_root`."""
-    summary = {
+    common = {
         "method": method.name,
         "pair": cfg["pair"]["name"],
         "dataset": cfg["dataset"]["name"],
         "run_tag": run_tag(cfg),
         **summarize_samples(samples),
-        **method.summarize(samples),
         "comparison_key": comparison_key(cfg),
         "config": cfg,
+        "speedup": None,
+        "speedup_tokens_per_s": None,
     }
-    summary["speedup"] = 1.0 if method.name == "llm_only" else find_speedup(summary, find_summaries(results_root))
+    own = method.summarize(samples)
+    clash = sorted(set(own) & set(common))
+    if clash:  # a method's key must not silently replace a common metric
+        raise ValueError(f"method '{method.name}' summarizes keys of the common summary: {', '.join(clash)}")
+    summary = {**common, **own}
+    if method.name == "llm_only":
+        summary.update(speedup=1.0, speedup_tokens_per_s=1.0)
+    else:
+        summary.update(find_speedups(summary, find_summaries(results_root)))
     return summary
 
 
@@ -210,7 +221,7 @@ def format_table(summary: dict[str, Any]) -> str:
         ("accuracy", summary["accuracy"], "{:.3f}"), ("latency_s", summary["latency_s"], "{:.3f}"),
         ("tokens", summary["tokens"], "{:.1f}"), ("slm_tok", summary["tokens_slm"], "{:.1f}"),
         ("llm_tok", summary["tokens_llm"], "{:.1f}"), ("switches", summary["switches"], "{:.1f}"),
-        ("speedup", summary.get("speedup"), "{:.2f}"),
+        ("speedup", summary.get("speedup"), "{:.2f}"), ("tok/s_speedup", summary.get("speedup_tokens_per_s"), "{:.2f}"),
     ]
     cells = [(h, "-" if v is None else f.format(v)) for h, v, f in cols]
     widths = [max(len(h), len(c)) for h, c in cells]

@@ -1,12 +1,16 @@
 """Calibrate EASD's entropy threshold tau_H for a model pair (EASD eqs. 8-10).
 
-The target decodes validation prompts greedily; its entropy (nats) at every generated position
-is collected; tau_H is the mean of the top p (default 5%) of them. The value is stored under the
+The target decodes calibration prompts greedily; its entropy (nats) at every generated position
+is collected; tau_H is the mean of the top p (default 5%) of them. The prompts are disjoint from
+every evaluated benchmark: the testbed's validation split (the testbed evaluates its test split),
+or `--dataset limo`, GAIR/LIMO (817 problems), the calibration set of the EASD paper. An
+evaluated benchmark (a conf/dataset name) is refused: calibrating on it tunes tau_H on the test
+data. The value is stored under the
 pair's name in rstitch/methods/easd_calibration.json together with the model names, which is
 how `method=easd method.tau_h=auto` finds it at run time.
 
     python scripts/calibrate_easd.py                         # conf/pair/testbed.yaml, testbed validation split
-    python scripts/calibrate_easd.py --pair qwen3_1.7b_8b --dataset math500 --limit 64 --prompt qwen_math_cot
+    python scripts/calibrate_easd.py --pair qwen2.5_math_1.5b_7b --dataset limo --n 64 --prompt qwen_math_cot
     python scripts/calibrate_easd.py --slm PATH --llm PATH --pair-name mine
 """
 from __future__ import annotations
@@ -28,6 +32,7 @@ from rstitch.methods.spec_stats import greedy_entropies, mean_of_top_fraction
 from rstitch.testbed import generate_problems
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CALIBRATION_SETS = {"limo": "GAIR/LIMO"}  # --dataset name -> hub id (train split; field "question")
 
 
 def conf_pair(name: str) -> dict[str, Any]:
@@ -52,10 +57,21 @@ def validation_prompts(tokenizer, n: int, fmt: PromptFormat | None = None) -> li
     return [fmt.encode(tokenizer, p.problem) for p in generate_problems("validation", n)]
 
 
-def dataset_prompts(tokenizer, dataset: str, limit: int, fmt: PromptFormat) -> list[list[int]]:
-    from rstitch.data import load_dataset_records
+def check_calibration_set(dataset: str) -> str:
+    """The hub id of a calibration set; an evaluated benchmark or an unknown name exits."""
+    if (CONF_DIR / "dataset" / f"{dataset}.yaml").exists():
+        sys.exit(f"'{dataset}' is an evaluated benchmark: calibrate on data disjoint from it "
+                 f"(--dataset {', '.join(CALIBRATION_SETS)}, or the testbed validation split by default)")
+    if dataset not in CALIBRATION_SETS:
+        sys.exit(f"unknown calibration set '{dataset}'; valid: {', '.join(CALIBRATION_SETS)}")
+    return CALIBRATION_SETS[dataset]
 
-    return [fmt.encode(tokenizer, r.problem) for r in load_dataset_records(dataset, limit=limit)]
+
+def dataset_prompts(tokenizer, dataset: str, limit: int, fmt: PromptFormat) -> list[list[int]]:
+    from datasets import load_dataset
+
+    rows = load_dataset(check_calibration_set(dataset), split="train").select(range(limit))
+    return [fmt.encode(tokenizer, row["question"]) for row in rows]
 
 
 def calibrate(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int, top_fraction: float) -> dict[str, Any]:
@@ -81,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slm", help="draft model path (with --llm, instead of --pair)")
     parser.add_argument("--llm", help="target model path")
     parser.add_argument("--pair-name", help="key of the stored entry (default: the --pair name)")
-    parser.add_argument("--dataset", help="prompts from this dataset (default: testbed validation problems)")
+    parser.add_argument("--dataset", help=f"a calibration set: {', '.join(CALIBRATION_SETS)} (default: testbed validation problems)")
     parser.add_argument("--prompt", default="chat", help="a conf/prompt name")
     parser.add_argument("--n", type=int, default=64, help="number of validation prompts")
     parser.add_argument("--max-new-tokens", type=int, default=512)
@@ -93,6 +109,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     if bool(args.slm) != bool(args.llm):
         sys.exit("give both --slm and --llm, or neither")
+    if args.dataset:
+        check_calibration_set(args.dataset)  # before loading any model
     if args.slm:
         pair = load_pair({"path": args.slm}, {"path": args.llm})
         name = args.pair_name or f"{pair.slm.name}+{pair.llm.name}"
@@ -106,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         prompts = validation_prompts(pair.tokenizer, args.n, fmt)
     entry = calibrate(pair, prompts, args.max_new_tokens, args.top_fraction)
-    entry["prompts"] = args.dataset or "testbed/validation"
+    entry["prompts"] = CALIBRATION_SETS[args.dataset] + "/train" if args.dataset else "testbed/validation"
     path = store_calibration(name, entry, Path(args.out))
     print(f"{name}: tau_h = {entry['tau_h']:.4f} nats (top {args.top_fraction:.0%} of {entry['n_positions']} "
           f"target positions; mean entropy {entry['mean_entropy']:.4f}) -> {path}")

@@ -16,9 +16,15 @@ One step:
      wrong answer is not made "less wrong" by being fast.
   3. dynamic sampling: groups whose rewards are all equal carry no signal and are dropped.
   4. group-normalized advantages A_i = (R_i - mean) / std, shared by all decisions of rollout i.
-  5. `--updates` gradient steps on the DAPO objective: clipped importance ratio with clip-higher
-     (eps_low 0.2, eps_high 0.28), summed over the router decisions of a group and divided by
-     their number (token-level normalization), averaged over groups.
+  5. `--updates` gradient steps on the DAPO objective: importance ratio clipped symmetrically at
+     1 +- clip_eps (0.2; the paper's eq. 8; `--clip-higher` for DAPO's 0.2 / 0.28), summed over
+     the router decisions of a group and divided by their number (token-level normalization),
+     averaged over groups.
+
+Rollouts decode with the run's budget: `--max-new-tokens` defaults to the `max_new_tokens` of the
+config `rstitch-run` would compose with `--overrides` (e.g. `experiment=rstitch_paper_plus`), so
+the reward's latency term is computed on the trajectories the evaluation decodes, not truncated
+ones.
 
 Lambda: the paper uses 5e-6 per ms for 7B-32B models on GPU, where a correct trajectory takes tens
 of seconds, so the penalty is ~0.1 of the accuracy reward. A testbed LLM-only trajectory is
@@ -63,6 +69,7 @@ from rstitch.routers.rstitch_router import RouterConfig, RStitchRouter, load_rou
 PAPER_LAMBDA = 5e-6
 TESTBED_LAMBDA = 2.5e-4  # per ms; see the docstring
 DAPO_DATASET = "BytedTsinghua-SIA/DAPO-Math-17k"
+CLIP_HIGHER = 0.28  # DAPO's upper clip (its lower one is clip_eps, 0.2)
 
 
 # ----------------------------------------------------------------------------- DAPO pieces
@@ -83,12 +90,16 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def dapo_loss(new_log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
-              group_ids: torch.Tensor, eps_low: float = 0.2, eps_high: float = 0.28) -> tuple[torch.Tensor, dict]:
+              group_ids: torch.Tensor, eps_low: float = 0.2, eps_high: float | None = None) -> tuple[torch.Tensor, dict]:
     """DAPO's clipped surrogate (to minimize), one row per router decision.
+
+    The ratio is clipped to [1 - eps_low, 1 + eps_high]; eps_high None is the symmetric clip of
+    R-Stitch's eq. 8 (eps_high = eps_low); DAPO's clip-higher is eps_high 0.28 (`--clip-higher`).
 
     Each group's per-decision terms are summed and divided by the group's number of decisions
     (a long rollout weighs by its decisions, not as one sample), then groups are averaged.
     """
+    eps_high = eps_low if eps_high is None else eps_high
     ratio = torch.exp(new_log_probs - old_log_probs)
     clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
     per_decision = -torch.minimum(ratio * advantages, clipped * advantages)
@@ -160,6 +171,15 @@ def decision_batch(groups: list[tuple[list[Rollout], torch.Tensor]], width: int)
 
 # ----------------------------------------------------------------------------- setup helpers
 
+def rollout_budget(given: int | None, overrides: list[str]) -> int:
+    """The rollouts' token budget: the one given, else the evaluation run's (composed config)."""
+    if given is not None:
+        return given
+    from rstitch.cli.run import compose_config
+
+    return int(compose_config(["logger=none", *overrides])["max_new_tokens"])
+
+
 def build_smoke_pair(out_dir: Path) -> dict[str, dict[str, str]]:
     """Two tiny random Llamas on a small testbed tokenizer (no download, a few seconds)."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -226,8 +246,8 @@ def main() -> None:
     p.add_argument("--group", type=int, default=8, help="rollouts per prompt (G)")
     p.add_argument("--tau", type=float, default=0.001)
     p.add_argument("--lam", type=float, default=None, help=f"latency penalty per ms (default {PAPER_LAMBDA} for dapo, {TESTBED_LAMBDA} for testbed)")
-    p.add_argument("--eps-low", type=float, default=0.2)
-    p.add_argument("--eps-high", type=float, default=0.28)
+    p.add_argument("--clip-eps", type=float, default=0.2, help="symmetric ratio clip 1 +- eps (eq. 8)")
+    p.add_argument("--clip-higher", action="store_true", help=f"DAPO's asymmetric clip: upper eps {CLIP_HIGHER}")
     p.add_argument("--updates", type=int, default=4, help="gradient steps per batch of rollouts")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--init-p-llm", type=float, default=0.5,
@@ -235,7 +255,9 @@ def main() -> None:
     p.add_argument("--reward", default="accuracy", choices=["accuracy", "latency_only"],
                    help="latency_only treats every rollout as correct (smoke runs: random models are never right)")
     # decoding
-    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="rollout budget (default: max_new_tokens of the run config composed with --overrides)")
+    p.add_argument("--overrides", nargs="*", default=[], help="rstitch-run overrides whose config gives the budget")
     p.add_argument("--temperature", type=float, default=0.0, help="token sampling (0 = greedy; routing is sampled either way)")
     # budget
     p.add_argument("--steps", type=int, default=100)
@@ -258,6 +280,7 @@ def main() -> None:
         args.reward = "latency_only"
         args.wandb = "off" if args.wandb == "auto" else args.wandb
     else:
+        args.max_new_tokens = rollout_budget(args.max_new_tokens, args.overrides)
         pair_cfg = pair_config(args.pair)
         for key in ("slm", "llm"):
             if getattr(args, key):
@@ -321,7 +344,8 @@ def main() -> None:
             data = decision_batch(kept, width)
             for _ in range(args.updates):
                 new = router.log_probs(data["hidden"], data["sources"]).gather(1, data["actions"][:, None])[:, 0]
-                loss, info = dapo_loss(new, data["old_log_probs"], data["advantages"], data["group_ids"], args.eps_low, args.eps_high)
+                loss, info = dapo_loss(new, data["old_log_probs"], data["advantages"], data["group_ids"],
+                                       args.clip_eps, CLIP_HIGHER if args.clip_higher else None)
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()

@@ -33,22 +33,37 @@ def test_group_advantages_are_normalized_and_dynamic_sampling_drops_flat_groups(
     assert not train_router.is_informative(torch.full((8,), 0.93))  # all right, same latency
 
 
+def test_default_clip_is_symmetric_as_in_eq_8():
+    # ratio 1.25 with A > 0: outside [0.8, 1.2], clipped, no gradient; 1.15 is still pushed up.
+    ratios = torch.tensor([1.25, 1.15, 0.75, 0.85])
+    advantages = torch.tensor([1.0, 1.0, -1.0, -1.0])
+    new = ratios.log().requires_grad_()
+    loss, info = dapo_loss(new, torch.zeros(4), advantages, torch.zeros(4, dtype=torch.long))
+    loss.backward()
+    assert new.grad[0] == 0 and new.grad[2] == 0
+    assert new.grad[1] < 0 and new.grad[3] > 0
+    assert info["clip_fraction"] == pytest.approx(0.5)
+
+
 def test_clip_higher_is_asymmetric():
     # ratio 1.25 with A > 0: inside [0.8, 1.28], still pushed up. ratio 1.3: clipped, no gradient.
     # ratio 0.75 with A < 0: below 1 - eps_low, clipped, no gradient. ratio 0.85: still pushed down.
     ratios = torch.tensor([1.25, 1.3, 0.75, 0.85])
     advantages = torch.tensor([1.0, 1.0, -1.0, -1.0])
     new = ratios.log().requires_grad_()
-    loss, info = dapo_loss(new, torch.zeros(4), advantages, torch.zeros(4, dtype=torch.long))
+    loss, info = dapo_loss(new, torch.zeros(4), advantages, torch.zeros(4, dtype=torch.long), 0.2, train_router.CLIP_HIGHER)
     loss.backward()
     grads = new.grad
     assert grads[0] < 0 and grads[3] > 0  # descent raises log-prob 0, lowers log-prob 3
     assert grads[1] == 0 and grads[2] == 0
     assert info["clip_fraction"] == pytest.approx(0.5)
-    # With symmetric clipping (eps_high = eps_low) ratio 1.25 would be clipped too.
-    new.grad = None
-    dapo_loss(new, torch.zeros(4), advantages, torch.zeros(4, dtype=torch.long), 0.2, 0.2)[0].backward()
-    assert new.grad[0] == 0
+
+
+def test_rollouts_use_the_runs_budget():
+    assert train_router.rollout_budget(None, []) == 512  # conf/config.yaml
+    assert train_router.rollout_budget(None, ["max_new_tokens=3000"]) == 3000
+    assert train_router.rollout_budget(None, ["experiment=rstitch_paper_plus"]) == 8192
+    assert train_router.rollout_budget(64, ["experiment=rstitch_paper_plus"]) == 64
 
 
 def test_token_level_normalization_within_groups():

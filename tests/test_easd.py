@@ -36,6 +36,7 @@ def constructed(top: list[int], spread: bool) -> TokenDistribution:
 
 SHARED_TOP = [0, 1, 2, 3, 4]
 FOUR_SHARED_TOP = [0, 1, 2, 3, 9]
+THREE_SHARED_TOP = [0, 1, 2, 8, 9]
 
 
 # --- the penalty decision -----------------------------------------------------------------
@@ -43,27 +44,29 @@ def test_constructed_distributions_are_what_the_grid_assumes():
     assert constructed(SHARED_TOP, True).entropy > 2.5 > TAU_H > 0.05 > constructed(SHARED_TOP, False).entropy
     assert top_overlap(constructed(SHARED_TOP, True), constructed(SHARED_TOP, False), 5) == 1.0
     assert top_overlap(constructed(FOUR_SHARED_TOP, True), constructed(SHARED_TOP, True), 5) == 0.8
+    assert top_overlap(constructed(THREE_SHARED_TOP, True), constructed(SHARED_TOP, True), 5) == 0.6
 
 
 @pytest.mark.parametrize(
-    "draft_high,target_high,all_shared,use_overlap,use_draft_entropy",
+    "draft_high,target_high,four_shared,use_overlap,use_draft_entropy",
     list(itertools.product([True, False], repeat=5)),
 )
-def test_penalty_applies_exactly_when_its_conditions_hold(draft_high, target_high, all_shared, use_overlap, use_draft_entropy):
-    draft = constructed(SHARED_TOP if all_shared else FOUR_SHARED_TOP, draft_high)
+def test_penalty_applies_exactly_when_its_conditions_hold(draft_high, target_high, four_shared, use_overlap, use_draft_entropy):
+    draft = constructed(FOUR_SHARED_TOP if four_shared else THREE_SHARED_TOP, draft_high)
     target = constructed(SHARED_TOP, target_high)
     rule = EntropyPenalty(TAU_H, top_n=5, tau_o=0.8, use_overlap=use_overlap, use_draft_entropy=use_draft_entropy)
-    expected = target_high and (draft_high or not use_draft_entropy) and (all_shared or not use_overlap)
+    expected = target_high and (draft_high or not use_draft_entropy) and (four_shared or not use_overlap)
     assert rule.applies(draft, target) is expected
 
 
-def test_thresholds_are_strict():
+def test_entropy_threshold_is_strict_and_overlap_counts_at_least_tau_o():
     draft, target = constructed(SHARED_TOP, True), constructed(SHARED_TOP, True)
     assert not EntropyPenalty(tau_h=target.entropy).applies(draft, target)  # H = tau_H does not exceed
     assert EntropyPenalty(tau_h=target.entropy - 1e-3).applies(draft, target)
-    four = constructed(FOUR_SHARED_TOP, True)
-    assert not EntropyPenalty(TAU_H, tau_o=0.8).applies(four, target)  # 4/5 = 0.8 does not exceed
-    assert EntropyPenalty(TAU_H, tau_o=0.79).applies(four, target)
+    # tau_O = 0.8 means "at least four of the top 5 coincide" (the paper's text; its equation is strict).
+    assert EntropyPenalty(TAU_H, tau_o=0.8).applies(constructed(FOUR_SHARED_TOP, True), target)
+    assert not EntropyPenalty(TAU_H, tau_o=0.8).applies(constructed(THREE_SHARED_TOP, True), target)
+    assert not EntropyPenalty(TAU_H, tau_o=0.81).applies(constructed(FOUR_SHARED_TOP, True), target)
 
 
 def test_replacement_zeroes_the_draft_token_and_renormalizes():
@@ -114,8 +117,9 @@ def test_penalty_changes_output_relative_to_specdec_on_a_constructed_case():
 @pytest.mark.parametrize(
     "draft_top,draft_spread,params,penalized",
     [
-        ([3, 4, 5, 6, 0], True, {}, False),  # 4 of 5 shared: no penalty
-        ([3, 4, 5, 6, 0], True, {"use_overlap": False}, True),
+        ([3, 4, 5, 0, 1], True, {}, False),  # 3 of 5 shared: no penalty
+        ([3, 4, 5, 6, 0], True, {}, True),  # 4 of 5 shared: the penalty applies at tau_O = 0.8
+        ([3, 4, 5, 0, 1], True, {"use_overlap": False}, True),
         ([3, 4, 5, 6, 7], False, {}, False),  # confident draft: no penalty
         ([3, 4, 5, 6, 7], False, {"use_draft_entropy": False}, True),
         ([3, 4, 5, 6, 0], False, {"use_overlap": False, "use_draft_entropy": False}, True),
@@ -190,6 +194,15 @@ def test_calibration_script_stores_the_top_five_percent_mean(tiny_pair, tiny_run
     assert entry["n_positions"] == len(entropies) and entry["top_fraction"] == 0.05
     assert entry["tau_h"] == pytest.approx(mean_of_top_fraction(entropies, 0.05), abs=1e-4)
     assert entry["tau_h"] > sum(entropies) / len(entropies)
+
+
+@pytest.mark.parametrize("dataset", ["math500", "testbed", "gsm8k", "nonsense"])
+def test_calibration_refuses_evaluated_benchmarks(dataset, tmp_path):
+    script = load_script("calibrate_easd")
+    with pytest.raises(SystemExit) as err:
+        script.main(["--slm", "/nowhere", "--llm", "/nowhere", "--dataset", dataset, "--out", str(tmp_path / "c.json")])
+    assert ("evaluated benchmark" if dataset != "nonsense" else "unknown calibration set") in str(err.value)
+    assert script.check_calibration_set("limo") == "GAIR/LIMO"
 
 
 # --- configuration errors -----------------------------------------------------------------

@@ -7,6 +7,7 @@ from rstitch.errors import ConfigError
 from rstitch.grading import extract_answer, normalize_answer
 from rstitch.methods import DecodeContext, build_method
 from rstitch.methods.base import LLM, SLM
+from rstitch.rewards.base import ProcessRewardModel
 from rstitch.testbed import generate_problems
 
 PROMPT = [5, 6, 7, 8]
@@ -64,6 +65,38 @@ def test_process_bon_scores_n_candidates_per_step(tiny_runners):
     assert set(out.stats["step_decisions"]) == {"select"} and out.discarded_tokens > 0
 
 
+class TextPRM(ProcessRewardModel):
+    """A causal stub: each step's score is a hash of its text; every call is logged."""
+
+    name = "text"
+    num_parameters = 1000
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[list[str]] = []
+
+    def score(self, problem, steps):
+        self.calls.append(list(steps))
+        self.cost.add_forward(len(steps), 0.0)
+        return [(sum(map(ord, s)) % 97) / 96 for s in steps]
+
+
+def test_process_bon_selects_per_step_and_differs_from_best_of_n(tiny_runners):
+    prm = TextPRM()
+    out = decode(tiny_runners, "process_bon", n=3, temperature=1.0, top_p=1.0, prm=prm, seed=5, budget=24)
+    steps, not_first = 0, 0
+    for k in range(out.stats["steps"]):
+        candidates = [c for c in prm.calls if len(c) == k + 1 and (k == 0 or c[:k] == prm.calls[-1][:k])]
+        assert len(candidates) == 3
+        scores = [(sum(map(ord, c[-1])) % 97) / 96 for c in candidates]
+        assert out.stats["step_scores"][k] == max(scores)  # the best of this step's N candidates
+        not_first += scores.index(max(scores)) > 0
+        steps += 1
+    assert steps >= 3 and not_first > 0  # the choice mattered: not always the first sample
+    best = decode(tiny_runners, "best_of_n", n=3, temperature=1.0, top_p=1.0, prm=TextPRM(), seed=5, budget=24)
+    assert best.stats["steps"] > 0 and out.token_ids != best.token_ids
+
+
 def test_beam_search_finishes_within_the_beam(tiny_runners):
     out = decode(tiny_runners, "beam_search", beam_size=2, expansions=2, temperature=1.0, prm=ORACLE, seed=4)
     assert 1 <= out.stats["beams_finished"] <= 2
@@ -81,3 +114,15 @@ def test_bad_config_is_one_clear_error(name, params):
     with pytest.raises(ConfigError) as err:
         build_method(name, **params)
     assert "\n" not in str(err.value)
+
+
+
+def test_candidates_sample_at_the_rsd_papers_temperature_and_top_p(tiny_runners):
+    from rstitch.cli.run import compose_config
+    from rstitch.methods.steps import candidate_sampler
+
+    for name in ("maj", "best_of_n", "process_bon", "beam_search"):
+        method = compose_config([f"method={name}", "logger=none"])["method"]
+        assert (method["temperature"], method["top_p"]) == (0.7, 0.8)
+    sampler = candidate_sampler(DecodeContext(tiny_runners, Sampler(), 8), 0.7, 0.8)
+    assert (sampler.temperature, sampler.top_p) == (0.7, 0.8)

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from rstitch.errors import ConfigError
-from rstitch.results import SampleStore, find_speedup, load_summaries, pareto_front, summarize_samples
+from rstitch.results import SampleStore, find_speedup, find_speedups, load_summaries, pareto_front, summarize_samples
 from rstitch.results.keys import comparison_key, run_tag
 from rstitch.results.weights import fingerprint, method_weights
 
@@ -63,6 +63,16 @@ def test_summary_and_speedup():
     llm = {"method": "llm_only", "latency_s": 5.0, "comparison_key": key}
     assert find_speedup({"latency_s": 2.0, "comparison_key": key}, [llm]) == 2.5
     assert find_speedup({"latency_s": 2.0, "comparison_key": {"pair": "y"}}, [llm]) is None
+
+
+def test_tokens_per_s_speedup_is_reported_beside_the_latency_ratio():
+    # The method writes twice as many tokens in 2 s as LLM-only does in 5 s: 2.5x by latency,
+    # 5x by throughput (the EASD paper's measure).
+    method = summarize_samples([{**sample(1, True, 2.0), "tokens": 20}])
+    llm = {**summarize_samples([{**sample(1, True, 5.0), "tokens": 10}]), "method": "llm_only", "comparison_key": {}}
+    assert method["tokens_per_s"] == 10.0 and llm["tokens_per_s"] == 2.0
+    speedups = find_speedups({**method, "comparison_key": {}}, [llm])
+    assert speedups == {"speedup": pytest.approx(2.5), "speedup_tokens_per_s": pytest.approx(5.0)}
 
 
 def test_run_tag_names_parameters_and_hashes_the_rest():

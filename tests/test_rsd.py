@@ -100,7 +100,9 @@ def test_weighting_functions():
 
     assert omega("constant", 0.1, p=0.3) == 0.3
     assert (omega("binary", 0.69), omega("binary", 0.7)) == (0.0, 1.0)
-    assert (omega("clipping", 0.35, delta=0.7), omega("clipping", 0.9, delta=0.7)) == (0.5, 1.0)
+    # Table 1: clipping is min(1, max(0, r)), delta plays no part.
+    assert (omega("clipping", 0.35, delta=0.7), omega("clipping", 1.4), omega("clipping", -0.2)) == (0.35, 1.0, 0.0)
+    assert (omega("scaled_clipping", 0.35, delta=0.7), omega("scaled_clipping", 0.9, delta=0.7)) == (0.5, 1.0)
     assert omega("rational", 1.0) == 0.5
     assert omega("logistic", 0.7, alpha=10, delta=0.7) == 0.5
     assert omega("logistic", 0.8, alpha=10, delta=0.7) == pytest.approx(1 / (1 + math.exp(-1)))

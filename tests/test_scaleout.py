@@ -309,23 +309,26 @@ METHOD_GRIDS = {
     "rstitch_paper": {"method": ["llm_only", "slm_only", "specdec"]},
     "rstitch_paper_tau": {"method": ["rstitch"], "method.tau": [0.001, 0.005, 0.01, 0.02, 0.03, 0.05]},
     "rstitch_paper_random": {"method": ["random"], "method.p": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]},
-    "rsd_paper": {"method": ["llm_only", "slm_only"]},
+    "rstitch_paper_plus": {"method": ["rstitch_plus"]},
+    "rsd_paper": {"method": ["llm_only", "slm_only", "specdec"]},
+    "rsd_paper_baselines": {"method": ["maj", "best_of_n"], "method.model": ["slm", "llm"]},
     "rsd_paper_delta": {"method": ["rsd"], "method.delta": [0.6, 0.7, 0.8, 0.9]},
     "easd_paper": {"method": ["llm_only", "slm_only"]},
     "easd_paper_compare": {"method": ["easd", "specdec", "rsd"]},
-    "specreason_paper": {"method": ["llm_only", "slm_only"]},
-    "specreason_paper_threshold": {"method": ["specreason"], "method.threshold": [3, 5, 7, 9]},
+    "easd_paper_fixed": {"method": ["easd"]},
+    "specreason_paper": {"method": ["llm_only", "slm_only", "specdec"]},
+    "specreason_paper_threshold": {"method": ["specreason", "specreason_decode"], "method.threshold": [3, 5, 7, 9]},
     "arbitrage_paper": {"method": ["llm_only", "slm_only"]},
     "arbitrage_paper_tau": {"method": ["arbitrage"], "method.tau": [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]},
 }
 SETTINGS = {  # the axes and fixed choices of each paper's setting
     "rstitch": (R_STITCH_SETTING, {"prompt": "r1"}),
-    "rsd": ({"dataset": ["gsm8k", "math500", "olympiadbench", "aime24"]},
+    "rsd": ({"dataset": ["gsm8k", "math500", "olympiadbench", "aime24", "minerva", "gpqa_diamond"]},
             {"pair": "qwen2.5_math_1.5b_7b", "prompt": "qwen_math_cot", "max_new_tokens": 4096}),
     "easd": ({"dataset": ["aime24", "amc23", "minerva", "math500", "olympiadbench"]},
              {"pair": "qwen2.5_math_1.5b_7b", "prompt": "qwen_math_cot", "max_new_tokens": 4096}),
-    "specreason": ({"pair": ["qwen3_0.6b_32b", "qwen3_1.7b_8b", "r1_1.5b_7b"], "dataset": ["aime24", "math500", "gpqa_diamond"]},
-                   {"prompt": "r1", "max_new_tokens": 8192}),
+    "specreason": ({"pair": ["qwq_32b_r1_1.5b", "skywork_or1_32b_r1_1.5b"], "dataset": ["aime24", "math500", "gpqa_diamond"]},
+                   {"prompt": "r1", "max_new_tokens": 8192, "n_samples": 16}),
     "arbitrage": ({"dataset": ["math500", "olympiadbench"]},
                   {"pair": "qwen2.5_math_1.5b_7b", "prompt": "qwen_math_cot", "max_new_tokens": 4096}),
 }
@@ -354,7 +357,8 @@ def first_point(preset: str, **choose) -> dict:
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_composes(preset):
     cfg = compose_config([f"experiment={preset}"])
-    assert cfg["decoding"]["temperature"] == 0.0
+    # Greedy as in R-Stitch, RSD, EASD, Arbitrage; SpecReason samples at 0.6 (16 samples per problem).
+    assert cfg["decoding"]["temperature"] == (0.6 if preset.startswith("specreason_paper") else 0.0)
     for key, values in sweep_params(preset).items():
         group = key if (CONF_DIR / key).is_dir() else None
         if group:  # every grid value names a config of its group
@@ -398,6 +402,19 @@ def test_testbed_twins_share_one_baseline_at_the_shared_budget():
     keys = {comparison_key(first_point(f"{paper}_testbed", method="llm_only", max_new_tokens=256)) == comparison_key(
         first_point("testbed_twin", method="llm_only")) for paper in SETTINGS}
     assert keys == {True}
+
+
+def test_rstitch_plus_grid_reads_one_router_per_pair_at_the_papers_tau():
+    for pair in R_STITCH_SETTING["pair"]:
+        method = first_point("rstitch_paper_plus", pair=pair)["method"]
+        assert (method["tau"], method["router"]) == (0.001, f"routers/rstitch_plus/{pair}")
+    assert first_point("rstitch_testbed_plus")["method"]["tau"] == 0.001
+
+
+def test_easd_fixed_grid_uses_the_papers_thresholds():
+    for preset in ("easd_paper_fixed", "easd_testbed_fixed"):
+        method = first_point(preset)["method"]
+        assert (method["tau_h"], method["tau_o"], method["top_n"]) == (2.0, 0.8, 5)
 
 
 def test_arbitrage_paper_grid_requires_a_router_for_the_pair():

@@ -103,6 +103,18 @@ def test_step_cap_and_budget_end_the_sample(tiny_runners):
     assert len(path.output) == 7 and path.steps[-1].finish == "budget"
 
 
+def test_summaries_count_when_the_step_caps_fire(tiny_runners):
+    method = build_method("maj", n=1, temperature=None, max_step_tokens=2, max_steps=3, max_repeats=0)
+    capped = method.decode(list(PROMPTS[0]), context(tiny_runners, 40))
+    assert capped.finish_reason == "step_cap" and capped.stats["capped_steps"] == 3
+    free = build_method("maj", n=1, temperature=None, max_repeats=0).decode(list(PROMPTS[0]), context(tiny_runners, 40))
+    assert free.stats["capped_steps"] == 0
+    samples = [{"finish_reason": r.finish_reason, "stats": r.stats} for r in (capped, free)]
+    samples.append({"finish_reason": "repeat", "stats": {**free.stats, "capped_steps": 1}})
+    summary = method.summarize(samples)
+    assert (summary["step_caps_max_step_tokens"], summary["step_caps_max_steps"], summary["step_caps_max_repeats"]) == (4, 1, 1)
+
+
 def test_step_text_drops_the_separator():
     assert step_text("47 + 38 = 85\n\n", "\n\n") == "47 + 38 = 85"
     assert step_text("a\n\n\n", "\n\n") == "a"

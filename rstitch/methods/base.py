@@ -61,6 +61,16 @@ class Method(ABC):
         return {}
 
 
+# Per-sample FLOPs of the models outside the pair (PRM, routers): a method reports them in
+# `stats[EXTRA_FLOPS]` and the runner adds them to the pair's own (judges run on the pair's LLM and
+# are in its counter already). FLOPs = 2 x parameters x processed tokens (RSD section 3.3).
+EXTRA_FLOPS = "extra_flops"
+
+
+def model_flops(num_parameters: int, tokens: int) -> float:
+    return 2.0 * num_parameters * tokens
+
+
 METHODS: dict[str, type[Method]] = {}
 
 

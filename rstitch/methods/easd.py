@@ -1,10 +1,12 @@
 """EASD: entropy-aware speculative decoding (section 3 of the paper).
 
 SpecDec plus a penalty: at a draft position where the draft's and the target's Shannon entropies
-(nats, of the raw model distributions) both exceed tau_H and their top-n token sets overlap by
-more than tau_O (|T_d ∩ T_t| / n > tau_O), the draft token is rejected and the target draws the
+(nats, of the raw model distributions) both exceed tau_H and their top-n token sets overlap by at
+least tau_O (|T_d ∩ T_t| / n >= tau_O), the draft token is rejected and the target draws the
 position from its own distribution with that token's probability set to zero and the rest
-renormalized (eqs. 4-7). Both models being unsure yet agreeing on the candidates is where a
+renormalized (eqs. 4-7). The paper's equation writes the overlap test strictly (> tau_O), but its
+text fixes tau_O = 0.8 as "at least four out of the top-5 tokens coincide": we follow the stated
+meaning (with n = 5 the strict sign would need all five). Both models being unsure yet agreeing on the candidates is where a
 plausible-but-wrong draft token slips through the ratio test.
 
 tau_H is calibrated per pair (eqs. 8-10, scripts/calibrate_easd.py) and stored in
@@ -28,6 +30,7 @@ from rstitch.methods.spec_stats import summarize_spec
 from rstitch.methods.specdec import SpeculativeDecoder
 
 CALIBRATION_FILE = Path(__file__).with_name("easd_calibration.json")
+OVERLAP_TOLERANCE = 1e-9  # k / n against a decimal tau_O: 4 / 5 must count as 0.8
 
 
 def top_overlap(a: TokenDistribution, b: TokenDistribution, n: int) -> float:
@@ -49,7 +52,8 @@ class EntropyPenalty:
             return False
         if self.use_draft_entropy and draft.entropy <= self.tau_h:
             return False
-        return not self.use_overlap or top_overlap(draft, target, self.top_n) > self.tau_o
+        # ">=": the paper's "at least 4 of the top 5" at tau_O = 0.8 (its equation's strict sign needs 5 of 5).
+        return not self.use_overlap or top_overlap(draft, target, self.top_n) >= self.tau_o - OVERLAP_TOLERANCE
 
     def replacement_probs(self, sampler: Sampler, target: TokenDistribution, token: int) -> torch.Tensor:
         """Eq. 7: the target's distribution without `token`, renormalized. Masking the logit

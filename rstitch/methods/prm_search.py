@@ -7,7 +7,8 @@
   and the `beam_size` best-scored candidates survive (finished ones leave the beam); the output is
   the finished solution with the best last-step score.
 
-Candidates are sampled at `temperature` (null: the run's decoding settings). The cost is every
+Candidates are sampled at `temperature` and `top_p` (null: the run's decoding settings); the RSD
+paper's baselines sample at temperature 0.7, top_p 0.8, the defaults of the yaml files. The cost is every
 generated token: unchosen candidates count as discarded tokens, and all forwards go into FLOPs.
 """
 from __future__ import annotations
@@ -28,19 +29,21 @@ class _SampledCandidates(StepMethod):
 
     needs_prm = True
 
-    def __init__(self, n: int = 8, model: str = "llm", temperature: float | None = 0.7, prm: Any = None, **step_options: Any):
+    def __init__(self, n: int = 8, model: str = "llm", temperature: float | None = 0.7, top_p: float | None = 0.8,
+                 prm: Any = None, **step_options: Any):
         super().__init__(**step_options)
         self.n = require_int(self.name, "n", n)
         self.model = model
         self.source = choose_source(self.name, model)
         self.temperature = None if temperature is None else require_number(self.name, "temperature", temperature, low=0.0)
+        self.top_p = None if top_p is None else require_number(self.name, "top_p", top_p, 0.0, 1.0)
         if self.needs_prm:
             self.use_prm(DEFAULT_PRM if prm is None else prm)
         elif prm is not None:
             raise ConfigError(f"method '{self.name}' uses no PRM, got method.prm={prm!r}")
 
     def sample_step(self, run: StepRun, path: StepDecoder) -> Step:
-        return path.generate(self.source, candidate_sampler(run.ctx, self.temperature))
+        return path.generate(self.source, candidate_sampler(run.ctx, self.temperature, self.top_p))
 
     def next_step(self, run: StepRun, path: StepDecoder) -> Step:
         """Full solutions take every sampled step."""

@@ -6,7 +6,8 @@ model (pair.llm) writes the step from the same prefix. Weighting functions (docs
 
     constant   omega = p
     binary     omega = 1[r >= delta]                      (the paper's default, delta = 0.7)
-    clipping   omega = min(1, max(0, r / delta))
+    clipping   omega = min(1, max(0, r))                  (Table 1)
+    scaled_clipping  omega = min(1, max(0, r / delta))    (ours: clipping with the ramp ending at delta)
     rational   omega = r / (1 + r)
     logistic   omega = 1 / (1 + exp(-alpha (r - delta)))
 
@@ -25,14 +26,19 @@ from rstitch.methods.base import DecodeContext, register_method, require_number
 from rstitch.methods.steps import DEFAULT_PRM, DraftVerifyMethod, Step, StepDecoder, StepRun, Verdict, decision_generator
 
 
-def _clipping(r: float, delta: float) -> float:
-    return 1.0 if delta <= 0 else min(1.0, max(0.0, r / delta))
+def _clip01(x: float) -> float:
+    return min(1.0, max(0.0, x))
+
+
+def _scaled_clipping(r: float, delta: float) -> float:
+    return 1.0 if delta <= 0 else _clip01(r / delta)
 
 
 WEIGHTINGS: dict[str, Callable[[float, "RSD"], float]] = {
     "constant": lambda r, m: m.p,
     "binary": lambda r, m: 1.0 if r >= m.delta else 0.0,
-    "clipping": lambda r, m: _clipping(r, m.delta),
+    "clipping": lambda r, m: _clip01(r),
+    "scaled_clipping": lambda r, m: _scaled_clipping(r, m.delta),
     "rational": lambda r, m: r / (1.0 + r),
     "logistic": lambda r, m: 1.0 / (1.0 + math.exp(-m.alpha * (r - m.delta))),
 }

@@ -1,13 +1,13 @@
 """R-Stitch+: R-Stitch's entropy gate with a learned router at the uncertain positions.
 
-Low-entropy tokens (normalized entropy <= tau) always go to the SLM, exactly as in R-Stitch. At
-a position where the active model is uncertain, a small router (`rstitch.routers.rstitch_router`)
-reads that model's last hidden state and picks the model:
+Algorithm 1 of the paper (lines 10-22): low-entropy tokens (normalized entropy <= tau) go to the
+SLM, exactly as in R-Stitch. The router (`rstitch.routers.rstitch_router`) is consulted only
+while the SLM is active and uncertain, and reads the SLM's last hidden state:
 
 * SLM active: its token is kept iff H <= tau or the router says SLM; otherwise it is discarded
   and the LLM writes the position.
-* after the LLM writes a token: the SLM takes the next position if H <= tau, else the router
-  decides on the LLM's hidden state.
+* LLM active: it keeps going until it writes a confident token (H <= tau); the SLM takes the
+  next position after that one. The router is not consulted.
 
 A router that always answers LLM is R-Stitch at the same tau; one that always answers SLM is
 SLM-only decoding. The router is trained with DAPO (`scripts/train_router.py`).
@@ -24,7 +24,9 @@ import torch
 
 from rstitch.engines import TokenDistribution
 from rstitch.errors import ConfigError
-from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, Method, register_method, require_int, require_number
+from rstitch.methods.base import (
+    EXTRA_FLOPS, LLM, SLM, DecodeContext, DecodeResult, Method, model_flops, register_method, require_int, require_number,
+)
 from rstitch.methods.token_switch import switch_decode
 from rstitch.metrics.latency_model import ForwardTrace, LatencyModel, estimate_latency, load_pair_latency
 from rstitch.routers.rstitch_router import RStitchRouter, load_router, router_metadata
@@ -39,7 +41,7 @@ PAPER_TAU = 0.001
 class RouterDecision:
     """One router call, kept for policy-gradient training."""
 
-    source: int  # whose hidden state the router read
+    source: int  # whose hidden state the router read (always the SLM under Algorithm 1)
     hidden: torch.Tensor  # [H_source]
     action: int  # SLM or LLM
     log_prob: float  # of `action` under the policy that chose it
@@ -71,11 +73,8 @@ class RouterSwitch:
         return self.route(SLM, dist.hidden) == SLM
 
     def next(self, source: int, dist: TokenDistribution) -> int:
-        if dist.normalized_entropy <= self.tau:
-            return SLM
-        if source == SLM:  # the router already kept this uncertain SLM token: SLM continues
-            return SLM
-        return self.route(LLM, dist.hidden)
+        # An uncertain LLM keeps going; only a confident token hands back to the SLM (Algorithm 1).
+        return SLM if dist.normalized_entropy <= self.tau else source
 
     @torch.inference_mode()
     def route(self, source: int, hidden: torch.Tensor) -> int:
@@ -95,7 +94,10 @@ class RouterSwitch:
         return action
 
     def stats(self) -> dict[str, Any]:
-        return {"router_calls": self.calls, "router_llm_choices": self.llm_choices, "router_time_s": self.seconds}
+        # Each call runs the router once on one hidden state: its FLOPs count in the sample's.
+        flops = model_flops(self.router.num_parameters(), self.calls)
+        return {"router_calls": self.calls, "router_llm_choices": self.llm_choices, "router_time_s": self.seconds,
+                "flops_router": flops, EXTRA_FLOPS: flops}
 
 
 def routed_decode(prompt_ids: list[int], ctx: DecodeContext, policy: RouterSwitch,
@@ -113,10 +115,10 @@ def routed_decode(prompt_ids: list[int], ctx: DecodeContext, policy: RouterSwitc
 
 
 def check_router_fits(router: RStitchRouter, ctx: DecodeContext) -> None:
-    expected = (router.config.slm_hidden, router.config.llm_hidden)
-    actual = (ctx.pair.slm.hidden_size, ctx.pair.llm.hidden_size)
-    if expected != actual:
-        raise ConfigError(f"rstitch_plus: router expects hidden sizes (SLM, LLM) = {expected}, the pair has {actual}")
+    """The router reads SLM hidden states only, so only the SLM's size must match."""
+    if router.config.slm_hidden != ctx.pair.slm.hidden_size:
+        raise ConfigError(f"rstitch_plus: router expects SLM hidden size {router.config.slm_hidden}, "
+                          f"the pair's SLM has {ctx.pair.slm.hidden_size}")
 
 
 @register_method("rstitch_plus")
@@ -164,9 +166,9 @@ class RStitchPlus(Method):
         }
         estimated = [(s["stats"]["latency_estimate_s"], s["latency_s"]) for s in samples
                      if "latency_estimate_s" in s.get("stats", {}) and s.get("latency_s")]
-        if estimated:
-            out["latency_estimate_s"] = statistics.fmean(e for e, _ in estimated)
-            out["latency_estimate_rel_error"] = statistics.fmean(abs(e - m) / m for e, m in estimated)
+        if estimated:  # the trace's estimate; the common latency_estimate_s is the runner's
+            out["trace_latency_estimate_s"] = statistics.fmean(e for e, _ in estimated)
+            out["trace_latency_estimate_rel_error"] = statistics.fmean(abs(e - m) / m for e, m in estimated)
         return out
 
 

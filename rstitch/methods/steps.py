@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from rstitch.engines import CostCounter, ModelPair, Sampler, Sequence
-from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, Method, require_int
+from rstitch.methods.base import EXTRA_FLOPS, LLM, SLM, DecodeContext, DecodeResult, Method, model_flops, require_int
 from rstitch.errors import ConfigError
 from rstitch.rewards import ProcessRewardModel, check_prm_spec, resolve_prm
 from rstitch.rewards.prefix_cache import common_prefix_length
@@ -135,6 +135,7 @@ class StepDecoder:
             finish = "budget" if len(token_ids) >= self.budget_left else "step_cap"
         self.calls[f"steps_{source}"] += 1
         self.calls[f"tokens_{source}"] += len(token_ids)
+        self.calls["capped_steps"] += finish == "step_cap"  # cut by max_step_tokens (ours, not the papers')
         text = self.ctx.runner(source).tokenizer.decode(token_ids, skip_special_tokens=True)
         return Step(list(token_ids), step_text(text, self.config.separator), source, finish)
 
@@ -249,9 +250,10 @@ class CostMeter:
         params = {k: c.num_parameters for k, c in self.components.items()}
         tokens["target"] -= self.judge.tokens_processed
         tokens["judge"], params["judge"] = self.judge.tokens_processed, params["target"]
-        flops = {k: 2 * params[k] * tokens[k] for k in tokens}
+        flops = {k: model_flops(params[k], tokens[k]) for k in tokens}
         out: dict[str, Any] = {"flops": sum(flops.values())}
         out.update({f"flops_{k}": v for k, v in flops.items()})
+        out[EXTRA_FLOPS] = sum(flops.get(k, 0.0) for k in ("prm", "router"))  # outside the pair: the runner adds it
         for key in ("prm", "router"):
             if key in spent:
                 out.update({f"{key}_tokens": tokens[key], f"{key}_calls": spent[key].forward_calls,
@@ -294,6 +296,7 @@ class StepRun:
             "draft_calls": self.calls[f"steps_{SLM}"],
             "target_calls": self.calls[f"steps_{LLM}"],
             "generated_tokens": generated,
+            "capped_steps": self.calls["capped_steps"],
             **self.meter.stats(),
             **extra,
         }
@@ -383,11 +386,13 @@ class DraftVerifyMethod(StepMethod):
         return self.regenerate_step(run, path)
 
 
-def candidate_sampler(ctx: DecodeContext, temperature: float | None) -> Sampler:
-    """The run's sampler, or one at `temperature` drawing from the same (per-sample) generator."""
-    if temperature is None:
+def candidate_sampler(ctx: DecodeContext, temperature: float | None, top_p: float | None = None) -> Sampler:
+    """The run's sampler, or one at `temperature` / `top_p` (None: the run's) drawing from the
+    same (per-sample) generator."""
+    if temperature is None and top_p is None:
         return ctx.sampler
-    sampler = Sampler(temperature=temperature, top_p=ctx.sampler.top_p)
+    sampler = Sampler(temperature=ctx.sampler.temperature if temperature is None else temperature,
+                      top_p=ctx.sampler.top_p if top_p is None else top_p)
     sampler.generator = ctx.sampler.generator
     return sampler
 
@@ -400,8 +405,8 @@ def decision_generator(seed: int, prompt_ids: list[int]) -> torch.Generator:
 
 # --------------------------------------------------------------------------- run summary
 
-_MEAN_KEYS = (
-    "steps", "draft_calls", "target_calls", "generated_tokens", "flops", "flops_draft", "flops_target",
+_MEAN_KEYS = (  # "flops" itself is the common summary's (the mean of the samples' totals)
+    "steps", "draft_calls", "target_calls", "generated_tokens", "flops_draft", "flops_target",
     "flops_judge", "flops_prm", "flops_router", "prm_tokens", "prm_time_s", "judge_tokens", "judge_time_s",
     "router_tokens", "router_time_s",
 )
@@ -422,4 +427,17 @@ def summarize_step_stats(samples: list[dict[str, Any]]) -> dict[str, Any]:
     out["acceptance_rate"] = total("accepted_steps") / drafted if drafted else None
     out["escalation_rate"] = total("escalations") / drafted if drafted else None
     out["wasted_escalation_rate"] = total("wasted_escalations") / scored if scored else None
+    out.update(step_cap_counts(samples))
     return out
+
+
+def step_cap_counts(samples: list[dict[str, Any]]) -> dict[str, int]:
+    """How often the step caps (ours, not the papers') fired in a run: steps cut at
+    `max_step_tokens` (generated steps, kept or not), samples ended by `max_steps` or by
+    `max_repeats` identical steps. Each changes latency when it fires."""
+    finishes = Counter(s.get("finish_reason") for s in samples)
+    return {
+        "step_caps_max_step_tokens": sum((s.get("stats") or {}).get("capped_steps") or 0 for s in samples),
+        "step_caps_max_steps": finishes["step_cap"],
+        "step_caps_max_repeats": finishes["repeat"],
+    }

@@ -14,7 +14,7 @@ from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult
 
 
 class SwitchPolicy(Protocol):
-    want_hidden: bool
+    want_hidden: bool  # the SLM's distributions carry its last hidden state (the R-Stitch+ router reads them)
 
     def first(self) -> int:
         """The model that writes the first token."""
@@ -36,7 +36,8 @@ class _Catchup:
     def synced(self, source: int, output: list[int]) -> Sequence:
         seq = self.seqs.get(source)
         if seq is None:
-            seq = self.ctx.runner(source).new_sequence(self.prompt_ids, self.want_hidden)
+            # Only the SLM's states are read: the LLM (on vLLM, a second engine) never returns them.
+            seq = self.ctx.runner(source).new_sequence(self.prompt_ids, self.want_hidden and source == SLM)
             self.seqs[source] = seq
         seq.append(output[len(seq) - len(self.prompt_ids):])
         return seq

@@ -27,6 +27,8 @@ def summarize_samples(samples: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "discarded_tokens": mean("discarded_tokens"),
         "switches": mean("switches"),
         "flops": mean("flops"),
+        # Decoding throughput: the paper's speedup for speculative methods (EASD) is a ratio of these.
+        "tokens_per_s": sum(r["tokens"] for r in rows) / sum(latencies) if sum(latencies) > 0 else None,
         "finished_by_eos": mean("finished_by_eos"),
         "grading_errors": sum(1 for r in rows if r.get("grading_error")),  # graded wrong (see each sample)
     }
@@ -44,8 +46,19 @@ def comparison_key_matches(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 def find_speedup(summary: dict[str, Any], others: Iterable[dict[str, Any]]) -> float | None:
     """Lat(llm_only) / Lat(method) against the LLM-only run of the same pair, data, budget, seed."""
+    return find_speedups(summary, others)["speedup"]
+
+
+def find_speedups(summary: dict[str, Any], others: Iterable[dict[str, Any]]) -> dict[str, float | None]:
+    """Against the matching LLM-only run: `speedup`, the latency ratio Lat(llm_only) / Lat(method),
+    and `speedup_tokens_per_s`, the throughput ratio (tokens/s of the method over LLM-only's), the
+    speedup EASD and speculative decoding papers report. They differ when the outputs' lengths differ."""
+    out: dict[str, float | None] = {"speedup": None, "speedup_tokens_per_s": None}
     for other in others:
         if other.get("method") == "llm_only" and comparison_key_matches(summary, other):
             if other.get("latency_s") and summary.get("latency_s"):
-                return other["latency_s"] / summary["latency_s"]
-    return None
+                out["speedup"] = other["latency_s"] / summary["latency_s"]
+            if other.get("tokens_per_s") and summary.get("tokens_per_s"):
+                out["speedup_tokens_per_s"] = summary["tokens_per_s"] / other["tokens_per_s"]
+            break
+    return out
