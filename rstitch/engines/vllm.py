@@ -36,7 +36,7 @@ from typing import Any, Sequence as Seq
 
 import torch
 
-from rstitch.engines.base import Generation, ModelRunner, Sequence, check_model_path
+from rstitch.engines.base import Generation, ModelRunner, Sequence, resolve_model_path
 from rstitch.engines.sampling import Sampler
 from rstitch.errors import ConfigError
 
@@ -214,7 +214,8 @@ class VLLMModelRunner(ModelRunner):
         if not _is_fraction(hidden_gpu_memory_utilization):
             raise ConfigError(
                 f"engine.hidden_gpu_memory_utilization must be in (0, 1], got {hidden_gpu_memory_utilization!r}")
-        check_model_path(path)
+        self.path = path  # as configured (a packaged:<name> stays one)
+        path = resolve_model_path(path)  # what vLLM loads: a directory or a hub id
         if num_threads:
             torch.set_num_threads(int(num_threads))
         if not multiprocessing:  # the engine core runs in this process: no IPC per request
@@ -222,7 +223,6 @@ class VLLMModelRunner(ModelRunner):
         from transformers import AutoConfig, AutoTokenizer
 
         self.name = name or os.path.basename(path.rstrip("/"))
-        self.path = path
         try:
             config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
             self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
