@@ -120,7 +120,7 @@ def main() -> None:
     parser.add_argument("--methods", default=None, help="comma list: only these rows")
     parser.add_argument("--results-root", default="runs/real-results")
     parser.add_argument("--render-only", action="store_true", help="decode nothing; tabulate the finished runs")
-    parser.add_argument("--write-doc", action="store_true", help=f"replace the generated section of {DOC}")
+    parser.add_argument("--write-doc", action="store_true", help=f"replace the engine's generated section of {DOC}")
     args = parser.parse_args()
     rows = [r for r in ROWS if args.methods is None or r[0] in args.methods.split(",")]
     command = "python scripts/results_real.py " + " ".join(
@@ -152,7 +152,7 @@ def main() -> None:
     report = "\n".join(lines)
     print(report)
     if args.write_doc:
-        replace_marked_section(DOC, "results", report)
+        replace_marked_section(DOC, f"results-{args.engine}", report)
 
 
 if __name__ == "__main__":

@@ -109,3 +109,17 @@ def test_llm_judge_prm_reads_yes_or_no_and_is_causal(setup):
     yes, no = (prm.tokenizer.encode(a, add_special_tokens=False)[0] for a in ("Yes", "No"))
     assert scores[1] == pytest.approx(float(dist.probs[yes] / (dist.probs[yes] + dist.probs[no])), abs=1e-4)
     assert float(dist.probs[yes] + dist.probs[no]) > 0.9
+
+
+def test_hf_engine_reads_a_gguf_file_as_the_converted_checkpoint(setup):
+    """A user's own GGUF file (`gguf_file`): dequantized at load, the same logits as the cached
+    conversion of the same file."""
+    from rstitch.engines import load_model, packaged
+
+    pair, prompt_ids, _, _ = setup
+    gguf = packaged.gguf_file("packaged:qwen2.5-coder-0.5b-instruct")
+    direct = load_model("hf", str(gguf.parent), gguf_file=gguf.name, name="direct")
+    ids = prompt_ids[:24]
+    assert direct.tokenizer.get_vocab() == pair.tokenizer.get_vocab()
+    expected = pair.slm.new_sequence(ids).next_distribution().logits
+    assert torch.equal(direct.new_sequence(ids).next_distribution().logits, expected)
