@@ -91,7 +91,7 @@ def sample_record(record, index: int, result: DecodeResult, latency: float, cost
         "response": response,
         "output_token_ids": result.token_ids,
         "token_sources": result.sources,
-        **grade_sample(response, record.answer, multiple_choice=multiple_choice),  # answer, correct(, grading_error)
+        **grade_sample(response, record.answer, multiple_choice=multiple_choice, metadata=record.metadata),  # answer, correct(, grading_error, code)
         "gold": record.answer,
         "latency_s": latency,
         "tokens": len(result.token_ids),

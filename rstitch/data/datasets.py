@@ -57,6 +57,10 @@ class DatasetSpec:
     generate: Callable[..., list[Row]] | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
     description: str = ""
+    configs: tuple[str, ...] = ()  # several hub configs read in turn (MMLU-Redux: one per subject)
+    packaged: Callable[[], list[Row] | None] | None = None  # an installed copy, read before the hub
+    prepare: Callable[[list[Row]], list[Row]] | None = None  # on raw rows, before ids (e.g. add them)
+    select: Callable[..., list[Record]] | None = None  # on records, with the dataset's options
 
 
 DATASETS: dict[str, DatasetSpec] = {}
@@ -104,7 +108,11 @@ def load_dataset_records(
     _check_shard(shard, num_shards)
     resolved = _resolve_options(spec, {k: v for k, v in options.items() if v is not None})
     rows = _read_rows(spec, path, revision, resolved)
+    if spec.prepare is not None:
+        rows = spec.prepare(rows)
     records = _unique([_to_record(spec, row, index) for index, row in enumerate(rows)], spec.name)
+    if spec.select is not None:
+        records = spec.select(records, **resolved)
     if ids is not None:
         records = _select_ids(records, ids, spec.name)
     if shuffle_seed is not None:
@@ -156,6 +164,10 @@ def _read_rows(spec: DatasetSpec, path: str | None, revision: str | None, option
         if revision is not None:
             raise ConfigError(f"dataset '{spec.name}' is generated locally; it has no revision")
         return spec.generate(**options)
+    if spec.packaged is not None and revision is None:
+        rows = spec.packaged()
+        if rows is not None:
+            return rows
     return _read_hub_rows(spec, revision or spec.revision)
 
 
@@ -202,12 +214,21 @@ def _read_jsonl(file: Path) -> list[Row]:
 
 
 def _read_hub_rows(spec: DatasetSpec, revision: str | None) -> list[Row]:
+    if not spec.configs:
+        return _read_hub_config(spec, spec.config, revision)
+    rows: list[Row] = []
+    for config in spec.configs:  # the config names the subject; rows do not carry it themselves
+        rows += [{"subject": config, **row} for row in _read_hub_config(spec, config, revision)]
+    return rows
+
+
+def _read_hub_config(spec: DatasetSpec, config: str | None, revision: str | None) -> list[Row]:
     import datasets
 
     try:
-        table = datasets.load_dataset(spec.hf_id, spec.config, split=spec.split, revision=revision)
+        table = datasets.load_dataset(spec.hf_id, config, split=spec.split, revision=revision)
     except Exception as err:  # noqa: BLE001 - network, auth (gated sets) and missing-revision errors alike
-        where = f"{spec.hf_id}" + (f" ({spec.config})" if spec.config else "") + f" split {spec.split} @ {revision}"
+        where = f"{spec.hf_id}" + (f" ({config})" if config else "") + f" split {spec.split} @ {revision}"
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(
             f"cannot load dataset '{spec.name}' from the hub: {where}: {reason}; pass path=... to read a local copy"
@@ -360,6 +381,7 @@ def normalize_gpqa(row: Row, record_id: str) -> Record:
         "choices": choices,
         "correct_choice": correct,
         "multiple_choice": True,
+        "answer_type": "multiple_choice",
         "subdomain": row.get("Subdomain"),
         "domain": row.get("High-level domain"),
         "explanation": row.get("Explanation"),
@@ -432,3 +454,9 @@ register_dataset(DatasetSpec(
     options={"split": "test", "n": 300, "seed": 0},
     description="synthetic arithmetic task of rstitch.testbed",
 ))
+
+
+# Code, cross-domain and calibration sets live in their own module (it imports this one).
+from rstitch.data.benchmarks import register_benchmarks  # noqa: E402
+
+register_benchmarks()

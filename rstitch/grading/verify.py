@@ -21,6 +21,7 @@ import threading
 import time
 from decimal import Decimal
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from rstitch.grading.extract import extract_answer
@@ -47,16 +48,40 @@ def grade(response: str, gold: str, multiple_choice: bool = False, timeout_s: fl
     return is_equivalent(predicted, gold, timeout_s=timeout_s)
 
 
-def grade_sample(response: str, gold: str, multiple_choice: bool = False, timeout_s: float = 5.0) -> dict[str, Any]:
+ANSWER_TYPES = ("math", "multiple_choice", "code", "zebra_grid", "python_literal")
+
+
+def grade_sample(response: str, gold: str, multiple_choice: bool = False, timeout_s: float = 5.0,
+                 metadata: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A sample record's ``answer`` and ``correct``, plus ``grading_error`` when grading raised:
-    one bad sample is graded wrong with the reason, and the run goes on."""
+    one bad sample is graded wrong with the reason, and the run goes on. A record's
+    ``metadata["answer_type"]`` picks the grader (math when absent; docs/datasets.md)."""
+    answer_type = (metadata or {}).get("answer_type") or ("multiple_choice" if multiple_choice else "math")
     try:
-        return {"answer": extract_answer(response, multiple_choice=multiple_choice),
-                "correct": grade(response, gold, multiple_choice=multiple_choice, timeout_s=timeout_s)}
+        if answer_type not in ("math", "multiple_choice"):
+            return _grade_structured(response, gold, answer_type, metadata or {})
+        choice = answer_type == "multiple_choice"
+        return {"answer": extract_answer(response, multiple_choice=choice),
+                "correct": grade(response, gold, multiple_choice=choice, timeout_s=timeout_s)}
     except Exception as err:  # noqa: BLE001 - recorded on the sample and counted in the summary
         reason = f"{type(err).__name__}: {err}"[:500]
         logger.warning("grading failed; sample counted as wrong (%s)", reason)
         return {"answer": None, "correct": False, "grading_error": reason}
+
+
+def _grade_structured(response: str, gold: str, answer_type: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """Code runs in the sandbox only here, for records whose loader marked them as code."""
+    if answer_type == "code":
+        from rstitch.grading.code import grade_code
+
+        return grade_code(response, metadata["tests"])
+    from rstitch.grading.structured import grade_grid, grade_literal
+
+    if answer_type == "zebra_grid":
+        return grade_grid(response, metadata["grid"])
+    if answer_type == "python_literal":
+        return grade_literal(response, gold)
+    raise ValueError(f"unknown answer_type {answer_type!r}; valid: {', '.join(ANSWER_TYPES)}")
 
 
 def is_equivalent(predicted: str, gold: str, timeout_s: float = 5.0, fast_path: bool = True) -> bool:
