@@ -67,11 +67,13 @@ def check_calibration_set(dataset: str) -> str:
     return CALIBRATION_SETS[dataset]
 
 
-def dataset_prompts(tokenizer, dataset: str, limit: int, fmt: PromptFormat) -> list[list[int]]:
-    from datasets import load_dataset
+def dataset_prompts(tokenizer, dataset: str, limit: int, fmt: PromptFormat, path: str | None = None) -> list[list[int]]:
+    """The first ``limit`` problems of a calibration set, read by the dataset registry (the hub, or
+    ``path``: a local copy such as GAIR/LIMO's limo.jsonl)."""
+    from rstitch.data import load_dataset_records
 
-    rows = load_dataset(check_calibration_set(dataset), split="train").select(range(limit))
-    return [fmt.encode(tokenizer, row["question"]) for row in rows]
+    check_calibration_set(dataset)
+    return [fmt.encode(tokenizer, record.problem) for record in load_dataset_records(dataset, path=path, limit=limit)]
 
 
 def calibrate(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int, top_fraction: float) -> dict[str, Any]:
@@ -98,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--llm", help="target model path")
     parser.add_argument("--pair-name", help="key of the stored entry (default: the --pair name)")
     parser.add_argument("--dataset", help=f"a calibration set: {', '.join(CALIBRATION_SETS)} (default: testbed validation problems)")
+    parser.add_argument("--dataset-path", help="a local copy of the --dataset set (JSONL/Parquet), read offline")
     parser.add_argument("--prompt", default="chat", help="a conf/prompt name")
     parser.add_argument("--n", type=int, default=64, help="number of validation prompts")
     parser.add_argument("--max-new-tokens", type=int, default=512)
@@ -120,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
         name = args.pair_name or cfg["name"]
     fmt = prompt_format(args.prompt)
     if args.dataset:
-        prompts = dataset_prompts(pair.tokenizer, args.dataset, args.n, fmt)
+        prompts = dataset_prompts(pair.tokenizer, args.dataset, args.n, fmt, args.dataset_path)
     else:
         prompts = validation_prompts(pair.tokenizer, args.n, fmt)
     entry = calibrate(pair, prompts, args.max_new_tokens, args.top_fraction)

@@ -1,6 +1,7 @@
 import itertools
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -219,3 +220,18 @@ def test_bad_config_is_one_clear_error(params):
 def test_entropies_are_in_nats():
     uniform = TokenDistribution(torch.zeros(VOCAB))
     assert uniform.entropy == pytest.approx(math.log(VOCAB))
+
+
+def test_calibration_prompts_read_limo_through_the_dataset_loader():
+    from rstitch.data.prompts import PromptFormat
+
+    class Chars:
+        def encode(self, text, add_special_tokens=False):
+            return [ord(c) for c in text]
+
+    script = load_script("calibrate_easd")
+    fixture = Path(__file__).resolve().parent / "fixtures" / "limo.jsonl"
+    fmt = PromptFormat(name="plain", style="plain", template="Q: {problem}\n")
+    prompts = script.dataset_prompts(Chars(), "limo", 1, fmt, str(fixture))
+    assert len(prompts) == 1
+    assert "".join(map(chr, prompts[0])) == "Q: Find the remainder when $2^{10}$ is divided by 7.\n"
