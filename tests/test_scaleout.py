@@ -303,7 +303,7 @@ def test_every_sweep_point_uses_the_one_shared_baseline(tmp_path, tiny_pair):
 
 PRESETS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 R_STITCH_SETTING = {"pair": ["l1_short_r1_7b", "l1_short_r1_14b", "l1_short_qwq_32b"],
-                    "dataset": ["aime24", "amc23", "minerva", "math500", "olympiadbench"], "max_new_tokens": [8192, 16384]}
+                    "dataset": ["aime24", "amc", "minerva", "math500", "olympiadbench"], "max_new_tokens": [8192, 16384]}
 # The method axes of each paper grid (`<paper>_paper<grid>`); its testbed twin `<paper>_testbed<grid>` has the same.
 METHOD_GRIDS = {
     "rstitch_paper": {"method": ["llm_only", "slm_only", "specdec"]},
@@ -323,7 +323,7 @@ METHOD_GRIDS = {
 }
 SETTINGS = {  # the axes and fixed choices of each paper's setting
     "rstitch": (R_STITCH_SETTING, {"prompt": "r1"}),
-    "rsd": ({"dataset": ["gsm8k", "math500", "olympiadbench", "aime24", "minerva", "gpqa_diamond"]},
+    "rsd": ({"dataset": ["gsm8k", "math500", "gaokao2023en", "olympiadbench", "aime24", "minerva", "gpqa_diamond", "mmlu_stem"]},
             {"pair": "qwen2.5_math_1.5b_7b", "prompt": "qwen_math_cot", "max_new_tokens": 4096}),
     "easd": ({"dataset": ["aime24", "amc23", "minerva", "math500", "olympiadbench"]},
              {"pair": "qwen2.5_math_1.5b_7b", "prompt": "qwen_math_cot", "max_new_tokens": 4096}),
