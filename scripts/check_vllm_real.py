@@ -24,7 +24,7 @@ from rstitch.engines import Sampler, load_model
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
 TAUS = (0.01, 0.02, 0.03, 0.04, 0.05)
-VLLM_CPU = {"enforce_eager": True, "block_size": 32, "kv_cache_memory_bytes": 1 << 29}
+VLLM_CPU = {"enforce_eager": True, "block_size": 32, "kv_cache_memory_bytes": 1 << 29, "max_model_len": 4096}
 
 
 def continuation_and_entropies(model, prompts: list[list[int]], budget: int, reference: list[list[int]] | None):
@@ -43,11 +43,12 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--logprobs", default="auto", help="vLLM's engine.logprobs: auto (top 20 here) | full | k")
+    parser.add_argument("--roles", default="slm,llm", help="which models: slm, llm or both")
     args = parser.parse_args()
     cfg = compose_config(["pair=qwen2.5_coder_0.5b_1.5b"])
     with open(BENCHMARKS / "gsm8k.jsonl") as f:
         problems = [json.loads(line)["question"] for _, line in zip(range(args.n), f)]
-    for role in ("slm", "llm"):
+    for role in args.roles.split(","):
         spec = cfg["pair"][role]
         hf = load_model("hf", spec["path"], name=spec["name"], num_threads=args.threads)
         prompts = [PromptFormat(**cfg["prompt"]).encode(hf.tokenizer, p) for p in problems]

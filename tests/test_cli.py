@@ -90,6 +90,8 @@ def test_bad_input_is_one_error_line_and_no_results(tmp_path, tiny_pair, problem
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and needle in lines[0], proc.stderr
     assert run_dirs(tmp_path) == []
+    # Not even the empty <pair>/<dataset>/<method> folders Hydra's run directory sat in.
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
 def test_tokenizer_mismatch_is_rejected(tmp_path, tiny_pair, problems_file):

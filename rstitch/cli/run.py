@@ -58,6 +58,9 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
+RUN_DIR_DEPTH = 4  # <results_root>/<pair>/<dataset>/<method>/<tag>: the tag and three levels above it
+
+
 def discard_if_empty(run_dir: Path) -> None:
     """A run that failed on bad input leaves no directory behind (Hydra creates it up front)."""
     if not run_dir.is_dir():
@@ -65,6 +68,11 @@ def discard_if_empty(run_dir: Path) -> None:
     entries = list(run_dir.iterdir())
     if all(p.name in (".hydra", ".lock", "run_key.json") or p.suffix == ".log" for p in entries):
         shutil.rmtree(run_dir)
+        for parent in list(run_dir.parents)[:RUN_DIR_DEPTH - 1]:  # <pair>/<dataset>/<method>, if now empty
+            try:
+                parent.rmdir()
+            except OSError:  # not empty (other runs), or not ours to remove
+                break
 
 
 def saved_samples(run_dir: Path) -> int:
