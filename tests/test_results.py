@@ -81,6 +81,8 @@ def test_run_tag_names_parameters_and_hashes_the_rest():
     tag = run_tag(base)
     assert tag.startswith("tau=0.02_")
     assert run_tag({**base, "dataset": {"limit": 2}}) != tag
+    prompt = run_tag({**base, "method": {"name": "rstitch_deer", "tau": 0.02, "answer_prompt": "\n\n\\boxed"}})
+    assert prompt.startswith("tau=0.02_") and "\n" not in prompt  # a text with newlines is left to the hash
 
 
 def write_checkpoint(root, payload: bytes) -> str:

@@ -310,6 +310,7 @@ METHOD_GRIDS = {
     "rstitch_paper_tau": {"method": ["rstitch"], "method.tau": [0.001, 0.005, 0.01, 0.02, 0.03, 0.05]},
     "rstitch_paper_random": {"method": ["random"], "method.p": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]},
     "rstitch_paper_plus": {"method": ["rstitch_plus"]},
+    "rstitch_paper_deer": {"method": ["rstitch_deer"], "method.tau": [0.001, 0.005, 0.01, 0.02, 0.03, 0.05]},
     "rsd_paper": {"method": ["llm_only", "slm_only", "specdec"]},
     "rsd_paper_baselines": {"method": ["maj", "best_of_n"], "method.model": ["slm", "llm"]},
     "rsd_paper_delta": {"method": ["rsd"], "method.delta": [0.6, 0.7, 0.8, 0.9]},

@@ -85,8 +85,9 @@ def run_tag(cfg: dict[str, Any]) -> str:
 
 
 def _short_setting(value: Any) -> bool:
-    """Fit for a directory name: a scalar without path separators, not too long."""
+    """Fit for a directory name: a scalar without path separators or control characters (prompt
+    texts with newlines), not too long."""
     if isinstance(value, (dict, list)):
         return False
     text = str(value)
-    return len(text) <= MAX_TAG_VALUE_CHARS and "/" not in text and os.sep not in text
+    return len(text) <= MAX_TAG_VALUE_CHARS and "/" not in text and os.sep not in text and text.isprintable()

@@ -1,0 +1,306 @@
+"""R-Stitch with DEER's dynamic early exit (docs/rstitch-deer.md).
+
+R-Stitch's entropy switching (`EntropySwitch` on the shared token loop) writes the reasoning.
+At each reasoning-transition point (DEER: the model starts a "Wait"), a trial answer is induced
+with DEER's answer prompt and decoded greedily by one model; if the mean of its tokens' maximum
+probabilities exceeds `exit_threshold`, the reasoning stops there (the transition is dropped)
+and either the end-of-thinking text is appended and decoding goes on to write the answer
+(DEER's code) or the trial answer is kept as the final answer. Otherwise the trial is rolled
+back and decoding continues with the transition. Trial forwards are real and land in the
+models' cost counters; trial tokens reach the output only when kept.
+
+`switch_decode` runs to EOS or its budget and has no hook to stop at a transition, so this
+method steps it one position at a time (`max_new_tokens=1`) over per-model sequences that
+persist across the steps (`_PooledRunner`), carrying the model that writes the next position
+from one step to the next (`_CarrySwitch`). With no transition the steps reproduce one call of
+the loop exactly: the same forwards on the same caches, the same sampler draws.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence as Seq
+from dataclasses import replace
+from typing import Any
+
+from rstitch.engines import ModelPair, ModelRunner, Sequence, TokenDistribution
+from rstitch.engines.base import StopWatcher
+from rstitch.errors import ConfigError
+from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, Method, register_method, require_int, require_number
+from rstitch.methods.rstitch import EntropySwitch
+from rstitch.methods.token_switch import SwitchPolicy, switch_decode
+
+NAME = "rstitch_deer"
+CONFIDENCES = ("mean", "min", "geometric")  # DEER's --policy avg1, min, avg2
+TRIAL_MODELS = {"llm": LLM, "slm": SLM, "active": None}
+ON_EXIT = ("answer", "trial")
+
+
+def _choice(key: str, value: Any, options: Seq[str]) -> str:
+    if value not in options:
+        raise ConfigError(f"method.{key} of '{NAME}' must be one of {', '.join(options)}, got {value!r}")
+    return value
+
+
+def _text(key: str, value: Any, empty_ok: bool) -> str:
+    if not isinstance(value, str) or (not value and not empty_ok):
+        raise ConfigError(f"method.{key} of '{NAME}' must be a {'' if empty_ok else 'non-empty '}string, got {value!r}")
+    return value
+
+
+def confidence(max_probs: Seq[float], rule: str) -> float:
+    """DEER's answer confidence from the trial tokens' maximum probabilities. The first trial
+    token is left out (after DEER's prompt, which ends in `\\boxed`, it is the opening brace),
+    as DEER's code does; a trial with nothing after it has confidence 0 (never exits)."""
+    probs = list(max_probs)[1:]
+    if not probs:
+        return 0.0
+    if rule == "min":
+        return min(probs)
+    if rule == "geometric":
+        return math.exp(sum(math.log(max(p, 1e-10)) for p in probs) / len(probs))
+    return sum(probs) / len(probs)
+
+
+def closes_box(text: str) -> bool:
+    """Whether the trial text (what follows the answer prompt) has closed the brace it opened:
+    the end of `\\boxed{...}`, nested braces included (DEER stops its trial at such an end)."""
+    depth = 0
+    for ch in text:
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth <= 0:
+                return True
+    return False
+
+
+class _PooledRunner:
+    """A runner whose `new_sequence(prefix)` returns this sample's single sequence of the model,
+    brought up to `prefix` by appending what it lacks, so that the KV cache survives the
+    one-position calls of `switch_decode`. Every other attribute is the wrapped runner's."""
+
+    def __init__(self, runner: ModelRunner, prompt_ids: list[int]):
+        self._runner, self._prompt_ids = runner, prompt_ids
+        self.seq: Sequence | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runner, name)
+
+    def new_sequence(self, prefix: Seq[int], want_hidden: bool = False) -> Sequence:
+        if self.seq is None:
+            self.seq = self._runner.new_sequence(self._prompt_ids, want_hidden)
+        # Never ahead of the prefix: trials and exits roll their tokens back (truncate).
+        self.seq.append(list(prefix[len(self.seq):]))
+        return self.seq
+
+    def truncate(self, n_tokens: int) -> None:
+        if self.seq is not None and len(self.seq) > n_tokens:
+            self.seq.rollback(len(self.seq) - n_tokens)
+
+
+class _CarrySwitch:
+    """`policy` with `first()` answering the model chosen for the next position by the previous
+    one-position call (the loop would have kept it in its local `source`)."""
+
+    def __init__(self, policy: SwitchPolicy):
+        self.policy = policy
+        self.want_hidden = policy.want_hidden
+        self.source = policy.first()
+
+    def first(self) -> int:
+        return self.source
+
+    def keep(self, source: int, dist: TokenDistribution) -> bool:
+        return self.policy.keep(source, dist)
+
+    def next(self, source: int, dist: TokenDistribution) -> int:
+        self.source = self.policy.next(source, dist)
+        return self.source
+
+
+@register_method(NAME)
+class RStitchDeer(Method):
+    def __init__(self, tau: float = 0.02, early_exit: bool = True, exit_threshold: float = 0.95,
+                 confidence: str = "mean", trial_model: str = "llm", transitions: Seq[str] = ("Wait",),
+                 answer_prompt: str = "\n**Final Answer**\n\\boxed", trial_max_tokens: int = 20,
+                 max_trials: int = 10, on_exit: str = "answer", exit_text: str = "\n</think>\n\n",
+                 think_end: str | None = "</think>", think_ratio: float = 0.9):
+        self.tau = require_number(NAME, "tau", tau)
+        if not isinstance(early_exit, bool):
+            raise ConfigError(f"method.early_exit of '{NAME}' must be true or false, got {early_exit!r}")
+        self.early_exit = early_exit
+        # Confidences lie in [0, 1] and the exit needs confidence > threshold: 1 runs trials that never exit.
+        self.exit_threshold = require_number(NAME, "exit_threshold", exit_threshold, 0.0, 1.0)
+        self.confidence = _choice("confidence", confidence, CONFIDENCES)
+        self.trial_model = _choice("trial_model", trial_model, tuple(TRIAL_MODELS))
+        if isinstance(transitions, str) or not isinstance(transitions, Seq) or not transitions:
+            raise ConfigError(f"method.transitions of '{NAME}' must be a non-empty list of strings, got {transitions!r}")
+        self.transitions = [_text("transitions", t, empty_ok=False) for t in transitions]
+        self.answer_prompt = _text("answer_prompt", answer_prompt, empty_ok=False)
+        self.trial_max_tokens = require_int(NAME, "trial_max_tokens", trial_max_tokens, low=2)
+        self.max_trials = require_int(NAME, "max_trials", max_trials, low=1)
+        self.on_exit = _choice("on_exit", on_exit, ON_EXIT)
+        self.exit_text = _text("exit_text", exit_text, empty_ok=True)
+        self.think_end = None if think_end is None else _text("think_end", think_end, empty_ok=False)
+        self.think_ratio = require_number(NAME, "think_ratio", think_ratio, 0.0, 1.0)
+        if self.think_ratio == 0.0:
+            raise ConfigError(f"method.think_ratio of '{NAME}' must be in (0, 1], got {think_ratio!r}")
+
+    def decode(self, prompt_ids: list[int], ctx: DecodeContext) -> DecodeResult:
+        policy = EntropySwitch(self.tau)
+        if not self.early_exit:
+            return switch_decode(prompt_ids, ctx, policy)
+        return _DeerDecoder(self, prompt_ids, ctx, policy).run()
+
+    def summarize(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        stats = [s["stats"] for s in samples if "deer_trials" in s.get("stats", {})]
+        if not stats:
+            return {}
+        n = len(stats)
+        return {
+            "deer_exit_rate": sum(s["deer_exit"] is not None for s in stats) / n,
+            "deer_confidence_exit_rate": sum(s["deer_exit"] == "confidence" for s in stats) / n,
+            "deer_trials": sum(s["deer_trials"] for s in stats) / n,
+            "deer_trial_tokens": sum(s["deer_trial_tokens"] for s in stats) / n,
+        }
+
+
+class _DeerDecoder:
+    """One sample: the stepped R-Stitch loop, the trials at transitions and the exit."""
+
+    def __init__(self, method: RStitchDeer, prompt_ids: list[int], ctx: DecodeContext, policy: SwitchPolicy):
+        self.m, self.ctx = method, ctx
+        self.tokenizer = ctx.pair.tokenizer
+        self.eos = ctx.eos_ids
+        self.n_prompt = len(prompt_ids)
+        self.pool = {SLM: _PooledRunner(ctx.pair.slm, prompt_ids), LLM: _PooledRunner(ctx.pair.llm, prompt_ids)}
+        self.step_ctx = replace(ctx, pair=ModelPair(self.pool[SLM], self.pool[LLM]), max_new_tokens=1)
+        self.policy = _CarrySwitch(policy)
+        self.prefix = list(prompt_ids)  # prompt + output: the "prompt" of each one-position call
+        self.sources: list[int] = []
+        self.discarded = self.switches = 0
+        self.answer_ids = self._encode(method.answer_prompt)
+        self.stats: dict[str, Any] = {"deer_trials": 0, "deer_trial_tokens": 0, "deer_confidences": [],
+                                      "deer_exit": None, "deer_exit_position": None, "deer_forced_tokens": 0}
+
+    @property
+    def output(self) -> list[int]:
+        return self.prefix[self.n_prompt:]
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    def run(self) -> DecodeResult:
+        budget = self.ctx.max_new_tokens
+        think_limit = int(budget * self.m.think_ratio)
+        transitions = StopWatcher(self.tokenizer, self.m.transitions)
+        think_end = StopWatcher(self.tokenizer, [self.m.think_end] if self.m.think_end else [])
+        thinking, finish = True, "length"
+        while len(self.sources) < budget:
+            if thinking and len(self.sources) >= think_limit:
+                # DEER's thinking budget: force the answer at think_ratio x the token budget.
+                if self._exit(len(self.sources), "think_limit", trial=None):
+                    finish = "early_exit"
+                    break
+                thinking = False
+                continue
+            token = self._step()
+            if token in self.eos:
+                finish = "eos"
+                break
+            if not thinking:
+                continue
+            if think_end.hit(token):
+                thinking = False  # the model closed its reasoning itself: no more trials
+            elif transitions.hit(token) and self.stats["deer_trials"] < self.m.max_trials:
+                cut = self._transition_start()
+                trial, conf = self._trial(cut)
+                if conf > self.m.exit_threshold:
+                    if self._exit(cut, "confidence", trial):
+                        finish = "early_exit"
+                        break
+                    thinking = False
+                # Fresh watcher: the transition just judged (and kept, if no exit) is not found again.
+                transitions = StopWatcher(self.tokenizer, self.m.transitions)
+        stats = {**self.stats, "deer_confidences": [round(c, 6) for c in self.stats["deer_confidences"]]}
+        return DecodeResult(self.output, self.sources, finish, self.discarded, self.switches, stats)
+
+    def _step(self) -> int:
+        """One position of R-Stitch through the shared loop; returns the token written."""
+        result = switch_decode(self.prefix, self.step_ctx, self.policy)
+        [token], [source] = result.token_ids, result.sources
+        self.prefix.append(token)
+        self.sources.append(source)
+        self.discarded += result.discarded_tokens
+        self.switches += result.switches
+        return token
+
+    def _transition_start(self) -> int:
+        """Output index of the token where the transition string just completed begins: the
+        trial sees the reasoning before it, as DEER's generation stops before "Wait"."""
+        out = self.output
+        for start in range(len(out) - 1, -1, -1):
+            tail = self.tokenizer.decode(out[start:])
+            if any(t in tail for t in self.m.transitions):
+                return start
+        return len(out) - 1
+
+    def _trial_source(self, cut: int) -> int:
+        chosen = TRIAL_MODELS[self.m.trial_model]
+        if chosen is not None:
+            return chosen
+        return self.sources[cut] if cut < len(self.sources) else self.policy.source
+
+    def _trial(self, cut: int) -> tuple[list[int], float]:
+        """Greedy trial answer after `answer_prompt` at output position `cut`; rolled back, so the
+        model's cache ends where it was (or at `cut`). Greedy: no sampler draw, so the token
+        stream of the reasoning is the one plain R-Stitch samples."""
+        runner = self.pool[self._trial_source(cut)]
+        runner.truncate(self.n_prompt + cut)
+        seq = runner.new_sequence(self.prefix[: self.n_prompt + cut])
+        seq.append(self.answer_ids)
+        tokens: list[int] = []
+        max_probs: list[float] = []
+        while len(tokens) < self.m.trial_max_tokens:
+            dist = seq.next_distribution()
+            token = dist.argmax
+            tokens.append(token)
+            max_probs.append(float(dist.probs[token]))
+            seq.append(token)
+            if token in self.eos or closes_box(self.tokenizer.decode(tokens)):
+                break
+        seq.rollback(len(self.answer_ids) + len(tokens))
+        conf = confidence(max_probs, self.m.confidence)
+        self.stats["deer_trials"] += 1
+        self.stats["deer_trial_tokens"] += len(tokens)
+        self.stats["deer_confidences"].append(conf)
+        return tokens, conf
+
+    def _exit(self, cut: int, reason: str, trial: list[int] | None) -> bool:
+        """Stop the reasoning at output position `cut` (what follows it is dropped). Keeping the
+        trial answer ends the sample (True); otherwise the exit text is appended and R-Stitch
+        decodes the answer (False)."""
+        self.stats["deer_exit"], self.stats["deer_exit_position"] = reason, cut
+        writer = self._trial_source(cut)
+        resume = self.sources[cut] if cut < len(self.sources) else self.policy.source
+        del self.prefix[self.n_prompt + cut:]
+        del self.sources[cut:]
+        for runner in self.pool.values():
+            runner.truncate(len(self.prefix))
+        if self.m.on_exit == "trial":
+            if trial is None:
+                trial, _ = self._trial(cut)
+            self._force(self.answer_ids + trial, writer)
+            return True
+        self._force(self._encode(self.m.exit_text), resume)
+        self.policy.source = resume  # the model active at the cut writes on after the exit text
+        return False
+
+    def _force(self, ids: list[int], source: int) -> None:
+        """Append text no model sampled (answer prompt, exit text), cut to the budget; it counts
+        as written by `source`, whose sequence processes it like any other catch-up."""
+        ids = ids[: self.ctx.max_new_tokens - len(self.sources)]
+        self.prefix.extend(ids)
+        self.sources.extend([source] * len(ids))
+        self.stats["deer_forced_tokens"] += len(ids)
