@@ -14,6 +14,7 @@ from rstitch.data import load_dataset_records
 from rstitch.data.context import ContextCheck
 from rstitch.data.prompts import PromptFormat
 from rstitch.engines import ModelPair, Sampler, load_pair
+from rstitch.engines.batching import BatchScheduler
 from rstitch.errors import ConfigError
 from rstitch.grading import grade_sample
 from rstitch.methods import DecodeContext, DecodeResult, Method, build_method
@@ -81,6 +82,29 @@ def sample_flops(cost: dict[str, dict], pair: ModelPair, stats: dict[str, Any]) 
     return own + float(stats.get(EXTRA_FLOPS, 0.0))
 
 
+def check_batch_size(cfg: dict[str, Any]) -> int:
+    size = cfg.get("batch_size", 1)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"batch_size must be a positive integer, got {size!r}")
+    if size > 1 and not cfg.get("latency_dir"):
+        raise ConfigError("batch_size > 1 reports the batch-1 latency model's estimate as latency_s: set latency_dir "
+                          "to the pair's fitted latency models (scripts/profile_latency.py)")
+    return size
+
+
+def batched_job(method: Method, ctx: DecodeContext, decoding: dict[str, Any], record, index: int,
+                prompt_ids: list[int], latency_models: dict) -> Any:
+    """One sample of a batched run, run in its own thread (engines/batching.py): its own sampler
+    (seeded as at batch size 1) and, through the scheduler, its own view of the cost counters."""
+    def job() -> tuple[DecodeResult, dict, float | None]:
+        sampler = Sampler(**decoding)
+        sampler.reseed(sample_seed(sampler.seed, record.id, index))
+        result = method.decode(prompt_ids, replace(ctx, sampler=sampler))
+        cost = {k: m.cost.as_dict() for k, m in ctx.pair.models().items()}
+        return result, cost, estimate_latency(ctx.pair, latency_models)
+    return job
+
+
 def sample_record(record, index: int, result: DecodeResult, latency: float, cost: dict, pair: ModelPair, method: Method) -> dict[str, Any]:
     response = pair.tokenizer.decode(result.token_ids, skip_special_tokens=True)
     multiple_choice = bool(record.metadata.get("multiple_choice"))
@@ -120,6 +144,7 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
     budget = cfg["max_new_tokens"]
     if not isinstance(budget, int) or budget < 1:
         raise ConfigError(f"max_new_tokens must be an integer >= 1, got {budget!r}")
+    batch_size = check_batch_size(cfg)
     prompt = PromptFormat(**cfg["prompt"])
     sampler = Sampler(**cfg["decoding"])
     pair = get_pair(cfg["pair"], cfg["engine"])
@@ -146,15 +171,11 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
                 raise ConfigError(f"method '{method.name}' on engine '{cfg['engine']['name']}': {err}") from None
 
         bar = tqdm(total=len(records) * n_samples, initial=len(records) * n_samples - len(todo), desc=method.name, unit="sample")
-        for record, index in todo:
-            sampler.reseed(sample_seed(sampler.seed, record.id, index))
-            prompt_ids, sample_budget = fitted[record.id]
-            sample_ctx = replace(ctx, problem=record.problem, metadata=record.metadata, max_new_tokens=sample_budget)
-            result, latency, cost = timed_decode(method, prompt_ids, sample_ctx)
-            row = sample_record(record, index, result, latency, cost, pair, method)
+
+        def finish(record, index: int, row: dict[str, Any]) -> None:
+            sample_budget = fitted[record.id][1]
             if sample_budget < budget:  # on_overflow=truncate
                 row["max_new_tokens"] = sample_budget
-            row["latency_estimate_s"] = estimate_latency(pair, latency_models)
             store.append(row)
             if logger is not None:
                 logger.log_sample(row)
@@ -162,18 +183,51 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
             bar.set_postfix(acc=f"{sum(r['correct'] for r in done) / len(done):.3f}",
                             lat=f"{sum(r['latency_s'] for r in done) / len(done):.2f}s")
             bar.update()
+
+        decode_start = time.perf_counter()
+        if batch_size == 1:
+            for record, index in todo:
+                sampler.reseed(sample_seed(sampler.seed, record.id, index))
+                prompt_ids, sample_budget = fitted[record.id]
+                sample_ctx = replace(ctx, problem=record.problem, metadata=record.metadata, max_new_tokens=sample_budget)
+                result, latency, cost = timed_decode(method, prompt_ids, sample_ctx)
+                row = sample_record(record, index, result, latency, cost, pair, method)
+                row["latency_estimate_s"] = estimate_latency(pair, latency_models)
+                finish(record, index, row)
+        else:
+            jobs = [((record, index), batched_job(
+                method, replace(ctx, problem=record.problem, metadata=record.metadata, max_new_tokens=fitted[record.id][1]),
+                cfg["decoding"], record, index, fitted[record.id][0], latency_models)) for record, index in todo]
+            for finished in BatchScheduler(batch_size).run(jobs):
+                (record, index), (result, cost, estimate) = finished.key, finished.value
+                # Latency stays the batch-1 protocol: the fitted model's estimate; the wall clock
+                # this sample spent in the batch is kept apart.
+                row = sample_record(record, index, result, estimate, cost, pair, method)
+                row.update(latency_estimate_s=estimate, latency_estimated=True, batch_wall_s=finished.wall_s)
+                finish(record, index, row)
+        decode_wall = time.perf_counter() - decode_start
         bar.close()
 
         wanted = {(r.id, k) for r in records for k in range(n_samples)}
         samples = [s for key, s in store.records.items() if key in wanted]
         summary = summarize_run(cfg, method, samples, results_root if results_root is not None else Path(run_dir).parent)
         summary["skipped_context_overflow"] = len(wanted) - len(samples)  # on_overflow=skip (or no room left)
+        summary.update(throughput(store, todo, decode_wall))
         store.write_summary(summary)
         if logger is not None:
             logger.finish(summary, samples)
     finally:
         store.close()  # other processes waiting on this run directory may go on
     return summary
+
+
+def throughput(store: SampleStore, todo: list, decode_wall: float) -> dict[str, Any]:
+    """What this invocation's decode loop did per second of wall clock (loading, warm-up and
+    grading of resumed samples excluded): the batching gain, unlike the batch-1 `latency_s`."""
+    decoded = [store.records[(str(r.id), k)] for r, k in todo if store.done(r.id, k)]
+    rate = lambda n: n / decode_wall if decoded and decode_wall > 0 else None  # noqa: E731
+    return {"decode_wall_s": decode_wall if decoded else None, "decoded_samples": len(decoded),
+            "samples_per_s": rate(len(decoded)), "decode_tokens_per_s": rate(sum(r["tokens"] for r in decoded))}
 
 
 def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, Any]], results_root: str | Path) -> dict[str, Any]:
@@ -185,6 +239,8 @@ def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, A
         "dataset": cfg["dataset"]["name"],
         "run_tag": run_tag(cfg),
         **summarize_samples(samples),
+        "batch_size": cfg.get("batch_size", 1),
+        "latency_estimated": any(s.get("latency_estimated") for s in samples),
         "comparison_key": comparison_key(cfg),
         "config": cfg,
         "speedup": None,
