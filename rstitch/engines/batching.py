@@ -56,6 +56,7 @@ class Task:
         self.done = False
         self.started = time.perf_counter()
         self.costs: dict[int, tuple[CostCounter, dict[str, Any]]] = {}  # this sample's view of each counter
+        self._locals: dict[int, tuple[Any, Any]] = {}
         self.thread = threading.Thread(target=self._main, name=f"sample-{key}", daemon=True)
 
     def _main(self) -> None:
@@ -70,6 +71,12 @@ class Task:
         finally:
             self.done = True
             self.scheduler.back.release()
+
+    def local(self, owner: Any, factory: Callable[[], Any]) -> Any:
+        """`owner`'s state for this sample (e.g. a PRM's prefix cache), made by `factory` once."""
+        if id(owner) not in self._locals:
+            self._locals[id(owner)] = (owner, factory())  # holding owner keeps its id unique
+        return self._locals[id(owner)][1]
 
     def submit(self, request: ForwardRequest) -> tuple[torch.Tensor, torch.Tensor | None, float]:
         """Wait (handing the baton back) until the scheduler ran this request in a batch."""

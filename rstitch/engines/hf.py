@@ -136,6 +136,8 @@ class SlotCache:
     per layer. A slot's valid length is its sequence's `n_cached`, so a rollback moves no data
     and rows join and leave freely. The model sees it as a `Cache` through `_SlotView`."""
 
+    INITIAL = (8, 256)  # slots, positions; both double when outgrown
+
     def __init__(self, config, dtype: torch.dtype, device: torch.device):
         self.n_layers = config.num_hidden_layers
         self.heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
@@ -144,7 +146,7 @@ class SlotCache:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.free: list[int] = []
-        self._allocate(8, 256)
+        self._allocate(*self.INITIAL)
 
     def _allocate(self, n_slots: int, length: int) -> None:
         """Grow to at least `n_slots` rows of `length` positions, keeping what is stored."""
