@@ -200,10 +200,13 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
                 cfg["decoding"], record, index, fitted[record.id][0], latency_models)) for record, index in todo]
             for finished in BatchScheduler(batch_size).run(jobs):
                 (record, index), (result, cost, estimate) = finished.key, finished.value
-                # Latency stays the batch-1 protocol: the fitted model's estimate; the wall clock
-                # this sample spent in the batch is kept apart.
-                row = sample_record(record, index, result, estimate, cost, pair, method)
-                row.update(latency_estimate_s=estimate, latency_estimated=True, batch_wall_s=finished.wall_s)
+                # Latency stays the batch-1 protocol: the fitted batch-1 model's estimate of the
+                # sample's forwards plus the time of its own work between them (method logic,
+                # sampling, unbatched PRM and judge forwards); its wall clock in the batch is kept apart.
+                latency = estimate + finished.own_s
+                row = sample_record(record, index, result, latency, cost, pair, method)
+                row.update(latency_estimate_s=estimate, latency_estimated=True, latency_overhead_s=finished.own_s,
+                           batch_wall_s=finished.wall_s)
                 finish(record, index, row)
         decode_wall = time.perf_counter() - decode_start
         bar.close()

@@ -2,7 +2,8 @@
 testbed at batch sizes 1..32, and R-Stitch's Table 6 view (rstitch's speedup over llm_only at each
 batch size). Every configuration runs through `rstitch.runner.run` into a temporary results
 directory, one after the other in this process; `decode_wall_s` is the decode loop's wall clock
-(loading and warm-up excluded). Each batched run's outputs are checked against batch 1's.
+(loading and warm-up excluded). Each batched run's outputs are checked against batch 1's, and its
+estimated batch-1 latency (mean `latency_s`) against the latency batch 1 measured.
 
     python scripts/bench_batch.py                                   # 32 problems, every method, 1..32
     python scripts/bench_batch.py --problems 96 --methods llm_only rstitch --batch-sizes 1 16
@@ -41,15 +42,16 @@ def measure(method: str, batch_size: int, args: argparse.Namespace, root: Path) 
 
 
 def table(results: dict[tuple[str, int], dict], methods: list[str], sizes: list[int]) -> str:
-    lines = ["| method | batch | decode wall (s) | samples/s | tokens/s | gain over batch 1 | same outputs as batch 1 |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+    lines = ["| method | batch | decode wall (s) | samples/s | tokens/s | gain over batch 1 | same outputs as batch 1 | latency_s / batch 1's |",
+             "|---|---:|---:|---:|---:|---:|---|---:|"]
     for method in methods:
         base = results[(method, sizes[0])]
         for size in sizes:
             r = results[(method, size)]
             same = "yes" if r["outputs"] == base["outputs"] else _differences(base["outputs"], r["outputs"])
             lines.append(f"| {method} | {size} | {r['decode_wall_s']:.2f} | {r['samples_per_s']:.2f} | "
-                         f"{r['decode_tokens_per_s']:.0f} | {base['decode_wall_s'] / r['decode_wall_s']:.2f}x | {same} |")
+                         f"{r['decode_tokens_per_s']:.0f} | {base['decode_wall_s'] / r['decode_wall_s']:.2f}x | {same} | "
+                         f"{r['latency_s'] / base['latency_s']:.2f} |")
     return "\n".join(lines)
 
 

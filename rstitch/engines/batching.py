@@ -41,6 +41,7 @@ class Finished:
     key: Any
     value: Any  # what the sample's function returned
     wall_s: float  # from the sample's start to its end, waiting for the batch included
+    own_s: float  # the part spent running its own code between forwards (not waiting)
 
 
 class Task:
@@ -55,6 +56,7 @@ class Task:
         self.error: BaseException | None = None
         self.done = False
         self.started = time.perf_counter()
+        self.own_s = 0.0
         self.costs: dict[int, tuple[CostCounter, dict[str, Any]]] = {}  # this sample's view of each counter
         self._locals: dict[int, tuple[Any, Any]] = {}
         self.thread = threading.Thread(target=self._main, name=f"sample-{key}", daemon=True)
@@ -128,14 +130,16 @@ class BatchScheduler:
                 active.remove(task)
                 if task.error is not None:
                     raise task.error
-                yield Finished(task.key, task.value, time.perf_counter() - task.started)
+                yield Finished(task.key, task.value, time.perf_counter() - task.started, task.own_s)
 
     def _slice(self, task: Task) -> None:
         """Run `task` until it waits for a forward or ends, with its own cost counters in place."""
         task.request = None if task.output is not None else task.request
         self._swap_in(task)
+        start = time.perf_counter()
         task.go.release()
         self.back.acquire()
+        task.own_s += time.perf_counter() - start
         self._swap_out(task)
 
     def _run_forwards(self, active: list[Task]) -> None:
