@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,7 @@ import torch
 
 from rstitch.cli.run import CONF_DIR, compose_config
 from rstitch.engines.base import CostCounter, ForwardRequest
-from rstitch.engines.batching import BatchScheduler
+from rstitch.engines.batching import BatchAborted, BatchScheduler
 from rstitch.errors import ConfigError
 from rstitch.results.keys import run_key, run_tag
 from rstitch.runner import run
@@ -166,32 +165,37 @@ def test_scheduler_keeps_batch_size_in_flight_and_each_sample_its_own_costs(tiny
                 seq.append(seq.next_distribution().argmax)
             counter.forward_calls += index
             in_flight.discard(index)
-            return model.cost.as_dict(), counter.forward_calls, threading.current_thread().name
+            return model.cost.as_dict(), counter.forward_calls
         return decode
 
     done = list(BatchScheduler(3).run([(i, job(i)) for i in range(7)]))
     assert sorted(d.key for d in done) == list(range(7)) and peak[0] == 3
     for d in done:
-        cost, extra, _ = d.value
+        cost, extra = d.value
         assert cost["forward_calls"] == 2 + d.key % 3 and cost["prefill_tokens"] == 3 + d.key and extra == d.key
     assert counter.forward_calls == sum(range(7))  # the counter's own total: every sample's work
 
 
 def test_a_failing_sample_fails_the_run_and_unwinds_the_others(tiny_runners):
     model = tiny_runners.slm
+    started, unwound = [], []
 
     def job(index: int):
         def decode():
+            started.append(index)
             seq = model.new_sequence([3, 4, 5])
-            for _ in range(3):
-                seq.append(seq.next_distribution().argmax)
-            if index == 2:
-                raise ConfigError("sample 2 fails")
-            for _ in range(50):
-                seq.append(seq.next_distribution().argmax)
+            try:
+                for _ in range(3):
+                    seq.append(seq.next_distribution().argmax)
+                if index == 2:
+                    raise ConfigError("sample 2 fails")
+                for _ in range(50):
+                    seq.append(seq.next_distribution().argmax)
+            except BatchAborted:
+                unwound.append(index)
+                raise
         return decode
 
-    before = threading.active_count()
     with pytest.raises(ConfigError, match="sample 2 fails"):
         list(BatchScheduler(4).run([(i, job(i)) for i in range(6)]))
-    assert threading.active_count() == before
+    assert sorted(started) == [0, 1, 2, 3] and sorted(unwound) == [0, 1, 3]  # 4 and 5 never start

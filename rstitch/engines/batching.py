@@ -1,35 +1,35 @@
 """Many samples in flight: continuous batching without batch-specific code in the methods.
 
-Each sample decodes in its own thread, written exactly as at batch size 1. Only one thread runs
-at a time (a baton): the scheduler hands it over, in a fixed order, to every sample that can go
-on, until each one waits for a forward (`ModelRunner.run_forward` inside a sample's thread) or is
-done. Then the waiting requests of each model run as one batched forward
+Each sample decodes in its own coroutine (a greenlet: plain synchronous code, switched within
+one thread, so no OS thread hand-over and no locks), written exactly as at batch size 1. The
+scheduler switches, in a fixed order, to every sample that can go on, until each one waits for a
+forward (`ModelRunner.run_forward` inside a sample) or is done. Then the waiting requests of each model run as one batched forward
 (`ModelRunner.forward_batch`), and their samples go on. A finished sample frees its slot for the
 next one at once. The order of everything is fixed, so a batched run is reproducible.
 
 Per-sample costs: methods (and PRMs, routers) read cost counters as deltas around their work, and
 other samples run in between. So each sample sees its own values of every live `CostCounter`:
-they are swapped in when the sample takes the baton and out when it hands it back; the
+they are swapped in when the sample is switched to and out when it switches back; the
 counters' own totals keep accumulating every sample's work.
 """
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterable, Iterator
 
+import greenlet
 import torch
 
 from rstitch.engines.base import CostCounter, ForwardRequest, ModelRunner, live_counters
 
-_LOCAL = threading.local()
+_CURRENT: list["Task | None"] = [None]  # the sample running now (all run in the scheduler's thread)
 _SCALARS = tuple(f.name for f in fields(CostCounter) if f.name != "forward_shapes")
 
 
 def current_task() -> "Task | None":
     """The batched sample the calling thread decodes, or None (batch size 1, or outside a run)."""
-    return getattr(_LOCAL, "task", None)
+    return _CURRENT[0]
 
 
 class BatchAborted(Exception):
@@ -45,11 +45,10 @@ class Finished:
 
 
 class Task:
-    """One sample's thread and its hand-over points."""
+    """One sample's coroutine and its switch points."""
 
     def __init__(self, key: Any, fn: Callable[[], Any], scheduler: "BatchScheduler"):
         self.key, self.fn, self.scheduler = key, fn, scheduler
-        self.go = threading.Semaphore(0)
         self.request: ForwardRequest | None = None
         self.output: tuple[torch.Tensor, torch.Tensor | None, float] | None = None
         self.value: Any = None
@@ -59,20 +58,15 @@ class Task:
         self.own_s = 0.0
         self.costs: dict[int, tuple[CostCounter, dict[str, Any]]] = {}  # this sample's view of each counter
         self._locals: dict[int, tuple[Any, Any]] = {}
-        self.thread = threading.Thread(target=self._main, name=f"sample-{key}", daemon=True)
+        self.coroutine = greenlet.greenlet(self._main)
 
     def _main(self) -> None:
-        self.go.acquire()
-        _LOCAL.task = self
         try:
-            if self.scheduler.aborted:
-                raise BatchAborted("another sample of the batch failed")
             self.value = self.fn()
         except BaseException as err:  # noqa: BLE001 - handed to the scheduler, which raises it
             self.error = err
         finally:
             self.done = True
-            self.scheduler.back.release()
 
     def local(self, owner: Any, factory: Callable[[], Any]) -> Any:
         """`owner`'s state for this sample (e.g. a PRM's prefix cache), made by `factory` once."""
@@ -81,10 +75,9 @@ class Task:
         return self._locals[id(owner)][1]
 
     def submit(self, request: ForwardRequest) -> tuple[torch.Tensor, torch.Tensor | None, float]:
-        """Wait (handing the baton back) until the scheduler ran this request in a batch."""
+        """Wait (switching back to the scheduler) until this request ran in a batch."""
         self.request, self.output = request, None
-        self.scheduler.back.release()
-        self.go.acquire()
+        self.coroutine.parent.switch()
         if self.output is None:
             raise BatchAborted("another sample of the batch failed")
         return self.output
@@ -95,8 +88,6 @@ class BatchScheduler:
 
     def __init__(self, batch_size: int):
         self.batch_size = batch_size
-        self.back = threading.Semaphore(0)  # a sample hands the baton back
-        self.aborted = False
         self._global: dict[int, dict[str, Any]] = {}
 
     def run(self, jobs: Iterable[tuple[Any, Callable[[], Any]]]) -> Iterator[Finished]:
@@ -118,7 +109,6 @@ class BatchScheduler:
         while True:
             while len(active) < self.batch_size and (job := next(pending, None)) is not None:
                 task = Task(job[0], job[1], self)
-                task.thread.start()
                 active.append(task)
                 runnable.append(task)
             if not runnable:
@@ -136,11 +126,14 @@ class BatchScheduler:
         """Run `task` until it waits for a forward or ends, with its own cost counters in place."""
         task.request = None if task.output is not None else task.request
         self._swap_in(task)
+        _CURRENT[0] = task
         start = time.perf_counter()
-        task.go.release()
-        self.back.acquire()
-        task.own_s += time.perf_counter() - start
-        self._swap_out(task)
+        try:
+            task.coroutine.switch()
+        finally:
+            task.own_s += time.perf_counter() - start
+            _CURRENT[0] = None
+            self._swap_out(task)
 
     def _run_forwards(self, active: list[Task]) -> None:
         groups: dict[int, list[Task]] = {}
@@ -155,13 +148,12 @@ class BatchScheduler:
                 task.output = (logits, hidden, seconds)
 
     def _abort(self, active: list[Task]) -> None:
-        """Unwind the samples still waiting (after an error or an abandoned run)."""
-        self.aborted = True
+        """Unwind the samples still waiting (after an error or an abandoned run); samples not
+        started yet never run."""
         for task in active:
-            if not task.done:
+            if task.coroutine and not task.done:  # started and waiting for a forward
                 task.output = None
-                task.go.release()
-                task.thread.join()
+                self._slice(task)
 
     # --- per-sample cost counters --------------------------------------------------------
     def _swap_in(self, task: Task) -> None:

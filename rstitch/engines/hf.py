@@ -132,8 +132,8 @@ def batchable(model: torch.nn.Module) -> bool:
 
 
 class SlotCache:
-    """Keys and values of many sequences, one slot (row) each: [slots, length, kv heads, head dim]
-    per layer. A slot's valid length is its sequence's `n_cached`, so a rollback moves no data
+    """Keys and values of many sequences, one slot (row) each: [slots, kv heads, length, head dim]
+    per layer (the layout attention reads). A slot's valid length is its sequence's `n_cached`, so a rollback moves no data
     and rows join and leave freely. The model sees it as a `Cache` through `_SlotView`."""
 
     INITIAL = (8, 256)  # slots, positions; both double when outgrown
@@ -151,13 +151,13 @@ class SlotCache:
     def _allocate(self, n_slots: int, length: int) -> None:
         """Grow to at least `n_slots` rows of `length` positions, keeping what is stored."""
         old = len(self.keys[0]) if self.keys else 0
-        shape = (n_slots, length, self.heads, self.head_dim)
+        shape = (n_slots, self.heads, length, self.head_dim)
         for store in (self.keys, self.values):
             for layer in range(self.n_layers):
                 grown = torch.zeros(shape, dtype=self.dtype, device=self.device)
                 if old:
                     previous = store[layer]
-                    grown[: previous.shape[0], : previous.shape[1]] = previous
+                    grown[: previous.shape[0], :, : previous.shape[2]] = previous
                     store[layer] = grown
                 else:
                     store.append(grown)
@@ -165,7 +165,8 @@ class SlotCache:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.keys[0].shape[:2])
+        """(slots, positions)."""
+        return self.keys[0].shape[0], self.keys[0].shape[2]
 
     def acquire(self) -> int:
         if not self.free:
@@ -182,20 +183,23 @@ class SlotCache:
 
 class _SlotView:
     """What one batched forward sees: `update` writes each row's new keys after its own cached
-    positions and returns every row's keys padded to the longest (the 4D mask hides the rest)."""
+    positions and returns every row's keys padded to the longest (the 4D mask hides the rest).
+    Rows whose slots form one range are read in place; others are gathered."""
 
     def __init__(self, cache: SlotCache, slots: list[int], starts: list[int], width: int):
         self.cache = cache
         device = cache.device
         self.rows = torch.tensor(slots, device=device)
+        self.span = slice(slots[0], slots[-1] + 1) if slots == list(range(slots[0], slots[-1] + 1)) else None
         self.positions = torch.tensor(starts, device=device)[:, None] + torch.arange(width, device=device)
         self.read = max(starts) + width
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         out = []
         for store, new in ((self.cache.keys[layer_idx], key_states), (self.cache.values[layer_idx], value_states)):
-            store[self.rows[:, None], self.positions] = new.transpose(1, 2)
-            out.append(store[self.rows, : self.read].transpose(1, 2))
+            store[self.rows[:, None], :, self.positions] = new.transpose(1, 2)
+            window = store[:, :, : self.read]
+            out.append(window[self.span] if self.span is not None else window.index_select(0, self.rows))
         return out[0], out[1]
 
 
@@ -216,7 +220,13 @@ def batched_forward(runner: HFModelRunner, requests: list[ForwardRequest]) -> li
     """One padded forward over the requests' sequences: row r runs its new tokens at positions
     n_cached.. of its own slot; logits (and hidden states) of each row's last `keep` tokens."""
     cache, model = runner._slots, runner.model
-    seqs = [_slotted(runner, r.seq) for r in requests]
+    for r in requests:
+        _slotted(runner, r.seq)
+    order = sorted(range(len(requests)), key=lambda i: requests[i].seq.slot)  # in place when the slots are a range
+    if order != list(range(len(requests))):
+        results = batched_forward(runner, [requests[i] for i in order])
+        return [results[order.index(i)] for i in range(len(requests))]
+    seqs = [r.seq for r in requests]
     starts = [s.n_cached for s in seqs]
     width = max(len(r.new_ids) for r in requests)
     cache.reserve(max(starts) + width)
@@ -254,8 +264,8 @@ def _slotted(runner: HFModelRunner, seq: HFSequence) -> HFSequence:
         if seq.n_cached:
             cache.reserve(seq.n_cached)
             for layer, stored in enumerate(seq.cache.layers):
-                cache.keys[layer][seq.slot, : seq.n_cached] = stored.keys[0, :, : seq.n_cached].transpose(0, 1)
-                cache.values[layer][seq.slot, : seq.n_cached] = stored.values[0, :, : seq.n_cached].transpose(0, 1)
+                cache.keys[layer][seq.slot, :, : seq.n_cached] = stored.keys[0, :, : seq.n_cached]
+                cache.values[layer][seq.slot, :, : seq.n_cached] = stored.values[0, :, : seq.n_cached]
         seq.cache = None  # the slot holds its state from now on
     return seq
 
