@@ -3,6 +3,7 @@ in batched runs one slot per sequence in a shared cache (`SlotCache`), and one p
 the sequences waiting on a model."""
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
@@ -238,7 +239,7 @@ def batched_forward(runner: HFModelRunner, requests: list[ForwardRequest]) -> li
     want_hidden = any(s.want_hidden for s in seqs)
     base = getattr(model, model.base_model_prefix)
     out = base(input_ids=ids, attention_mask=mask, position_ids=view.positions, use_cache=True,
-               output_hidden_states=want_hidden, **{_cache_argument(base): view})
+               output_hidden_states=want_hidden, **{_cache_argument(type(base)): view})
     index = torch.tensor([row * width + i for row, r in enumerate(requests)
                           for i in range(len(r.new_ids) - r.keep, len(r.new_ids))], device=runner.device)
     final = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])[index]
@@ -250,9 +251,10 @@ def batched_forward(runner: HFModelRunner, requests: list[ForwardRequest]) -> li
     return [(lg, h if s.want_hidden else None) for lg, h, s in zip(logits, hidden, seqs)]
 
 
-def _cache_argument(base: torch.nn.Module) -> str:
+@functools.lru_cache(maxsize=None)
+def _cache_argument(model_class: type) -> str:
     """transformers 5.24 renamed `past_key_values` to `cache` (the old name warns at every call)."""
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 def _slotted(runner: HFModelRunner, seq: HFSequence) -> HFSequence:
