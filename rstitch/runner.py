@@ -6,7 +6,7 @@ import json
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from tqdm import tqdm
 
@@ -92,14 +92,46 @@ def check_batch_size(cfg: dict[str, Any]) -> int:
     return size
 
 
-def batched_job(method: Method, ctx: DecodeContext, decoding: dict[str, Any], record, index: int,
-                prompt_ids: list[int], latency_models: dict) -> Any:
-    """One sample of a batched run, run in its own thread (engines/batching.py): its own sampler
-    (seeded as at batch size 1) and, through the scheduler, its own view of the cost counters."""
+def decode_one_by_one(method: Method, ctx: DecodeContext, todo: list, fitted: dict, latency_models: dict | None,
+                      batch_size: int = 1) -> Iterator[tuple[Any, int, dict[str, Any]]]:
+    """Batch size 1: each sample timed on its own (the papers' latency protocol)."""
+    for record, index in todo:
+        ctx.sampler.reseed(sample_seed(ctx.sampler.seed, record.id, index))
+        prompt_ids, sample_budget = fitted[record.id]
+        sample_ctx = replace(ctx, problem=record.problem, metadata=record.metadata, max_new_tokens=sample_budget)
+        result, latency, cost = timed_decode(method, prompt_ids, sample_ctx)
+        row = sample_record(record, index, result, latency, cost, ctx.pair, method)
+        row["latency_estimate_s"] = estimate_latency(ctx.pair, latency_models)
+        yield record, index, row
+
+
+def decode_batched(method: Method, ctx: DecodeContext, todo: list, fitted: dict, latency_models: dict,
+                   batch_size: int) -> Iterator[tuple[Any, int, dict[str, Any]]]:
+    """`batch_size` samples in flight (engines/batching.py), each yielded as it finishes. Latency
+    stays the batch-1 protocol: the fitted batch-1 model's estimate of the sample's forwards plus
+    the time of its own work between them (method logic, sampling, unbatched PRM and judge
+    forwards); the wall clock it spent in the batch is kept apart."""
+    jobs = [((record, index), batched_job(method, ctx, record, index, fitted[record.id], latency_models))
+            for record, index in todo]
+    for finished in BatchScheduler(batch_size).run(jobs):
+        (record, index), (result, cost, estimate) = finished.key, finished.value
+        row = sample_record(record, index, result, estimate + finished.own_s, cost, ctx.pair, method)
+        row.update(latency_estimate_s=estimate, latency_estimated=True, latency_overhead_s=finished.own_s,
+                   batch_wall_s=finished.wall_s)
+        yield record, index, row
+
+
+def batched_job(method: Method, ctx: DecodeContext, record, index: int, fitted: tuple[list[int], int],
+                latency_models: dict) -> Callable[[], tuple[DecodeResult, dict, float | None]]:
+    """One sample of a batched run, run as its own coroutine: its own sampler (seeded as at batch
+    size 1) and, through the scheduler, its own view of the cost counters."""
+    prompt_ids, sample_budget = fitted
+
     def job() -> tuple[DecodeResult, dict, float | None]:
-        sampler = Sampler(**decoding)
+        sampler = Sampler(temperature=ctx.sampler.temperature, top_p=ctx.sampler.top_p, seed=ctx.sampler.seed)
         sampler.reseed(sample_seed(sampler.seed, record.id, index))
-        result = method.decode(prompt_ids, replace(ctx, sampler=sampler))
+        sample_ctx = replace(ctx, sampler=sampler, problem=record.problem, metadata=record.metadata, max_new_tokens=sample_budget)
+        result = method.decode(prompt_ids, sample_ctx)
         cost = {k: m.cost.as_dict() for k, m in ctx.pair.models().items()}
         return result, cost, estimate_latency(ctx.pair, latency_models)
     return job
@@ -172,7 +204,7 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
 
         bar = tqdm(total=len(records) * n_samples, initial=len(records) * n_samples - len(todo), desc=method.name, unit="sample")
 
-        def finish(record, index: int, row: dict[str, Any]) -> None:
+        def finish(record, row: dict[str, Any]) -> None:
             sample_budget = fitted[record.id][1]
             if sample_budget < budget:  # on_overflow=truncate
                 row["max_new_tokens"] = sample_budget
@@ -185,29 +217,9 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
             bar.update()
 
         decode_start = time.perf_counter()
-        if batch_size == 1:
-            for record, index in todo:
-                sampler.reseed(sample_seed(sampler.seed, record.id, index))
-                prompt_ids, sample_budget = fitted[record.id]
-                sample_ctx = replace(ctx, problem=record.problem, metadata=record.metadata, max_new_tokens=sample_budget)
-                result, latency, cost = timed_decode(method, prompt_ids, sample_ctx)
-                row = sample_record(record, index, result, latency, cost, pair, method)
-                row["latency_estimate_s"] = estimate_latency(pair, latency_models)
-                finish(record, index, row)
-        else:
-            jobs = [((record, index), batched_job(
-                method, replace(ctx, problem=record.problem, metadata=record.metadata, max_new_tokens=fitted[record.id][1]),
-                cfg["decoding"], record, index, fitted[record.id][0], latency_models)) for record, index in todo]
-            for finished in BatchScheduler(batch_size).run(jobs):
-                (record, index), (result, cost, estimate) = finished.key, finished.value
-                # Latency stays the batch-1 protocol: the fitted batch-1 model's estimate of the
-                # sample's forwards plus the time of its own work between them (method logic,
-                # sampling, unbatched PRM and judge forwards); its wall clock in the batch is kept apart.
-                latency = estimate + finished.own_s
-                row = sample_record(record, index, result, latency, cost, pair, method)
-                row.update(latency_estimate_s=estimate, latency_estimated=True, latency_overhead_s=finished.own_s,
-                           batch_wall_s=finished.wall_s)
-                finish(record, index, row)
+        decode = decode_one_by_one if batch_size == 1 else decode_batched
+        for record, _, row in decode(method, ctx, todo, fitted, latency_models, batch_size):
+            finish(record, row)
         decode_wall = time.perf_counter() - decode_start
         bar.close()
 
@@ -225,8 +237,9 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
 
 
 def throughput(store: SampleStore, todo: list, decode_wall: float) -> dict[str, Any]:
-    """What this invocation's decode loop did per second of wall clock (loading, warm-up and
-    grading of resumed samples excluded): the batching gain, unlike the batch-1 `latency_s`."""
+    """What this invocation's decode loop (grading and writing included) did per second of wall
+    clock, loading, warm-up and resumed samples excluded: the batching gain, unlike the batch-1
+    `latency_s`."""
     decoded = [store.records[(str(r.id), k)] for r, k in todo if store.done(r.id, k)]
     rate = lambda n: n / decode_wall if decoded and decode_wall > 0 else None  # noqa: E731
     return {"decode_wall_s": decode_wall if decoded else None, "decoded_samples": len(decoded),

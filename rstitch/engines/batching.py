@@ -124,7 +124,6 @@ class BatchScheduler:
 
     def _slice(self, task: Task) -> None:
         """Run `task` until it waits for a forward or ends, with its own cost counters in place."""
-        task.request = None if task.output is not None else task.request
         self._swap_in(task)
         _CURRENT[0] = task
         start = time.perf_counter()
