@@ -199,3 +199,12 @@ def test_a_failing_sample_fails_the_run_and_unwinds_the_others(tiny_runners):
     with pytest.raises(ConfigError, match="sample 2 fails"):
         list(BatchScheduler(4).run([(i, job(i)) for i in range(6)]))
     assert sorted(started) == [0, 1, 2, 3] and sorted(unwound) == [0, 1, 3]  # 4 and 5 never start
+
+
+def test_rows_of_very_different_widths_run_as_separate_forwards():
+    from rstitch.engines.hf import width_groups
+
+    assert width_groups([1, 1, 1, 30, 1]) == [[0, 1, 2, 4], [3]]  # a catch-up prefill beside single steps
+    assert width_groups([1] * 16) == [list(range(16))] and width_groups([5, 6, 7, 8]) == [[0, 1, 2, 3]]
+    groups = width_groups([1, 40, 2, 38, 3, 1, 17])
+    assert sorted(i for g in groups for i in g) == list(range(7))

@@ -86,9 +86,12 @@ class Task:
 class BatchScheduler:
     """Keeps up to `batch_size` samples decoding; one batched forward per model and round."""
 
+    MAX_WAIT = 2  # rounds a model's requests may be passed over
+
     def __init__(self, batch_size: int):
         self.batch_size = batch_size
         self._global: dict[int, dict[str, Any]] = {}
+        self._waited: dict[int, int] = {}  # per model: rounds its requests were passed over
 
     def run(self, jobs: Iterable[tuple[Any, Callable[[], Any]]]) -> Iterator[Finished]:
         """Decode `(key, fn)` jobs, yielding each as it finishes (in a fixed order)."""
@@ -135,10 +138,18 @@ class BatchScheduler:
             self._swap_out(task)
 
     def _run_forwards(self, active: list[Task]) -> None:
+        """Run the largest group of requests waiting on one model, and any group passed over
+        `MAX_WAIT` times: samples on the cheap model go on while the other model's requests
+        gather into fuller batches (R-Stitch: SLM rows need not wait for every LLM forward)."""
         groups: dict[int, list[Task]] = {}
         for task in active:
             groups.setdefault(id(task.request.runner), []).append(task)
-        for tasks in groups.values():
+        largest = max(groups, key=lambda key: len(groups[key]))
+        for key, tasks in groups.items():
+            if key != largest and self._waited.get(key, 0) < self.MAX_WAIT:
+                self._waited[key] = self._waited.get(key, 0) + 1
+                continue
+            self._waited[key] = 0
             runner: ModelRunner = tasks[0].request.runner
             start = time.perf_counter()
             outputs = runner.forward_batch([t.request for t in tasks])
