@@ -86,10 +86,15 @@ def check_batch_size(cfg: dict[str, Any]) -> int:
     size = cfg.get("batch_size", 1)
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ConfigError(f"batch_size must be a positive integer, got {size!r}")
-    if size > 1 and not cfg.get("latency_dir"):
-        raise ConfigError("batch_size > 1 reports the batch-1 latency model's estimate as latency_s: set latency_dir "
-                          "to the pair's fitted latency models (scripts/profile_latency.py)")
     return size
+
+
+def check_latency_models(batch_size: int, latency_models: dict | None, latency_dir: Any) -> None:
+    """A batched run reports the batch-1 latency model's estimate as latency_s: it needs one."""
+    if batch_size > 1 and latency_models is None:
+        where = f"in latency_dir '{latency_dir}'" if latency_dir else "(latency_dir is null)"
+        raise ConfigError(f"batch_size > 1 estimates batch-1 latency from the pair's fitted latency models, and none were found "
+                          f"{where}; fit them with scripts/profile_latency.py or run batch_size=1")
 
 
 def decode_one_by_one(method: Method, ctx: DecodeContext, todo: list, fitted: dict, latency_models: dict | None,
@@ -181,11 +186,12 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
     sampler = Sampler(**cfg["decoding"])
     pair = get_pair(cfg["pair"], cfg["engine"])
     check_engine_gives(method, pair, cfg["engine"]["name"])
+    latency_models = load_pair_latency(cfg["latency_dir"], pair) if cfg.get("latency_dir") else None
+    check_latency_models(batch_size, latency_models, cfg.get("latency_dir"))
     store = SampleStore(run_dir, run_key(cfg))
     try:
         tokenizer = pair.tokenizer
         ctx = DecodeContext(pair, sampler, budget)
-        latency_models = load_pair_latency(cfg["latency_dir"], pair) if cfg.get("latency_dir") else None
 
         todo = [(r, k) for r in records for k in range(n_samples) if not store.done(r.id, k)]
         # Every prompt is checked against the context before anything decodes.

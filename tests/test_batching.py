@@ -90,9 +90,13 @@ def test_batch_size_must_be_a_positive_integer(tmp_path, value):
         run(cfg, tmp_path / "run")
 
 
-def test_batching_needs_the_batch_1_latency_model(tmp_path):
-    with pytest.raises(ConfigError, match="latency_dir"):
-        run(config(tmp_path, "dataset.limit=1", "batch_size=2", "latency_dir=null"), tmp_path / "run")
+@pytest.mark.parametrize("latency_dir", ["null", "EMPTY"])
+def test_batching_needs_the_batch_1_latency_model(tmp_path, latency_dir):
+    (tmp_path / "empty").mkdir()
+    where = tmp_path / "empty" if latency_dir == "EMPTY" else latency_dir
+    with pytest.raises(ConfigError, match="^batch_size > 1 estimates batch-1 latency .* none were found"):
+        run(config(tmp_path, "dataset.limit=1", "batch_size=2", f"latency_dir={where}"), tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # one error line before any result file
 
 
 # --- the engine side ----------------------------------------------------------------------------
