@@ -6,7 +6,7 @@ import json
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from tqdm import tqdm
 
@@ -14,6 +14,7 @@ from rstitch.data import load_dataset_records
 from rstitch.data.context import ContextCheck
 from rstitch.data.prompts import PromptFormat
 from rstitch.engines import ModelPair, Sampler, load_pair
+from rstitch.engines.batching import BatchScheduler
 from rstitch.errors import ConfigError
 from rstitch.grading import grade_sample
 from rstitch.methods import DecodeContext, DecodeResult, Method, build_method
@@ -81,6 +82,66 @@ def sample_flops(cost: dict[str, dict], pair: ModelPair, stats: dict[str, Any]) 
     return own + float(stats.get(EXTRA_FLOPS, 0.0))
 
 
+def check_batch_size(cfg: dict[str, Any]) -> int:
+    size = cfg.get("batch_size", 1)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"batch_size must be a positive integer, got {size!r}")
+    return size
+
+
+def check_latency_models(batch_size: int, latency_models: dict | None, latency_dir: Any) -> None:
+    """A batched run reports the batch-1 latency model's estimate as latency_s: it needs one."""
+    if batch_size > 1 and latency_models is None:
+        where = f"in latency_dir '{latency_dir}'" if latency_dir else "(latency_dir is null)"
+        raise ConfigError(f"batch_size > 1 estimates batch-1 latency from the pair's fitted latency models, and none were found "
+                          f"{where}; fit them with scripts/profile_latency.py or run batch_size=1")
+
+
+def decode_one_by_one(method: Method, ctx: DecodeContext, todo: list, fitted: dict, latency_models: dict | None,
+                      batch_size: int = 1) -> Iterator[tuple[Any, int, dict[str, Any]]]:
+    """Batch size 1: each sample timed on its own (the papers' latency protocol)."""
+    for record, index in todo:
+        ctx.sampler.reseed(sample_seed(ctx.sampler.seed, record.id, index))
+        prompt_ids, sample_budget = fitted[record.id]
+        sample_ctx = replace(ctx, problem=record.problem, metadata=record.metadata, max_new_tokens=sample_budget)
+        result, latency, cost = timed_decode(method, prompt_ids, sample_ctx)
+        row = sample_record(record, index, result, latency, cost, ctx.pair, method)
+        row["latency_estimate_s"] = estimate_latency(ctx.pair, latency_models)
+        yield record, index, row
+
+
+def decode_batched(method: Method, ctx: DecodeContext, todo: list, fitted: dict, latency_models: dict,
+                   batch_size: int) -> Iterator[tuple[Any, int, dict[str, Any]]]:
+    """`batch_size` samples in flight (engines/batching.py), each yielded as it finishes. Latency
+    stays the batch-1 protocol: the fitted batch-1 model's estimate of the sample's forwards plus
+    the time of its own work between them (method logic, sampling, unbatched PRM and judge
+    forwards); the wall clock it spent in the batch is kept apart."""
+    jobs = [((record, index), batched_job(method, ctx, record, index, fitted[record.id], latency_models))
+            for record, index in todo]
+    for finished in BatchScheduler(batch_size).run(jobs):
+        (record, index), (result, cost, estimate) = finished.key, finished.value
+        row = sample_record(record, index, result, estimate + finished.own_s, cost, ctx.pair, method)
+        row.update(latency_estimate_s=estimate, latency_estimated=True, latency_overhead_s=finished.own_s,
+                   batch_wall_s=finished.wall_s)
+        yield record, index, row
+
+
+def batched_job(method: Method, ctx: DecodeContext, record, index: int, fitted: tuple[list[int], int],
+                latency_models: dict) -> Callable[[], tuple[DecodeResult, dict, float | None]]:
+    """One sample of a batched run, run as its own coroutine: its own sampler (seeded as at batch
+    size 1) and, through the scheduler, its own view of the cost counters."""
+    prompt_ids, sample_budget = fitted
+
+    def job() -> tuple[DecodeResult, dict, float | None]:
+        sampler = Sampler(temperature=ctx.sampler.temperature, top_p=ctx.sampler.top_p, seed=ctx.sampler.seed)
+        sampler.reseed(sample_seed(sampler.seed, record.id, index))
+        sample_ctx = replace(ctx, sampler=sampler, problem=record.problem, metadata=record.metadata, max_new_tokens=sample_budget)
+        result = method.decode(prompt_ids, sample_ctx)
+        cost = {k: m.cost.as_dict() for k, m in ctx.pair.models().items()}
+        return result, cost, estimate_latency(ctx.pair, latency_models)
+    return job
+
+
 def sample_record(record, index: int, result: DecodeResult, latency: float, cost: dict, pair: ModelPair, method: Method) -> dict[str, Any]:
     response = pair.tokenizer.decode(result.token_ids, skip_special_tokens=True)
     multiple_choice = bool(record.metadata.get("multiple_choice"))
@@ -120,15 +181,17 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
     budget = cfg["max_new_tokens"]
     if not isinstance(budget, int) or budget < 1:
         raise ConfigError(f"max_new_tokens must be an integer >= 1, got {budget!r}")
+    batch_size = check_batch_size(cfg)
     prompt = PromptFormat(**cfg["prompt"])
     sampler = Sampler(**cfg["decoding"])
     pair = get_pair(cfg["pair"], cfg["engine"])
     check_engine_gives(method, pair, cfg["engine"]["name"])
+    latency_models = load_pair_latency(cfg["latency_dir"], pair) if cfg.get("latency_dir") else None
+    check_latency_models(batch_size, latency_models, cfg.get("latency_dir"))
     store = SampleStore(run_dir, run_key(cfg))
     try:
         tokenizer = pair.tokenizer
         ctx = DecodeContext(pair, sampler, budget)
-        latency_models = load_pair_latency(cfg["latency_dir"], pair) if cfg.get("latency_dir") else None
 
         todo = [(r, k) for r in records for k in range(n_samples) if not store.done(r.id, k)]
         # Every prompt is checked against the context before anything decodes.
@@ -146,15 +209,11 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
                 raise ConfigError(f"method '{method.name}' on engine '{cfg['engine']['name']}': {err}") from None
 
         bar = tqdm(total=len(records) * n_samples, initial=len(records) * n_samples - len(todo), desc=method.name, unit="sample")
-        for record, index in todo:
-            sampler.reseed(sample_seed(sampler.seed, record.id, index))
-            prompt_ids, sample_budget = fitted[record.id]
-            sample_ctx = replace(ctx, problem=record.problem, metadata=record.metadata, max_new_tokens=sample_budget)
-            result, latency, cost = timed_decode(method, prompt_ids, sample_ctx)
-            row = sample_record(record, index, result, latency, cost, pair, method)
+
+        def finish(record, row: dict[str, Any]) -> None:
+            sample_budget = fitted[record.id][1]
             if sample_budget < budget:  # on_overflow=truncate
                 row["max_new_tokens"] = sample_budget
-            row["latency_estimate_s"] = estimate_latency(pair, latency_models)
             store.append(row)
             if logger is not None:
                 logger.log_sample(row)
@@ -162,18 +221,35 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
             bar.set_postfix(acc=f"{sum(r['correct'] for r in done) / len(done):.3f}",
                             lat=f"{sum(r['latency_s'] for r in done) / len(done):.2f}s")
             bar.update()
+
+        decode_start = time.perf_counter()
+        decode = decode_one_by_one if batch_size == 1 else decode_batched
+        for record, _, row in decode(method, ctx, todo, fitted, latency_models, batch_size):
+            finish(record, row)
+        decode_wall = time.perf_counter() - decode_start
         bar.close()
 
         wanted = {(r.id, k) for r in records for k in range(n_samples)}
         samples = [s for key, s in store.records.items() if key in wanted]
         summary = summarize_run(cfg, method, samples, results_root if results_root is not None else Path(run_dir).parent)
         summary["skipped_context_overflow"] = len(wanted) - len(samples)  # on_overflow=skip (or no room left)
+        summary.update(throughput(store, todo, decode_wall))
         store.write_summary(summary)
         if logger is not None:
             logger.finish(summary, samples)
     finally:
         store.close()  # other processes waiting on this run directory may go on
     return summary
+
+
+def throughput(store: SampleStore, todo: list, decode_wall: float) -> dict[str, Any]:
+    """What this invocation's decode loop (grading and writing included) did per second of wall
+    clock, loading, warm-up and resumed samples excluded: the batching gain, unlike the batch-1
+    `latency_s`."""
+    decoded = [store.records[(str(r.id), k)] for r, k in todo if store.done(r.id, k)]
+    rate = lambda n: n / decode_wall if decoded and decode_wall > 0 else None  # noqa: E731
+    return {"decode_wall_s": decode_wall if decoded else None, "decoded_samples": len(decoded),
+            "samples_per_s": rate(len(decoded)), "decode_tokens_per_s": rate(sum(r["tokens"] for r in decoded))}
 
 
 def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, Any]], results_root: str | Path) -> dict[str, Any]:
@@ -185,6 +261,8 @@ def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, A
         "dataset": cfg["dataset"]["name"],
         "run_tag": run_tag(cfg),
         **summarize_samples(samples),
+        "batch_size": cfg.get("batch_size", 1),
+        "latency_estimated": any(s.get("latency_estimated") for s in samples),
         "comparison_key": comparison_key(cfg),
         "config": cfg,
         "speedup": None,

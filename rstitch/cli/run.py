@@ -24,7 +24,7 @@ def _testbed_asset(name: str) -> str:
 
 
 def _run_tag(*, _root_: DictConfig) -> str:
-    keys = ("pair", "engine", "dataset", "prompt", "max_new_tokens", "decoding", "n_samples", "method", "on_overflow")
+    keys = ("pair", "engine", "dataset", "prompt", "max_new_tokens", "decoding", "n_samples", "method", "on_overflow", "batch_size")
     return run_tag({k: OmegaConf.to_container(_root_[k], resolve=True) if isinstance(_root_[k], DictConfig) else _root_.get(k)
                     for k in keys})
 

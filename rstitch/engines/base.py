@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import time
+import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -35,6 +36,9 @@ class CostCounter:
     # the fitted latency model (metrics/latency_model.py). The runner clears it per sample.
     forward_shapes: list[tuple[int, int]] = field(default_factory=list, repr=False)
 
+    def __post_init__(self) -> None:
+        _LIVE_COUNTERS[id(self)] = self  # batched runs give each sample its own view (engines/batching.py)
+
     def add_forward(self, n_tokens: int, seconds: float, n_kv: int = 0) -> None:
         self.forward_calls += 1
         self.forward_time_s += seconds
@@ -49,21 +53,35 @@ class CostCounter:
         return self.prefill_tokens + self.decode_steps
 
     def copy(self) -> "CostCounter":
-        return CostCounter(self.prefill_tokens, self.decode_steps, self.forward_calls, self.forward_time_s)
+        return _snapshot(CostCounter(self.prefill_tokens, self.decode_steps, self.forward_calls, self.forward_time_s))
 
     def since(self, earlier: "CostCounter") -> "CostCounter":
-        return CostCounter(
+        return _snapshot(CostCounter(
             self.prefill_tokens - earlier.prefill_tokens,
             self.decode_steps - earlier.decode_steps,
             self.forward_calls - earlier.forward_calls,
             self.forward_time_s - earlier.forward_time_s,
-        )
+        ))
 
     def as_dict(self) -> dict[str, float]:
         return {
             "prefill_tokens": self.prefill_tokens, "decode_steps": self.decode_steps,
             "forward_calls": self.forward_calls, "forward_time_s": self.forward_time_s,
         }
+
+
+# The counters that book work (a model's, a PRM's, a router's); snapshots (`copy`, `since`) are
+# values, not counters, and are left out.
+_LIVE_COUNTERS: "weakref.WeakValueDictionary[int, CostCounter]" = weakref.WeakValueDictionary()
+
+
+def _snapshot(counter: CostCounter) -> CostCounter:
+    _LIVE_COUNTERS.pop(id(counter), None)
+    return counter
+
+
+def live_counters() -> list[CostCounter]:
+    return list(_LIVE_COUNTERS.values())
 
 
 @dataclass
@@ -201,9 +219,8 @@ class Sequence(ABC):
             self._crop(self.n_cached - back)
             self.n_cached -= back
         new_ids = self.tokens[self.n_cached:]
-        start = time.perf_counter()
-        logits, hidden = self._forward(new_ids, keep)
-        self.runner.cost.add_forward(len(new_ids), self.runner.elapsed_since(start), self.n_cached)
+        logits, hidden, seconds = self.runner.run_forward(self, new_ids, keep)
+        self.runner.cost.add_forward(len(new_ids), seconds, self.n_cached)
         self.n_cached = len(self.tokens)
         self._window_start = self.n_cached - keep
         self._window_logits, self._window_hidden = logits, hidden
@@ -221,6 +238,16 @@ class Sequence(ABC):
         row = position - self._window_start
         hidden = None if self._window_hidden is None else self._window_hidden[row]
         return TokenDistribution(self._window_logits[row], hidden)
+
+
+@dataclass
+class ForwardRequest:
+    """One sequence's forward, waiting to run in a batch with other sequences' of one model."""
+
+    runner: "ModelRunner"
+    seq: Sequence
+    new_ids: list[int]
+    keep: int
 
 
 class StopWatcher:
@@ -322,6 +349,24 @@ class ModelRunner(ABC):
     @abstractmethod
     def new_sequence(self, prompt_ids: Seq[int], want_hidden: bool = False) -> Sequence:
         """Open a sequence; nothing runs until a distribution is asked for."""
+
+    def run_forward(self, seq: Sequence, new_ids: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+        """`seq._forward` and its wall time; inside a batched run (batch_size > 1) the request
+        waits for one batched forward with the other samples' requests to this model."""
+        from rstitch.engines import batching
+
+        task = batching.current_task()
+        if task is not None:
+            return task.submit(ForwardRequest(self, seq, new_ids, keep))
+        start = time.perf_counter()
+        logits, hidden = seq._forward(new_ids, keep)
+        return logits, hidden, self.elapsed_since(start)
+
+    def forward_batch(self, requests: list["ForwardRequest"]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """The outputs of several sequences' forwards (logits [keep, V], hidden [keep, H] or
+        None). This default runs them one by one; a backend overrides it with one batched
+        forward whose rows equal these up to floating-point rounding."""
+        return [r.seq._forward(r.new_ids, r.keep) for r in requests]
 
     def elapsed_since(self, start: float) -> float:
         """Wall time since `start`; GPU backends synchronize first."""

@@ -12,8 +12,10 @@ logits, measured). The three backend hooks map onto llama.cpp directly:
 
 Logits cover the full vocabulary (exact entropy) and are cut to the shared tokenizer vocabulary.
 A sequence's cells and id are freed when the `Sequence` object goes away (per sample).
-`LlamaCppModelRunner.decode_requests` takes tokens of several sequences in one call: the seam for
-running the in-flight samples of a batch as one decode.
+`LlamaCppModelRunner.decode_requests` takes tokens of several sequences in one call;
+`forward_batch` runs the in-flight samples of a batched run (`batch_size` > 1) through it. A
+token-level method opens two sequences per sample, so `engine.n_seq_max` (16) must be at least
+2 x batch_size (a one-line error says so otherwise).
 
 Tokenizer: llama.cpp's token ids are the GGUF vocabulary's, and so are those of the Hugging Face
 tokenizer rebuilt from the same file (transformers' GGUF reader), which the methods use for text,
@@ -31,7 +33,7 @@ import numpy as np
 import torch
 
 from rstitch.engines import packaged
-from rstitch.engines.base import ModelRunner, Sequence
+from rstitch.engines.base import ForwardRequest, ModelRunner, Sequence
 from rstitch.errors import ConfigError
 
 
@@ -149,6 +151,12 @@ class LlamaCppModelRunner(ModelRunner):
         self._lib.llama_memory_seq_rm(self.memory, seq_id, n_keep, -1)
 
     # --- decoding ----------------------------------------------------------------------------
+    def forward_batch(self, requests: list[ForwardRequest]) -> list[tuple[torch.Tensor, None]]:
+        """The waiting sequences' tokens in shared decode calls: each sequence id keeps its own KV
+        stream, so rows of any length, rollbacks and new rows need nothing more."""
+        logits = self.decode_requests([(r.seq.seq_id, r.seq.n_cached, r.new_ids, r.keep) for r in requests])
+        return [(rows, None) for rows in logits]
+
     def decode_requests(self, requests: list[tuple[int, int, list[int], int]]) -> list[torch.Tensor]:
         """Run `(seq_id, start position, tokens, keep)` requests together; return per request the
         logits [keep, vocab_size] of its last `keep` tokens. Tokens are packed into batches of up

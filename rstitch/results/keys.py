@@ -59,6 +59,8 @@ def comparison_key(cfg: dict[str, Any]) -> dict[str, Any]:
         "n_samples": cfg["n_samples"],
         # Only a cut budget changes what is recorded; error and skip record the same samples.
         **({"on_overflow": "truncate"} if cfg.get("on_overflow") == "truncate" else {}),
+        # Batched runs record estimated latencies: their own runs. Batch 1 keeps the key it always had.
+        **({"batch_size": cfg["batch_size"]} if cfg.get("batch_size", 1) != 1 else {}),
     }
 
 
@@ -81,6 +83,8 @@ def run_tag(cfg: dict[str, Any]) -> str:
     dataset = cfg["dataset"]
     if is_sharded(dataset):
         params.append(f"shard={dataset.get('shard')}of{dataset['num_shards']}")
+    if cfg.get("batch_size", 1) != 1:
+        params.append(f"batch={cfg['batch_size']}")
     return "_".join([*params, short_hash(run_key(cfg))])
 
 

@@ -7,7 +7,8 @@ run through the backbone, so a step costs its own tokens, not the whole solution
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import torch
 
@@ -22,6 +23,15 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+@dataclass
+class _Prefix:
+    """The previous call's ids, their rows and the backbone's KV cache."""
+
+    ids: list[int]
+    rows: torch.Tensor | None = None  # [len(ids), k] float32
+    cache: Any = None
+
+
 class PrefixCachedHead:
     """`head(backbone(ids).last_hidden_state)` for every position of `ids`, one row per token.
 
@@ -32,41 +42,49 @@ class PrefixCachedHead:
     def __init__(self, backbone: torch.nn.Module, head: torch.nn.Module, cost: CostCounter, use_cache: bool = True):
         self.backbone, self.head, self.cost, self.use_cache = backbone, head, cost, use_cache
         self.device = next(backbone.parameters()).device
-        self._ids: list[int] = []
-        self._rows: torch.Tensor | None = None  # [len(_ids), k] float32
-        self._cache = None
+        self._own = _Prefix([])
+
+    @property
+    def _prefix(self) -> _Prefix:
+        """The previous call's state; in a batched run, the previous call of the same sample (the
+        samples' calls interleave), so each sample reuses its own prefix as at batch size 1."""
+        from rstitch.engines.batching import current_task
+
+        task = current_task()
+        return self._own if task is None else task.local(self, lambda: _Prefix([]))
 
     @torch.inference_mode()
     def rows(self, ids: Sequence[int]) -> torch.Tensor:
         ids = list(ids)
         if not ids:
             raise ValueError("cannot score an empty input")
-        shared = common_prefix_length(self._ids, ids) if self.use_cache else 0
+        prefix = self._prefix
+        shared = common_prefix_length(prefix.ids, ids) if self.use_cache else 0
         if shared == len(ids):
-            return self._rows[: len(ids)]
-        self._restart_from(shared)
-        new_rows = self._run(ids[shared:])
-        self._ids = ids
-        self._rows = new_rows if self._rows is None else torch.cat([self._rows, new_rows])
-        return self._rows
+            return prefix.rows[: len(ids)]
+        self._restart_from(prefix, shared)
+        new_rows = self._run(prefix, ids[shared:])
+        prefix.ids = ids
+        prefix.rows = new_rows if prefix.rows is None else torch.cat([prefix.rows, new_rows])
+        return prefix.rows
 
-    def _restart_from(self, shared: int) -> None:
-        if shared == 0 or self._cache is None:
+    def _restart_from(self, prefix: _Prefix, shared: int) -> None:
+        if shared == 0 or prefix.cache is None:
             from transformers import DynamicCache
 
-            self._cache = DynamicCache(config=self.backbone.config) if self.use_cache else None
-            self._rows, shared = None, 0
+            prefix.cache = DynamicCache(config=self.backbone.config) if self.use_cache else None
+            prefix.rows, shared = None, 0
         else:
-            excess = self._cache.get_seq_length() - shared
+            excess = prefix.cache.get_seq_length() - shared
             if excess > 0:
-                self._cache.crop(-excess)  # a negative count removes that many positions
-            self._rows = self._rows[:shared]
-        self._ids = self._ids[:shared]
+                prefix.cache.crop(-excess)  # a negative count removes that many positions
+            prefix.rows = prefix.rows[:shared]
+        prefix.ids = prefix.ids[:shared]
 
-    def _run(self, new_ids: list[int]) -> torch.Tensor:
+    def _run(self, prefix: _Prefix, new_ids: list[int]) -> torch.Tensor:
         start = time.perf_counter()
         input_ids = torch.tensor([new_ids], dtype=torch.long, device=self.device)
-        out = self.backbone(input_ids=input_ids, past_key_values=self._cache, use_cache=self.use_cache)
+        out = self.backbone(input_ids=input_ids, past_key_values=prefix.cache, use_cache=self.use_cache)
         hidden = out.last_hidden_state[0]
         rows = self.head(hidden.to(_param_dtype(self.head))).float().reshape(len(new_ids), -1)
         if self.device.type == "cuda":

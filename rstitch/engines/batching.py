@@ -1,0 +1,197 @@
+"""Many samples in flight: continuous batching without batch-specific code in the methods.
+
+Each sample decodes in its own coroutine (a greenlet: plain synchronous code, switched within
+one thread, so no OS thread hand-over and no locks), written exactly as at batch size 1. The
+scheduler switches, in a fixed order, to every sample that can go on, until each one waits for a
+forward (`ModelRunner.run_forward` inside a sample) or is done. Then the waiting requests of each model run as one batched forward
+(`ModelRunner.forward_batch`), and their samples go on. A finished sample frees its slot for the
+next one at once. The order of everything is fixed, so a batched run is reproducible.
+
+Per-sample costs: methods (and PRMs, routers) read cost counters as deltas around their work, and
+other samples run in between. So each sample sees its own values of every live `CostCounter`:
+they are swapped in when the sample is switched to and out when it switches back; the
+counters' own totals keep accumulating every sample's work.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Iterable, Iterator
+
+import greenlet
+import torch
+
+from rstitch.engines.base import CostCounter, ForwardRequest, ModelRunner, live_counters
+
+_CURRENT: list["Task | None"] = [None]  # the sample running now (all run in the scheduler's thread)
+_SCALARS = tuple(f.name for f in fields(CostCounter) if f.name != "forward_shapes")
+
+
+def current_task() -> "Task | None":
+    """The batched sample the calling thread decodes, or None (batch size 1, or outside a run)."""
+    return _CURRENT[0]
+
+
+class BatchAborted(Exception):
+    """Raised inside the samples still in flight when another sample failed."""
+
+
+@dataclass
+class Finished:
+    key: Any
+    value: Any  # what the sample's function returned
+    wall_s: float  # from the sample's start to its end, waiting for the batch included
+    own_s: float  # the part spent running its own code between forwards (not waiting)
+
+
+class Task:
+    """One sample's coroutine and its switch points."""
+
+    def __init__(self, key: Any, fn: Callable[[], Any], scheduler: "BatchScheduler"):
+        self.key, self.fn, self.scheduler = key, fn, scheduler
+        self.request: ForwardRequest | None = None
+        self.output: tuple[torch.Tensor, torch.Tensor | None, float] | None = None
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.done = False
+        self.started = time.perf_counter()
+        self.own_s = 0.0
+        self.costs: dict[int, tuple[CostCounter, dict[str, Any]]] = {}  # this sample's view of each counter
+        self._locals: dict[int, tuple[Any, Any]] = {}
+        self.coroutine = greenlet.greenlet(self._main)
+
+    def _main(self) -> None:
+        try:
+            self.value = self.fn()
+        except BaseException as err:  # noqa: BLE001 - handed to the scheduler, which raises it
+            self.error = err
+        finally:
+            self.done = True
+
+    def local(self, owner: Any, factory: Callable[[], Any]) -> Any:
+        """`owner`'s state for this sample (e.g. a PRM's prefix cache), made by `factory` once."""
+        if id(owner) not in self._locals:
+            self._locals[id(owner)] = (owner, factory())  # holding owner keeps its id unique
+        return self._locals[id(owner)][1]
+
+    def submit(self, request: ForwardRequest) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+        """Wait (switching back to the scheduler) until this request ran in a batch."""
+        self.request, self.output = request, None
+        self.coroutine.parent.switch()
+        if self.output is None:
+            raise BatchAborted("another sample of the batch failed")
+        return self.output
+
+
+class BatchScheduler:
+    """Keeps up to `batch_size` samples decoding; one batched forward per model and round."""
+
+    MAX_WAIT = 2  # rounds a model's requests may be passed over
+
+    def __init__(self, batch_size: int):
+        self.batch_size = batch_size
+        self._global: dict[int, dict[str, Any]] = {}
+        self._waited: dict[int, int] = {}  # per model: rounds its requests were passed over
+
+    def run(self, jobs: Iterable[tuple[Any, Callable[[], Any]]]) -> Iterator[Finished]:
+        """Decode `(key, fn)` jobs, yielding each as it finishes (in a fixed order)."""
+        pending = iter(jobs)
+        active: list[Task] = []
+        try:
+            while True:
+                yield from self._advance(active, pending)
+                if not active:
+                    return
+                self._run_forwards(active)
+        finally:
+            self._abort(active)
+
+    def _advance(self, active: list[Task], pending: Iterator) -> Iterator[Finished]:
+        """Let every sample that can go on run to its next forward; refill finished slots."""
+        runnable = [t for t in active if t.request is None or t.output is not None]
+        while True:
+            while len(active) < self.batch_size and (job := next(pending, None)) is not None:
+                task = Task(job[0], job[1], self)
+                active.append(task)
+                runnable.append(task)
+            if not runnable:
+                return
+            for task in runnable:
+                self._slice(task)
+            runnable = []
+            for task in [t for t in active if t.done]:
+                active.remove(task)
+                if task.error is not None:
+                    raise task.error
+                yield Finished(task.key, task.value, time.perf_counter() - task.started, task.own_s)
+
+    def _slice(self, task: Task) -> None:
+        """Run `task` until it waits for a forward or ends, with its own cost counters in place."""
+        self._swap_in(task)
+        _CURRENT[0] = task
+        start = time.perf_counter()
+        try:
+            task.coroutine.switch()
+        finally:
+            task.own_s += time.perf_counter() - start
+            _CURRENT[0] = None
+            self._swap_out(task)
+
+    def _run_forwards(self, active: list[Task]) -> None:
+        """Run the largest group of requests waiting on one model, and any group passed over
+        `MAX_WAIT` times: samples on the cheap model go on while the other model's requests
+        gather into fuller batches (R-Stitch: SLM rows need not wait for every LLM forward)."""
+        groups: dict[int, list[Task]] = {}
+        for task in active:
+            groups.setdefault(id(task.request.runner), []).append(task)
+        largest = max(groups, key=lambda key: len(groups[key]))
+        for key, tasks in groups.items():
+            if key != largest and self._waited.get(key, 0) < self.MAX_WAIT:
+                self._waited[key] = self._waited.get(key, 0) + 1
+                continue
+            self._waited[key] = 0
+            runner: ModelRunner = tasks[0].request.runner
+            start = time.perf_counter()
+            outputs = runner.forward_batch([t.request for t in tasks])
+            seconds = runner.elapsed_since(start)
+            for task, (logits, hidden) in zip(tasks, outputs):
+                task.output = (logits, hidden, seconds)
+
+    def _abort(self, active: list[Task]) -> None:
+        """Unwind the samples still waiting (after an error or an abandoned run); samples not
+        started yet never run."""
+        for task in active:
+            if task.coroutine and not task.done:  # started and waiting for a forward
+                task.output = None
+                self._slice(task)
+
+    # --- per-sample cost counters --------------------------------------------------------
+    def _swap_in(self, task: Task) -> None:
+        for counter in live_counters():
+            self._global[id(counter)] = _state(counter)
+            own = task.costs.get(id(counter))
+            _set_state(counter, own[1] if own is not None else _zero())
+
+    def _swap_out(self, task: Task) -> None:
+        for counter in live_counters():
+            before = task.costs.get(id(counter), (counter, _zero()))[1]
+            now = _state(counter)
+            task.costs[id(counter)] = (counter, now)
+            total = self._global.pop(id(counter), None) or _zero()
+            total.update({k: total[k] + now[k] - before[k] for k in _SCALARS})
+            total["forward_shapes"] = []  # the shapes are per sample (latency model): totals keep none
+            _set_state(counter, total)
+        self._global.clear()
+
+
+def _state(counter: CostCounter) -> dict[str, Any]:
+    return {**{k: getattr(counter, k) for k in _SCALARS}, "forward_shapes": counter.forward_shapes}
+
+
+def _zero() -> dict[str, Any]:
+    return {**{k: 0 for k in _SCALARS}, "forward_shapes": []}
+
+
+def _set_state(counter: CostCounter, state: dict[str, Any]) -> None:
+    for key, value in state.items():
+        setattr(counter, key, value)
