@@ -5,6 +5,7 @@ Runs where llama-cpp-python and the real pair's packages are installed (`.ci/run
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -19,8 +20,8 @@ from rstitch.engines import Sampler, load_model  # noqa: E402
 from rstitch.errors import ConfigError  # noqa: E402
 from rstitch.methods import DecodeContext, build_method  # noqa: E402
 from rstitch.methods.base import LLM, SLM  # noqa: E402
-from tests.conftest import SHARED_BENCHMARKS  # noqa: E402
 
+SHARED_BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"  # beside the checkout
 BUDGET = 48
 
 

@@ -8,6 +8,7 @@ for it). Slow: the 1.5B decodes ~1.5 tokens/s in fp32 on two cores, so budgets h
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -24,9 +25,9 @@ from rstitch.methods import DecodeContext, build_method  # noqa: E402
 from rstitch.methods.base import LLM, SLM  # noqa: E402
 from rstitch.methods.specreason import digit_token_ids, judge_prompt  # noqa: E402
 from rstitch.rewards import load_prm  # noqa: E402
-from tests.conftest import SHARED_BENCHMARKS  # noqa: E402
 
 ENGINES = ["hf"]
+SHARED_BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"  # beside the checkout
 BUDGET = 40
 QWEN_VOCAB = 151_936  # the GGUF vocabulary: 151,665 tokens and padding entries up to the table size
 
