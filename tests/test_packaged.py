@@ -97,3 +97,13 @@ def test_concurrent_first_uses_build_one_whole_file(installed):
     assert outputs == ["True"] * 4
     directory = installed / "cache" / "models" / "fake"
     assert sorted(p.name for p in directory.iterdir()) == [".lock", "model.gguf"]
+
+
+def test_an_unwritable_cache_is_one_line(installed, monkeypatch):
+    blocker = installed / "blocker"
+    blocker.write_text("a file where the cache folder should go")
+    monkeypatch.setenv("RSTITCH_CACHE", str(blocker / "cache"))
+    monkeypatch.setitem(packaged.PACKAGED_MODELS, "fake", fake_model())
+    with pytest.raises(ConfigError, match=r"cannot write the model cache .*; set RSTITCH_CACHE") as err:
+        packaged.gguf_file("packaged:fake")
+    assert "\n" not in str(err.value)

@@ -105,10 +105,19 @@ def part_paths(model: PackagedModel) -> list[Path]:
 
 @contextmanager
 def _locked(directory: Path) -> Iterator[None]:
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".lock", "w") as handle:
+    """Hold the model's cache lock; what cannot be written there (permissions, a full disk) is one line."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        handle = open(directory / ".lock", "w")
+    except OSError as err:
+        raise ConfigError(f"cannot write the model cache {directory} ({err.strerror}); set RSTITCH_CACHE to a writable folder") from None
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # released when the handle closes, also on a crash
-        yield
+        try:
+            yield
+        except OSError as err:
+            raise ConfigError(f"writing the model cache {directory} failed ({err.strerror}); "
+                              "free some space or set RSTITCH_CACHE to another folder") from None
 
 
 def gguf_file(path: str) -> Path:
