@@ -75,7 +75,7 @@ def main() -> None:
         if args.agreement:
             outputs[engine] = greedy_outputs(pair, prompt, problems(args.agreement), args.budget)
         runner._PAIRS.clear()  # one pair in memory at a time
-    print(f"\n| engine | SLM tokens/s | LLM tokens/s | LLM/SLM per-token latency |\n|---|---|---|---|")
+    print("\n| engine | SLM tokens/s | LLM tokens/s | LLM/SLM per-token latency |\n|---|---|---|---|")
     for engine, slm, llm, ratio in rows:
         print(f"| {engine} | {slm:.2f} | {llm:.2f} | {ratio:.2f} |")
     if len(outputs) == 2:

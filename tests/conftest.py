@@ -101,3 +101,22 @@ def decode_testbed_problem(pair, name: str, budget: int = 96, seed: int = 11, **
     prompt = PromptFormat().encode(pair.tokenizer, problem.problem)
     ctx = DecodeContext(pair, Sampler(), budget, problem=problem.problem)
     return build_method(name, **params).decode(prompt, ctx).token_ids
+
+
+@pytest.fixture(scope="session")
+def check_hybrid_invariants():
+    """`check(decode, llm, slm)`: on any engine and pair, R-Stitch at tau < 0 reproduces `llm_only`
+    and at tau >= 1 `slm_only` token for token, and greedy SpecDec reproduces `llm_only`.
+    `decode(method, **params)` decodes the shared sample; `llm`, `slm` are the single models' results."""
+    from rstitch.methods.base import LLM, SLM
+
+    def check(decode, llm, slm) -> None:
+        assert llm.token_ids != slm.token_ids  # the pair disagrees within the budget: the checks can fail
+        low, high = decode("rstitch", tau=-1.0), decode("rstitch", tau=1.0)
+        assert low.token_ids == llm.token_ids and set(low.sources) == {LLM}
+        assert high.token_ids == slm.token_ids and set(high.sources) == {SLM}
+        spec = decode("specdec", k=4)
+        assert spec.token_ids == llm.token_ids
+        assert set(spec.sources) == {SLM, LLM}  # drafts were accepted, and the target corrected some
+
+    return check

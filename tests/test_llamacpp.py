@@ -19,7 +19,6 @@ from rstitch.data.prompts import PromptFormat  # noqa: E402
 from rstitch.engines import Sampler, load_model  # noqa: E402
 from rstitch.errors import ConfigError  # noqa: E402
 from rstitch.methods import DecodeContext, build_method  # noqa: E402
-from rstitch.methods.base import LLM, SLM  # noqa: E402
 
 SHARED_BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"  # beside the checkout
 BUDGET = 48
@@ -81,19 +80,8 @@ def test_closed_sequences_free_their_ids_and_cells(setup):
     del held
 
 
-def test_rstitch_extremes_reproduce_the_single_models(setup, single_models):
-    llm, slm = single_models
-    assert llm.token_ids != slm.token_ids  # the checks below can fail
-    low, high = decode(setup, "rstitch", tau=-1.0), decode(setup, "rstitch", tau=1.0)
-    assert low.token_ids == llm.token_ids and set(low.sources) == {LLM}
-    assert high.token_ids == slm.token_ids and set(high.sources) == {SLM}
-
-
-def test_greedy_specdec_equals_llm_only(setup, single_models):
-    llm, _ = single_models
-    out = decode(setup, "specdec", k=4)
-    assert out.token_ids == llm.token_ids
-    assert set(out.sources) == {SLM, LLM}
+def test_hybrids_at_their_extremes_reproduce_the_single_models(setup, single_models, check_hybrid_invariants):
+    check_hybrid_invariants(lambda name, **params: decode(setup, name, **params), *single_models)
 
 
 def test_hidden_states_are_a_one_line_error_naming_the_engine(setup):

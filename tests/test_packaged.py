@@ -75,9 +75,12 @@ def test_unknown_packaged_name_lists_the_valid_ones():
 
 
 def test_tilde_paths_are_expanded(monkeypatch, tmp_path):
+    from rstitch.engines.base import resolve_model_path
+
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert packaged.resolve("~/models/x") == str(tmp_path / "models" / "x")
-    assert packaged.resolve("org/model") == "org/model"
+    (tmp_path / "models" / "x").mkdir(parents=True)
+    assert resolve_model_path("~/models/x") == str(tmp_path / "models" / "x")
+    assert resolve_model_path("org/model") == "org/model"
 
 
 def test_concurrent_first_uses_build_one_whole_file(installed):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rstitch.engines.base import (CostCounter, Generation, ModelRunner, Sequence, TokenDistribution, check_hub_model,
-                                  check_model_path, resolve_model_path)
+                                  resolve_model_path)
 from rstitch.engines import packaged
 from rstitch.engines.sampling import Sampler
 from rstitch.errors import ConfigError
@@ -82,10 +82,8 @@ def _resolved(spec: dict) -> dict:
     if packaged.is_packaged(spec["path"]):  # each engine reads its own form of it (checkpoint or GGUF)
         packaged.check(spec["path"])
         return dict(spec)
-    if os.path.isfile(os.path.expanduser(spec["path"])):  # a GGUF file (engine=llamacpp)
-        return {**spec, "path": os.path.expanduser(spec["path"])}
-    path = resolve_model_path(spec["path"])
-    if not os.path.isdir(path):
+    path = resolve_model_path(spec["path"], kind="gguf")  # a directory, or a GGUF file (engine=llamacpp)
+    if not os.path.exists(path):
         check_hub_model(path, spec.get("revision"))
     return {**spec, "path": path}
 

@@ -270,18 +270,6 @@ class StopWatcher:
         return any(s in tail for s in self.stop)
 
 
-def check_model_path(path: str) -> None:
-    """A path that names a local location must exist (a directory, or a GGUF file for engines
-    that read one); `packaged:<name>` needs its packages; anything else is a hub id. Converts
-    nothing."""
-    from rstitch.engines import packaged
-
-    if packaged.is_packaged(path):
-        packaged.check(path)
-    elif not os.path.exists(os.path.expanduser(path)):
-        resolve_model_path(path)
-
-
 def looks_like_path(path: str) -> bool:
     """Not a hub id ("name" or "owner/name"): absolute, relative with ./ ../ ~, or nested deeper."""
     return (os.path.isabs(path) or path.startswith(("./", "../", "~", ".")) or path.endswith("/")

@@ -95,7 +95,7 @@ class LlamaCppModelRunner(ModelRunner):
         llama_cpp = _llama_cpp()
         if device != "cpu":
             raise ConfigError(f"engine 'llamacpp' runs on the CPU here; got device '{device}'")
-        gguf = packaged.resolve(path, "gguf")
+        gguf = packaged.resolve(path, "gguf") if packaged.is_packaged(path) else os.path.expanduser(path)
         if not os.path.isfile(gguf):
             raise ConfigError(f"engine 'llamacpp' needs a GGUF file (or packaged:<name>), not found: {path}")
         self.name = name or os.path.basename(gguf)

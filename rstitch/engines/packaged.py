@@ -234,8 +234,6 @@ def check(path: str) -> None:
 
 
 def resolve(path: str, kind: str = "hf") -> str:
-    """A model path as an engine loads it: `packaged:<name>` becomes the cached checkpoint
-    (`kind="hf"`) or GGUF file (`kind="gguf"`); `~` is expanded; anything else is returned as is."""
-    if is_packaged(path):
-        return str(hf_dir(path) if kind == "hf" else gguf_file(path))
-    return os.path.expanduser(path) if isinstance(path, str) and path.startswith("~") else path
+    """`packaged:<name>` as an engine loads it: the cached checkpoint (`kind="hf"`) or GGUF file
+    (`kind="gguf"`). Other paths go through `engines.base.resolve_model_path`."""
+    return str(hf_dir(path) if kind == "hf" else gguf_file(path))
