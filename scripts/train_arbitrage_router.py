@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 from rstitch.data.prompts import PromptFormat  # noqa: E402
 from rstitch.engines import load_pair  # noqa: E402
 from rstitch.engines.base import StopWatcher  # noqa: E402
+from rstitch.engines.hf import cache_kwargs  # noqa: E402
 from rstitch.methods.base import LLM, SLM  # noqa: E402
 from rstitch.methods.steps import step_text  # noqa: E402
 from rstitch.rewards import load_prm  # noqa: E402
@@ -142,6 +143,8 @@ def batched_steps(runner, rows: list[list[int]], limits: list[int], eos: set[int
                   generator: torch.Generator) -> list[list[int]]:
     """One step per row, as `StepDecoder.generate` cuts it (separator, EOS or the row's token
     limit), for a batch of rows at once: left padding, one KV cache, greedy or sampled."""
+    from transformers import DynamicCache
+
     model, tokenizer = runner.model, runner.tokenizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos))
     width = max(len(r) for r in rows)
@@ -151,8 +154,9 @@ def batched_steps(runner, rows: list[list[int]], limits: list[int], eos: set[int
         ids[i, width - len(row):] = torch.tensor(row)
         mask[i, width - len(row):] = 1
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = cache_kwargs(model, DynamicCache(config=model.config))  # filled in place by each forward
     out = model(input_ids=ids.to(runner.device), attention_mask=mask.to(runner.device),
-                position_ids=positions.to(runner.device), use_cache=True)
+                position_ids=positions.to(runner.device), use_cache=True, **cache)
     watchers = [StopWatcher(tokenizer, [SEPARATOR]) for _ in rows]
     steps: list[list[int]] = [[] for _ in rows]
     done = [limit <= 0 for limit in limits]
@@ -169,7 +173,7 @@ def batched_steps(runner, rows: list[list[int]], limits: list[int], eos: set[int
         mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=torch.long)], dim=1)
         positions = positions[:, -1:] + 1
         out = model(input_ids=tokens[:, None].to(runner.device), attention_mask=mask.to(runner.device),
-                    position_ids=positions.to(runner.device), past_key_values=out.past_key_values, use_cache=True)
+                    position_ids=positions.to(runner.device), use_cache=True, **cache)
     return steps
 
 

@@ -41,11 +41,12 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from rstitch.engines.hf import cache_kwargs  # noqa: E402
 from rstitch.metrics import roc_auc  # noqa: E402
 from rstitch.rewards.likelihood_prm import (  # noqa: E402
     CheckedLogProbs,
@@ -370,8 +371,8 @@ def generate(model, problems: list[TestbedProblem], max_new: int, temperature: f
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         ids, att = enc["input_ids"], enc["attention_mask"]
         pos = (att.cumsum(-1) - 1).clamp(min=0)
-        out = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=True)
-        cache, logits = out.past_key_values, out.logits[:, -1]
+        cache = cache_kwargs(model, DynamicCache(config=model.config))  # filled in place by each forward
+        logits = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=True, **cache).logits[:, -1]
         done = torch.zeros(len(chunk), dtype=torch.bool)
         gen = []
         for _ in range(max_new):
@@ -386,8 +387,7 @@ def generate(model, problems: list[TestbedProblem], max_new: int, temperature: f
                 break
             att = torch.cat([att, torch.ones(len(chunk), 1, dtype=att.dtype)], 1)
             pos = pos[:, -1:] + 1
-            out = model(input_ids=nxt[:, None], attention_mask=att, position_ids=pos, past_key_values=cache, use_cache=True)
-            cache, logits = out.past_key_values, out.logits[:, -1]
+            logits = model(input_ids=nxt[:, None], attention_mask=att, position_ids=pos, use_cache=True, **cache).logits[:, -1]
         gen_ids = torch.stack(gen, 1).tolist()
         for row in gen_ids:
             row = [t for t in row if t != PAD]

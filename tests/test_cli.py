@@ -39,6 +39,7 @@ def test_run_writes_samples_and_summary_and_resumes(tmp_path, tiny_pair, problem
     base = [*pair_overrides(tiny_pair), "dataset=math500", f"dataset.path={problems_file}", "method=rstitch", "method.tau=0.3"]
     proc = rstitch_run(tmp_path, *base)
     assert "accuracy" in proc.stdout and "latency_s" in proc.stdout
+    assert "FutureWarning" not in proc.stderr, proc.stderr[-3000:]  # e.g. a KV cache passed by a deprecated name
     [run_dir] = run_dirs(tmp_path)
     samples = read_samples(run_dir)
     assert [s["id"] for s in samples] == ["p1", "p2", "p3", "p4"]

@@ -9,7 +9,7 @@ import json
 import os
 import time
 import weakref
-from typing import Sequence as Seq
+from typing import Any, Sequence as Seq
 
 import torch
 
@@ -37,8 +37,8 @@ class HFSequence(Sequence):
         input_ids = torch.tensor([new_ids], dtype=torch.long, device=runner.device)
         out = runner.model(
             input_ids=input_ids,
-            past_key_values=self.cache,
             use_cache=True,
+            **cache_kwargs(runner.model, self.cache),
             logits_to_keep=keep,
             output_hidden_states=self.want_hidden,
         )
@@ -267,7 +267,7 @@ def batched_forward(runner: HFModelRunner, requests: list[ForwardRequest]) -> li
     want_hidden = any(s.want_hidden for s in seqs)
     base = getattr(model, model.base_model_prefix)
     out = base(input_ids=ids, attention_mask=mask, position_ids=view.positions, use_cache=True,
-               output_hidden_states=want_hidden, **{_cache_argument(type(base)): view})
+               output_hidden_states=want_hidden, **cache_kwargs(base, view))
     index = torch.tensor([row * width + i for row, r in enumerate(requests)
                           for i in range(len(r.new_ids) - r.keep, len(r.new_ids))], device=runner.device)
     final = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])[index]
@@ -279,9 +279,15 @@ def batched_forward(runner: HFModelRunner, requests: list[ForwardRequest]) -> li
     return [(lg, h if s.want_hidden else None) for lg, h, s in zip(logits, hidden, seqs)]
 
 
+def cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """`cache` as the keyword `model`'s forward takes it: `cache` from transformers 5.24 on (the
+    old `past_key_values` warns at every call there and goes in 5.40), `past_key_values` before
+    (5.19-5.23: the vLLM engine's environment) and in remote-code models."""
+    return {_cache_argument(type(model)): cache}
+
+
 @functools.lru_cache(maxsize=None)
 def _cache_argument(model_class: type) -> str:
-    """transformers 5.24 renamed `past_key_values` to `cache` (the old name warns at every call)."""
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import torch
 
 from rstitch.engines import CostCounter
+from rstitch.engines.hf import cache_kwargs
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -84,7 +85,7 @@ class PrefixCachedHead:
     def _run(self, prefix: _Prefix, new_ids: list[int]) -> torch.Tensor:
         start = time.perf_counter()
         input_ids = torch.tensor([new_ids], dtype=torch.long, device=self.device)
-        out = self.backbone(input_ids=input_ids, past_key_values=prefix.cache, use_cache=self.use_cache)
+        out = self.backbone(input_ids=input_ids, use_cache=self.use_cache, **cache_kwargs(self.backbone, prefix.cache))
         hidden = out.last_hidden_state[0]
         rows = self.head(hidden.to(_param_dtype(self.head))).float().reshape(len(new_ids), -1)
         if self.device.type == "cuda":
