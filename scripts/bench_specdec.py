@@ -12,7 +12,6 @@ token-identical. Also times target-only greedy decoding (ours and transformers')
 from __future__ import annotations
 
 import argparse
-import copy
 import math
 import sys
 import tempfile
@@ -25,36 +24,9 @@ import torch
 
 from rstitch.data.prompts import PromptFormat
 from rstitch.engines import ModelPair, Sampler, load_pair
+from rstitch.engines.hf_generate import hf_assisted_generate, hf_greedy_generate
 from rstitch.methods import DecodeContext, build_method
 from rstitch.testbed import ASSETS_DIR, generate_problems
-
-
-def hf_assisted_generate(pair: ModelPair, prompt_ids: list[int], k: int, max_new_tokens: int) -> list[int]:
-    """transformers' assisted generation with exactly k draft tokens per block (greedy)."""
-    draft = pair.slm.model
-    saved = copy.deepcopy(draft.generation_config)
-    draft.generation_config.num_assistant_tokens = k
-    draft.generation_config.num_assistant_tokens_schedule = "constant"
-    draft.generation_config.assistant_confidence_threshold = 0.0  # no early stop of the draft
-    try:
-        return _hf_generate(pair, prompt_ids, max_new_tokens, assistant_model=draft)
-    finally:
-        draft.generation_config = saved
-
-
-def hf_greedy_generate(pair: ModelPair, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    return _hf_generate(pair, prompt_ids, max_new_tokens)
-
-
-def _hf_generate(pair: ModelPair, prompt_ids: list[int], max_new_tokens: int, **kwargs) -> list[int]:
-    eos = sorted(set(pair.llm.eos_token_ids) | set(pair.slm.eos_token_ids))
-    input_ids = torch.tensor([prompt_ids], device=pair.llm.model.device)
-    with torch.inference_mode():
-        out = pair.llm.model.generate(
-            input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False, max_new_tokens=max_new_tokens,
-            eos_token_id=eos, pad_token_id=eos[0], **kwargs,
-        )
-    return out[0, len(prompt_ids):].tolist()
 
 
 def ours(pair: ModelPair, method: str, prompt_ids: list[int], max_new_tokens: int, **params) -> list[int]:

@@ -2,95 +2,18 @@
 
 A sound grader must accept (nearly) all of them: every miss is either an extraction or
 normalization bug to fix, or a genuine quirk of the data to document in docs/grading.md.
+The check itself is rstitch/grading/gold_check.py.
 
     python scripts/check_gold_grading.py [--benchmarks ../shared/benchmarks]
 """
 from __future__ import annotations
 
 import argparse
-import sys
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from rstitch.grading.gold_check import check_all, report
 
-from rstitch.data import Record, load_dataset_records  # noqa: E402
-from rstitch.grading import extract_answer, is_equivalent  # noqa: E402
-
-DEFAULT_BENCHMARKS = REPO.parent / "shared" / "benchmarks"
-
-
-def _gsm8k_text(record: Record) -> str:
-    # The worked answer ends in "#### 70,000"; phrase it as a model would.
-    return record.metadata["solution"].replace("####", "The final answer is")
-
-
-# dataset name -> (file in the benchmarks folder, the gold "response" to grade)
-CASES: dict[str, tuple[str, Callable[[Record], str]]] = {
-    "math500": ("math500.jsonl", lambda r: r.metadata["solution"]),
-    "gsm8k": ("gsm8k.jsonl", _gsm8k_text),
-    "minerva": ("minerva_math.jsonl", lambda r: r.metadata["solution"]),
-    "aime24": ("aime24.jsonl", lambda r: r.metadata["solution"]),
-    "amc23": ("amc23.jsonl", lambda r: f"\\boxed{{{r.answer}}}"),  # no solutions in this file
-}
-
-
-@dataclass
-class Miss:
-    record_id: str
-    extracted: str | None
-    gold: str
-    reason: str
-
-
-@dataclass
-class GoldCheck:
-    dataset: str
-    total: int = 0
-    right: int = 0
-    seconds: float = 0.0
-    misses: list[Miss] = field(default_factory=list)
-
-    @property
-    def fraction_right(self) -> float:
-        return self.right / self.total if self.total else 0.0
-
-
-def check_dataset(name: str, benchmarks: Path, timeout_s: float = 5.0, fast_path: bool = True) -> GoldCheck:
-    """Grade (as ``rstitch.grading.grade`` does) each gold solution of ``name`` against its answer."""
-    file_name, gold_response = CASES[name]
-    result = GoldCheck(name)
-    start = time.perf_counter()
-    for record in load_dataset_records(name, path=str(benchmarks / file_name)):
-        extracted = extract_answer(gold_response(record))
-        result.total += 1
-        if extracted is None:
-            result.misses.append(Miss(record.id, None, record.answer, "no answer found in the solution"))
-        elif is_equivalent(extracted, record.answer, timeout_s=timeout_s, fast_path=fast_path):
-            result.right += 1
-        else:
-            result.misses.append(Miss(record.id, extracted, record.answer, "extracted answer judged different"))
-    result.seconds = time.perf_counter() - start
-    return result
-
-
-def check_all(benchmarks: Path = DEFAULT_BENCHMARKS, timeout_s: float = 5.0, fast_path: bool = True) -> list[GoldCheck]:
-    return [check_dataset(name, benchmarks, timeout_s, fast_path) for name in CASES]
-
-
-def report(results: list[GoldCheck]) -> str:
-    lines = []
-    for result in results:
-        lines.append(
-            f"{result.dataset}: {result.right}/{result.total} right ({100 * result.fraction_right:.1f}%)"
-            f" in {result.seconds:.1f}s"
-        )
-        for miss in result.misses:
-            lines.append(f"  {miss.record_id}: {miss.reason}: extracted {miss.extracted!r}, gold {miss.gold!r}")
-    return "\n".join(lines)
+DEFAULT_BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"  # beside the checkout
 
 
 def main() -> None:

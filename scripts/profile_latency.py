@@ -18,21 +18,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from rstitch.data.prompts import PromptFormat  # noqa: E402
-from rstitch.engines import Sampler, load_pair  # noqa: E402
-from rstitch.methods import DecodeContext, build_method  # noqa: E402
-from rstitch.methods.rstitch_plus import DEFAULT_LATENCY_DIR  # noqa: E402
-from rstitch.metrics.latency_model import ForwardTrace, estimate_latency, fit_profile, latency_file, profile_runner, r_squared  # noqa: E402
+from rstitch.config_groups import group_choices, pair_config, prompt_format
+from rstitch.data.prompts import PromptFormat
+from rstitch.engines import Sampler, load_pair
+from rstitch.methods import DecodeContext, build_method
+from rstitch.methods.rstitch_plus import DEFAULT_LATENCY_DIR
+from rstitch.metrics.latency_model import ForwardTrace, estimate_latency, fit_profile, latency_file, profile_runner, r_squared
 
 
 def grid(maximum: int, start: int) -> list[int]:
@@ -101,12 +98,12 @@ def check_trajectories(pair, models, prompt: PromptFormat, n: int, taus: list[fl
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pair", default="testbed", help="a conf/pair/*.yaml name")
+    p.add_argument("--pair", default="testbed", choices=group_choices("pair"), help="a conf/pair/*.yaml name")
     p.add_argument("--slm", default=None, help="override the pair's SLM path")
     p.add_argument("--llm", default=None, help="override the pair's LLM path")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
-    p.add_argument("--prompt", default="chat", help="a conf/prompt/*.yaml name (for the trajectory check)")
+    p.add_argument("--prompt", default="chat", choices=group_choices("prompt"), help="a conf/prompt/*.yaml name (for the trajectory check)")
     p.add_argument("--out", type=Path, default=DEFAULT_LATENCY_DIR)
     p.add_argument("--max-kv", type=int, default=768)
     p.add_argument("--max-inf", type=int, default=128)
@@ -121,17 +118,10 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
-    from omegaconf import OmegaConf
-
-    import rstitch.cli.run  # noqa: F401  (registers ${testbed_asset:...})
-
-    pair_cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "pair" / f"{args.pair}.yaml"), resolve=True)
-    for key in ("slm", "llm"):
-        if getattr(args, key):
-            pair_cfg[key] = {**pair_cfg[key], "path": getattr(args, key)}
+    pair_cfg = pair_config(args.pair, args.slm, args.llm)
     device, dtype = args.device or pair_cfg.get("device", "cpu"), args.dtype or pair_cfg.get("dtype", "float32")
     pair = load_pair(pair_cfg["slm"], pair_cfg["llm"], dtype=dtype, device=device)
-    prompt = PromptFormat(**OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "prompt" / f"{args.prompt}.yaml")))
+    prompt = prompt_format(args.prompt)
     n_inf_grid, n_kv_grid = grid(args.max_inf, 1), grid(args.max_kv, 0)
     print(f"grid: N_inf {n_inf_grid}\n      N_kv {n_kv_grid}\n      x {args.repeats} repeats, {args.threads} thread(s)")
 

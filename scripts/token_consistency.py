@@ -21,24 +21,14 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from rstitch.data.prompts import PromptFormat
+from rstitch.config_groups import group_choices, prompt_format
+from rstitch.data import load_dataset_records
 from rstitch.engines import ModelPair, load_pair
 from rstitch.methods.spec_stats import greedy_consistency
 from rstitch.testbed import ASSETS_DIR
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-
 
 def problems(dataset: str, limit: int | None, options: dict[str, Any]) -> list[str]:
-    try:
-        from rstitch.data import load_dataset_records
-    except ImportError:  # older checkouts: only the testbed, straight from its generator
-        if dataset != "testbed":
-            sys.exit(f"dataset '{dataset}' needs rstitch.data.load_dataset_records")
-        from rstitch.testbed import generate_problems
-
-        split, n = options.get("split", "test"), options.get("n", limit or 300)
-        return [p.problem for p in generate_problems(split, n)][:limit]
     return [r.problem for r in load_dataset_records(dataset, limit=limit, **options)]
 
 
@@ -73,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=50, help="samples per dataset")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="dataset option, e.g. split=validation (repeatable)")
-    parser.add_argument("--prompt", default="chat", help="a conf/prompt name")
+    parser.add_argument("--prompt", default="chat", choices=group_choices("prompt"), help="a conf/prompt name")
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args(argv)
@@ -83,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         if not Path(path).is_dir():
             sys.exit(f"model directory not found: {path}")
     pair = load_pair({"path": args.pair_slm}, {"path": args.pair_llm})
-    fmt = PromptFormat(**yaml.safe_load((CONF_DIR / "prompt" / f"{args.prompt}.yaml").read_text()))
+    fmt = prompt_format(args.prompt)
     options = parse_options(args.option)
     rows = []
     for dataset in args.dataset:

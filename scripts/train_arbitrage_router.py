@@ -28,7 +28,6 @@ import argparse
 import json
 import math
 import random
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -38,18 +37,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from rstitch.data.prompts import PromptFormat  # noqa: E402
-from rstitch.engines import load_pair  # noqa: E402
-from rstitch.engines.base import StopWatcher  # noqa: E402
-from rstitch.engines.hf import cache_kwargs  # noqa: E402
-from rstitch.methods.base import LLM, SLM  # noqa: E402
-from rstitch.methods.steps import step_text  # noqa: E402
-from rstitch.rewards import load_prm  # noqa: E402
-from rstitch.routers.arbitrage import encode_router_input  # noqa: E402
-from rstitch.testbed import ASSETS_DIR, LLM_DIR, SLM_DIR, generate_problems  # noqa: E402
+from rstitch.config_groups import group_choices, prompt_format
+from rstitch.engines import load_pair
+from rstitch.engines.base import StopWatcher
+from rstitch.engines.hf import cache_kwargs
+from rstitch.methods.base import LLM, SLM
+from rstitch.methods.steps import step_text
+from rstitch.metrics import spearman
+from rstitch.rewards import load_prm
+from rstitch.routers.arbitrage import encode_router_input
+from rstitch.testbed import ASSETS_DIR, LLM_DIR, SLM_DIR, generate_problems
 
 
 def parse_args() -> argparse.Namespace:
@@ -62,7 +59,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--prm", default="testbed", help="PRM name (rstitch.rewards.PRMS)")
     p.add_argument("--prm-path", default=None)
     p.add_argument("--init", default=None, help="router initialization (default: the SLM)")
-    p.add_argument("--prompt", default="chat", help="conf/prompt/<name>.yaml")
+    p.add_argument("--prompt", default="chat", choices=group_choices("prompt"), help="conf/prompt/<name>.yaml")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=2)
@@ -110,12 +107,6 @@ def problems(args: argparse.Namespace, held_out: bool) -> list[str]:
 
     rows = load_dataset("AI-MO/NuminaMath-CoT", split="test" if held_out else "train")
     return list(rows.shuffle(seed=args.seed).select(range(min(n, len(rows))))["problem"])
-
-
-def prompt_format(name: str) -> PromptFormat:
-    import yaml
-
-    return PromptFormat(**yaml.safe_load((ROOT / "conf" / "prompt" / f"{name}.yaml").read_text()))
 
 
 # ----------------------------------------------------------------------------- 2. paired steps
@@ -290,28 +281,6 @@ def predict(model, ids: list[list[int]], device: str, batch_size: int = 32) -> n
 
 
 # ----------------------------------------------------------------------------- 4. evaluation
-
-
-def rank_average(x: np.ndarray) -> np.ndarray:
-    """Ranks 1..n, ties sharing their average rank."""
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x))
-    sorted_x = x[order]
-    i = 0
-    while i < len(x):
-        j = i
-        while j + 1 < len(x) and sorted_x[j + 1] == sorted_x[i]:
-            j += 1
-        ranks[order[i: j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
-
-
-def spearman(a, b) -> float:
-    ra, rb = rank_average(np.asarray(a, float)), rank_average(np.asarray(b, float))
-    if ra.std() == 0 or rb.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(ra, rb)[0, 1])
 
 
 def evaluate(y_hat: np.ndarray, deltas: list[float]) -> dict:

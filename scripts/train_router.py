@@ -35,6 +35,9 @@ dominates but latency matters.
 breaks the answer, so a 50/50 router is never right and every group is dropped. Starting at
 P(LLM) = 0.95 (close to R-Stitch) makes about half the rollouts correct.
 
+The DAPO pieces (reward, dynamic sampling, advantages, the clipped loss, routed rollouts) are in
+rstitch/routers/dapo.py; this script is the loop around them.
+
 Training curves (reward, accuracy, latency, LLM-token share, ...) go to W&B (offline without an
 API key; --wandb off to disable) and to training_log.csv / training_log.json beside the checkpoint.
 """
@@ -50,65 +53,20 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from rstitch.config_groups import group_choices, pair_config, prompt_format
+from rstitch.engines import load_pair
+from rstitch.methods.base import LLM
+from rstitch.methods.rstitch_plus import DEFAULT_LATENCY_DIR, DEFAULT_ROUTER
+from rstitch.metrics.latency_model import fit_profile, load_pair_latency, profile_runner
+from rstitch.routers.dapo import (CLIP_HIGHER, PAPER_LAMBDA, TESTBED_LAMBDA, RolloutSettings, decision_batch, dapo_update,
+                                  group_advantages, is_informative, rollout, rollout_budget, trajectory_reward)
+from rstitch.routers.rstitch_router import RouterConfig, RStitchRouter, load_router, save_router
 
-from rstitch.data.prompts import PromptFormat  # noqa: E402
-from rstitch.engines import ModelPair, Sampler, load_pair  # noqa: E402
-from rstitch.grading import grade  # noqa: E402
-from rstitch.methods.base import LLM, DecodeContext  # noqa: E402
-from rstitch.methods.rstitch_plus import DEFAULT_LATENCY_DIR, DEFAULT_ROUTER, RouterDecision, RouterSwitch, routed_decode  # noqa: E402
-from rstitch.metrics.latency_model import LatencyModel, fit_profile, load_pair_latency, profile_runner  # noqa: E402
-from rstitch.routers.rstitch_router import RouterConfig, RStitchRouter, load_router, save_router  # noqa: E402
-
-PAPER_LAMBDA = 5e-6
-TESTBED_LAMBDA = 2.5e-4  # per ms; see the docstring
 DAPO_DATASET = "BytedTsinghua-SIA/DAPO-Math-17k"
-CLIP_HIGHER = 0.28  # DAPO's upper clip (its lower one is clip_eps, 0.2)
-
-
-# ----------------------------------------------------------------------------- DAPO pieces
-
-def trajectory_reward(correct: bool, latency_ms: float, lam: float) -> float:
-    """R = r_acc - lam * r_acc * L_hat: latency is penalized only when the answer is right."""
-    r_acc = float(correct)
-    return r_acc - lam * r_acc * latency_ms
-
-
-def is_informative(rewards: torch.Tensor, tol: float = 1e-9) -> bool:
-    """Dynamic sampling: a group whose rewards are all equal has zero advantages everywhere."""
-    return bool(rewards.max() - rewards.min() > tol)
-
-
-def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return (rewards - rewards.mean()) / (rewards.std(unbiased=False) + eps)
-
-
-def dapo_loss(new_log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
-              group_ids: torch.Tensor, eps_low: float = 0.2, eps_high: float | None = None) -> tuple[torch.Tensor, dict]:
-    """DAPO's clipped surrogate (to minimize), one row per router decision.
-
-    The ratio is clipped to [1 - eps_low, 1 + eps_high]; eps_high None is the symmetric clip of
-    R-Stitch's eq. 8 (eps_high = eps_low); DAPO's clip-higher is eps_high 0.28 (`--clip-higher`).
-
-    Each group's per-decision terms are summed and divided by the group's number of decisions
-    (a long rollout weighs by its decisions, not as one sample), then groups are averaged.
-    """
-    eps_high = eps_low if eps_high is None else eps_high
-    ratio = torch.exp(new_log_probs - old_log_probs)
-    clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
-    per_decision = -torch.minimum(ratio * advantages, clipped * advantages)
-    n_groups = int(group_ids.max()) + 1
-    group_sum = torch.zeros(n_groups).index_add(0, group_ids, per_decision)
-    group_size = torch.bincount(group_ids, minlength=n_groups).clamp(min=1)
-    loss = (group_sum / group_size).mean()
-    clip_fraction = float(((ratio * advantages) > (clipped * advantages)).float().mean())
-    return loss, {"clip_fraction": clip_fraction, "ratio_mean": float(ratio.detach().mean())}
 
 
 # ----------------------------------------------------------------------------- data and rollouts
@@ -134,51 +92,7 @@ def dapo_math_problems(n: int, seed: int) -> list[tuple[str, str]]:
     return out
 
 
-@dataclass
-class Rollout:
-    decisions: list[RouterDecision]
-    correct: bool
-    latency_ms: float
-    tokens: int
-    tokens_llm: int
-
-
-def rollout(prompt_ids: list[int], gold: str, pair: ModelPair, router: RStitchRouter, latency: dict[str, LatencyModel],
-            generator: torch.Generator, args: argparse.Namespace, token_seed: int) -> Rollout:
-    policy = RouterSwitch(router, args.tau, sample=True, generator=generator, record=True)
-    sampler = Sampler(temperature=args.temperature, seed=token_seed)
-    result, _ = routed_decode(prompt_ids, DecodeContext(pair, sampler, args.max_new_tokens), policy, latency)
-    response = pair.tokenizer.decode(result.token_ids, skip_special_tokens=True)
-    correct = True if args.reward == "latency_only" else grade(response, gold)
-    return Rollout(policy.decisions, correct, 1000 * result.stats["latency_estimate_s"], len(result.token_ids), result.tokens_by(LLM))
-
-
-def decision_batch(groups: list[tuple[list[Rollout], torch.Tensor]], width: int) -> dict[str, torch.Tensor]:
-    """Flatten the kept groups into one row per router decision."""
-    hidden, sources, actions, old, adv, group_ids = [], [], [], [], [], []
-    for g, (rollouts, advantages) in enumerate(groups):
-        for r, a in zip(rollouts, advantages.tolist()):
-            for d in r.decisions:
-                hidden.append(torch.nn.functional.pad(d.hidden, (0, width - d.hidden.shape[0])))
-                sources.append(d.source)
-                actions.append(d.action)
-                old.append(d.log_prob)
-                adv.append(a)
-                group_ids.append(g)
-    return {"hidden": torch.stack(hidden), "sources": torch.tensor(sources), "actions": torch.tensor(actions),
-            "old_log_probs": torch.tensor(old), "advantages": torch.tensor(adv), "group_ids": torch.tensor(group_ids)}
-
-
 # ----------------------------------------------------------------------------- setup helpers
-
-def rollout_budget(given: int | None, overrides: list[str]) -> int:
-    """The rollouts' token budget: the one given, else the evaluation run's (composed config)."""
-    if given is not None:
-        return given
-    from rstitch.cli.run import compose_config
-
-    return int(compose_config(["logger=none", *overrides])["max_new_tokens"])
-
 
 def build_smoke_pair(out_dir: Path) -> dict[str, dict[str, str]]:
     """Two tiny random Llamas on a small testbed tokenizer (no download, a few seconds)."""
@@ -199,20 +113,6 @@ def build_smoke_pair(out_dir: Path) -> dict[str, dict[str, str]]:
     return paths
 
 
-def pair_config(name: str) -> dict:
-    from omegaconf import OmegaConf
-
-    import rstitch.cli.run  # noqa: F401  (registers the ${testbed_asset:...} resolver)
-
-    return OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "pair" / f"{name}.yaml"), resolve=True)
-
-
-def prompt_format(name: str) -> PromptFormat:
-    from omegaconf import OmegaConf
-
-    return PromptFormat(**OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "prompt" / f"{name}.yaml")))
-
-
 def start_wandb(mode: str, out: Path, config: dict):
     if mode == "off":
         return None
@@ -220,7 +120,7 @@ def start_wandb(mode: str, out: Path, config: dict):
 
     if mode == "auto":
         mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
-    wandb_dir = ROOT / "runs"
+    wandb_dir = Path("runs")  # beside rstitch-run's results (results_root)
     wandb_dir.mkdir(exist_ok=True)
     return wandb.init(project="rstitch", name=f"train_router/{out.name}", mode=mode, dir=str(wandb_dir),
                       config=config, reinit="finish_previous")
@@ -230,14 +130,14 @@ def start_wandb(mode: str, out: Path, config: dict):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pair", default="testbed", help="a conf/pair/*.yaml name")
+    p.add_argument("--pair", default="testbed", choices=group_choices("pair"), help="a conf/pair/*.yaml name")
     p.add_argument("--slm", default=None, help="override the pair's SLM path")
     p.add_argument("--llm", default=None, help="override the pair's LLM path")
     p.add_argument("--device", default=None, help="override the pair's device")
     p.add_argument("--dtype", default=None, help="override the pair's dtype")
-    p.add_argument("--prompt", default="chat", help="a conf/prompt/*.yaml name (r1 for R1 distills)")
+    p.add_argument("--prompt", default="chat", choices=group_choices("prompt"), help="a conf/prompt/*.yaml name (r1 for R1 distills)")
     p.add_argument("--data", default="testbed", choices=["testbed", "dapo"], help=f"testbed train split or {DAPO_DATASET}")
-    p.add_argument("--out", type=Path, default=None, help=f"checkpoint dir (default {DEFAULT_ROUTER.relative_to(ROOT)})")
+    p.add_argument("--out", type=Path, default=None, help=f"checkpoint dir (default {DEFAULT_ROUTER})")
     p.add_argument("--init", type=Path, default=None, help="start from this router checkpoint")
     p.add_argument("--latency-dir", type=Path, default=DEFAULT_LATENCY_DIR)
     p.add_argument("--smoke", action="store_true", help="tiny random models, a few steps, < 1 minute")
@@ -281,10 +181,7 @@ def main() -> None:
         args.wandb = "off" if args.wandb == "auto" else args.wandb
     else:
         args.max_new_tokens = rollout_budget(args.max_new_tokens, args.overrides)
-        pair_cfg = pair_config(args.pair)
-        for key in ("slm", "llm"):
-            if getattr(args, key):
-                pair_cfg[key] = {**pair_cfg[key], "path": getattr(args, key)}
+        pair_cfg = pair_config(args.pair, args.slm, args.llm)
     args.out = args.out or DEFAULT_ROUTER
     device = args.device or pair_cfg.get("device", "cpu")
     dtype = args.dtype or pair_cfg.get("dtype", "float32")
@@ -308,6 +205,7 @@ def main() -> None:
             router.head.bias.copy_(torch.tensor([0.0, math.log(args.init_p_llm / (1 - args.init_p_llm))]))
     width = max(config.slm_hidden, config.llm_hidden)
     optimizer = torch.optim.AdamW(router.parameters(), lr=args.lr, weight_decay=0.0)
+    settings = RolloutSettings(args.tau, args.max_new_tokens, args.temperature, grade_answers=args.reward == "accuracy")
     generator = torch.Generator().manual_seed(args.seed)
     run_config = {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "lam": lam,
                   "pair": pair_cfg.get("name"), "router_parameters": router.num_parameters()}
@@ -329,7 +227,7 @@ def main() -> None:
         all_rollouts, kept = [], []
         for i, (problem, gold) in enumerate(batch):
             prompt_ids = prompt.encode(pair.tokenizer, problem)
-            rollouts = [rollout(prompt_ids, gold, pair, router, latency, generator, args, token_seed=args.seed + 1000 * step + 10 * i + g)
+            rollouts = [rollout(prompt_ids, gold, pair, router, latency, generator, settings, token_seed=args.seed + 1000 * step + 10 * i + g)
                         for g in range(args.group)]
             all_rollouts += rollouts
             rewards = torch.tensor([trajectory_reward(r.correct, r.latency_ms, lam) for r in rollouts])
@@ -341,15 +239,8 @@ def main() -> None:
         info = {"clip_fraction": math.nan, "ratio_mean": math.nan}
         loss_value = math.nan
         if kept:
-            data = decision_batch(kept, width)
-            for _ in range(args.updates):
-                new = router.log_probs(data["hidden"], data["sources"]).gather(1, data["actions"][:, None])[:, 0]
-                loss, info = dapo_loss(new, data["old_log_probs"], data["advantages"], data["group_ids"],
-                                       args.clip_eps, CLIP_HIGHER if args.clip_higher else None)
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                loss_value = loss.item()
+            loss_value, info = dapo_update(router, optimizer, decision_batch(kept, width), args.updates,
+                                           args.clip_eps, CLIP_HIGHER if args.clip_higher else None)
         step_times.append(time.perf_counter() - t0)
 
         # --- log

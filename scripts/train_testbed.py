@@ -33,7 +33,6 @@ import math
 import os
 import random
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,12 +42,9 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from rstitch.engines.hf import cache_kwargs  # noqa: E402
-from rstitch.metrics import roc_auc  # noqa: E402
-from rstitch.rewards.likelihood_prm import (  # noqa: E402
+from rstitch.engines.hf import cache_kwargs
+from rstitch.metrics import roc_auc
+from rstitch.rewards.likelihood_prm import (
     CheckedLogProbs,
     CheckedValues,
     LikelihoodHead,
@@ -57,8 +53,8 @@ from rstitch.rewards.likelihood_prm import (  # noqa: E402
     save_prm,
     step_features,
 )
-from rstitch.testbed import ASSETS_DIR  # noqa: E402
-from rstitch.testbed.task import (  # noqa: E402
+from rstitch.testbed import ASSETS_DIR
+from rstitch.testbed.task import (
     STEP_SEPARATOR,
     Difficulty,
     TestbedProblem,
@@ -68,7 +64,7 @@ from rstitch.testbed.task import (  # noqa: E402
     generate_problems,
     split_steps,
 )
-from rstitch.testbed.tokenizer import (  # noqa: E402
+from rstitch.testbed.tokenizer import (
     build_tokenizer,
     digit_ids,
     load_tokenizer,

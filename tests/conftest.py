@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,6 +55,14 @@ def build_model(out_dir: Path, tokenizer, layers: int, hidden: int, seed: int):
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir
+
+
+def run_script(name: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """scripts/<name>.py run as a user runs it (its own process, the installed package); it must succeed."""
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / f"{name}.py"), *args], capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
 
 
 @pytest.fixture(scope="session")

@@ -1,36 +1,27 @@
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from rstitch.methods.base import LLM, SLM
 from rstitch.methods.rstitch_plus import RouterDecision
+from rstitch.routers import dapo
+from rstitch.routers.dapo import dapo_loss
 from rstitch.routers.rstitch_router import RouterConfig, RStitchRouter
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_router.py"
-spec = importlib.util.spec_from_file_location("train_router", SCRIPT)
-train_router = sys.modules.setdefault("train_router", importlib.util.module_from_spec(spec))
-spec.loader.exec_module(train_router)
-
-dapo_loss = train_router.dapo_loss
 
 
 def test_reward_penalizes_latency_only_when_correct():
-    assert train_router.trajectory_reward(True, 2000.0, 1e-4) == pytest.approx(0.8)
-    assert train_router.trajectory_reward(False, 2000.0, 1e-4) == 0.0
-    assert train_router.trajectory_reward(False, 10.0, 1e-4) == train_router.trajectory_reward(False, 5000.0, 1e-4)
+    assert dapo.trajectory_reward(True, 2000.0, 1e-4) == pytest.approx(0.8)
+    assert dapo.trajectory_reward(False, 2000.0, 1e-4) == 0.0
+    assert dapo.trajectory_reward(False, 10.0, 1e-4) == dapo.trajectory_reward(False, 5000.0, 1e-4)
 
 
 def test_group_advantages_are_normalized_and_dynamic_sampling_drops_flat_groups():
     rewards = torch.tensor([1.0, 0.0, 0.8, 0.0])
-    adv = train_router.group_advantages(rewards)
+    adv = dapo.group_advantages(rewards)
     assert adv.mean().abs() < 1e-6 and adv.std(unbiased=False) == pytest.approx(1.0, abs=1e-4)
     assert adv.argmax() == 0 and adv[1] == adv[3] < 0
-    assert train_router.is_informative(rewards)
-    assert not train_router.is_informative(torch.zeros(8))  # all wrong
-    assert not train_router.is_informative(torch.full((8,), 0.93))  # all right, same latency
+    assert dapo.is_informative(rewards)
+    assert not dapo.is_informative(torch.zeros(8))  # all wrong
+    assert not dapo.is_informative(torch.full((8,), 0.93))  # all right, same latency
 
 
 def test_default_clip_is_symmetric_as_in_eq_8():
@@ -51,7 +42,7 @@ def test_clip_higher_is_asymmetric():
     ratios = torch.tensor([1.25, 1.3, 0.75, 0.85])
     advantages = torch.tensor([1.0, 1.0, -1.0, -1.0])
     new = ratios.log().requires_grad_()
-    loss, info = dapo_loss(new, torch.zeros(4), advantages, torch.zeros(4, dtype=torch.long), 0.2, train_router.CLIP_HIGHER)
+    loss, info = dapo_loss(new, torch.zeros(4), advantages, torch.zeros(4, dtype=torch.long), 0.2, dapo.CLIP_HIGHER)
     loss.backward()
     grads = new.grad
     assert grads[0] < 0 and grads[3] > 0  # descent raises log-prob 0, lowers log-prob 3
@@ -60,10 +51,10 @@ def test_clip_higher_is_asymmetric():
 
 
 def test_rollouts_use_the_runs_budget():
-    assert train_router.rollout_budget(None, []) == 512  # conf/config.yaml
-    assert train_router.rollout_budget(None, ["max_new_tokens=3000"]) == 3000
-    assert train_router.rollout_budget(None, ["experiment=rstitch_paper_plus"]) == 8192
-    assert train_router.rollout_budget(64, ["experiment=rstitch_paper_plus"]) == 64
+    assert dapo.rollout_budget(None, []) == 512  # conf/config.yaml
+    assert dapo.rollout_budget(None, ["max_new_tokens=3000"]) == 3000
+    assert dapo.rollout_budget(None, ["experiment=rstitch_paper_plus"]) == 8192
+    assert dapo.rollout_budget(64, ["experiment=rstitch_paper_plus"]) == 64
 
 
 def test_token_level_normalization_within_groups():
@@ -93,11 +84,11 @@ def test_one_update_moves_the_policy_toward_positive_advantage_actions():
     advantages = torch.where(torch.arange(n) % 3 == 0, 1.0, -1.0)
     groups = torch.arange(n) // 8
     optimizer = torch.optim.SGD(router.parameters(), lr=0.05)
-    new = router.log_probs(hidden, sources).gather(1, actions[:, None])[:, 0]
-    loss, _ = dapo_loss(new, old, advantages, groups)
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
+    data = {"hidden": hidden, "sources": sources, "actions": actions, "old_log_probs": old, "advantages": advantages,
+            "group_ids": groups}
+    loss, info = dapo.dapo_update(router, optimizer, data, updates=1)
+    assert loss == pytest.approx(-(advantages.view(3, 8).mean(1).mean().item()), abs=1e-6)  # ratio 1 at the first step
+    assert info["ratio_mean"] == pytest.approx(1.0)
     with torch.no_grad():
         after = router.log_probs(hidden, sources).gather(1, actions[:, None])[:, 0]
     change = after - old
@@ -108,10 +99,10 @@ def test_one_update_moves_the_policy_toward_positive_advantage_actions():
 def test_decision_batch_flattens_kept_groups():
     def rollout(n_decisions, source):
         decisions = [RouterDecision(source, torch.ones(4 if source == SLM else 6), LLM, -0.5) for _ in range(n_decisions)]
-        return train_router.Rollout(decisions, True, 10.0, 5, 1)
+        return dapo.Rollout(decisions, True, 10.0, 5, 1)
 
     kept = [([rollout(2, SLM), rollout(1, LLM)], torch.tensor([0.7, -0.7])), ([rollout(3, LLM)], torch.tensor([0.0]))]
-    data = train_router.decision_batch(kept, width=6)
+    data = dapo.decision_batch(kept, width=6)
     assert data["hidden"].shape == (6, 6) and data["hidden"][0, 4:].abs().sum() == 0
     assert data["group_ids"].tolist() == [0, 0, 0, 1, 1, 1]
     assert data["advantages"].tolist() == pytest.approx([0.7, 0.7, -0.7, 0, 0, 0])

@@ -12,13 +12,14 @@ from rstitch.methods import build_method
 from rstitch.methods import easd
 from rstitch.methods.base import LLM, SLM
 from rstitch.methods.easd import EntropyPenalty, top_overlap
+from rstitch.methods.easd_calibration import check_calibration_set, dataset_prompts, validation_prompts
 from rstitch.methods.spec_stats import greedy_entropies, mean_of_top_fraction
+from conftest import run_script
 from test_specdec import (  # noqa: F401  (fixtures)
     PROMPTS,
     BigramRunner,
     chain_table,
     decode,
-    load_script,
     near_pair,
     single_thread,
 )
@@ -183,14 +184,14 @@ def test_auto_tau_reads_the_calibration_of_the_pair(tiny_runners, tmp_path, monk
     assert set(json.loads((tmp_path / "calibration.json").read_text())) == {"tiny", "other"}
 
 
+@pytest.mark.slow
 def test_calibration_script_stores_the_top_five_percent_mean(tiny_pair, tiny_runners, tmp_path):
-    script = load_script("calibrate_easd")
     out = tmp_path / "calibration.json"
-    script.main(["--slm", tiny_pair["slm"], "--llm", tiny_pair["llm"], "--pair-name", "tiny",
-                 "--n", "3", "--max-new-tokens", "12", "--out", str(out)])
+    run_script("calibrate_easd", "--slm", tiny_pair["slm"], "--llm", tiny_pair["llm"], "--pair-name", "tiny",
+               "--n", "3", "--max-new-tokens", "12", "--out", str(out))
     entry = json.loads(out.read_text())["tiny"]
     llm = tiny_runners.llm
-    prompts = script.validation_prompts(llm.tokenizer, 3)
+    prompts = validation_prompts(llm.tokenizer, 3)
     entropies = [h for p in prompts for h in greedy_entropies(llm, p, 12, llm.eos_token_ids)]
     assert entry["n_positions"] == len(entropies) and entry["top_fraction"] == 0.05
     assert entry["tau_h"] == pytest.approx(mean_of_top_fraction(entropies, 0.05), abs=1e-4)
@@ -198,12 +199,12 @@ def test_calibration_script_stores_the_top_five_percent_mean(tiny_pair, tiny_run
 
 
 @pytest.mark.parametrize("dataset", ["math500", "testbed", "gsm8k", "nonsense"])
-def test_calibration_refuses_evaluated_benchmarks(dataset, tmp_path):
-    script = load_script("calibrate_easd")
-    with pytest.raises(SystemExit) as err:
-        script.main(["--slm", "/nowhere", "--llm", "/nowhere", "--dataset", dataset, "--out", str(tmp_path / "c.json")])
+def test_calibration_refuses_evaluated_benchmarks(dataset):
+    with pytest.raises(ConfigError) as err:
+        check_calibration_set(dataset)
     assert ("evaluated benchmark" if dataset != "nonsense" else "unknown calibration set") in str(err.value)
-    assert script.check_calibration_set("limo") == "GAIR/LIMO"
+    assert "\n" not in str(err.value)
+    assert check_calibration_set("limo") == "GAIR/LIMO"
 
 
 # --- configuration errors -----------------------------------------------------------------
@@ -229,9 +230,8 @@ def test_calibration_prompts_read_limo_through_the_dataset_loader():
         def encode(self, text, add_special_tokens=False):
             return [ord(c) for c in text]
 
-    script = load_script("calibrate_easd")
     fixture = Path(__file__).resolve().parent / "fixtures" / "limo.jsonl"
     fmt = PromptFormat(name="plain", style="plain", template="Q: {problem}\n")
-    prompts = script.dataset_prompts(Chars(), "limo", 1, fmt, str(fixture))
+    prompts = dataset_prompts(Chars(), "limo", 1, fmt, str(fixture))
     assert len(prompts) == 1
     assert "".join(map(chr, prompts[0])) == "Q: Find the remainder when $2^{10}$ is divided by 7.\n"

@@ -1,9 +1,7 @@
 """Answer extraction, equivalence, the hard timeout, and the gold-solution check."""
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -13,7 +11,6 @@ import pytest
 from rstitch.grading import extract_answer, grade, is_equivalent, last_boxed, normalize_answer, quick_compare
 from rstitch.grading import verify
 
-REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
 
 # An answer sympy cannot compare quickly: it starts computing ten million factorial.
@@ -247,23 +244,16 @@ def test_forked_child_uses_its_own_workers():
 # --------------------------------------------------------------------------- gold solutions
 
 
-def _load_check_script():
-    spec = importlib.util.spec_from_file_location("check_gold_grading", REPO / "scripts" / "check_gold_grading.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_gold_solutions_grade_as_right():
     assert BENCHMARKS.is_dir(), f"benchmark files missing: expected {BENCHMARKS} beside the repository"
-    check = _load_check_script()
-    results = {r.dataset: r for r in check.check_all(BENCHMARKS)}
+    from rstitch.grading.gold_check import check_all, report
+
+    results = {r.dataset: r for r in check_all(BENCHMARKS)}
     assert {name: r.total for name, r in results.items()} == {
         "math500": 500, "gsm8k": 1319, "minerva": 272, "aime24": 30, "amc23": 40,
     }
     for result in results.values():
-        assert result.fraction_right >= 0.99, check.report([result])
+        assert result.fraction_right >= 0.99, report([result])
 
 
 # --------------------------------------------------------------------------- hostile input

@@ -149,6 +149,23 @@ def test_roc_auc_ranks_with_ties_counting_half():
     assert roc_auc([0.3, 0.4], [True, True]) != roc_auc([0.3, 0.4], [True, True])  # nan: one class only
 
 
+def test_spearman_matches_scipy_with_ties_and_is_nan_on_constant_input():
+    import random
+
+    from scipy.stats import spearmanr
+
+    from rstitch.metrics import average_ranks, spearman
+
+    assert average_ranks([0.3, 0.1, 0.3, 0.2]) == [3.5, 1.0, 3.5, 2.0]
+    rng = random.Random(1)
+    a = [rng.randint(0, 5) for _ in range(60)]  # many ties
+    b = [x + rng.gauss(0, 2) for x in a]
+    assert spearman(a, b) == pytest.approx(spearmanr(a, b).statistic, abs=1e-12)
+    assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 1, 1], [1, 2, 3]) != spearman([1, 1, 1], [1, 2, 3])  # nan: constant side
+    assert spearman([1.0], [2.0]) != spearman([1.0], [2.0])  # nan: one value
+
+
 def test_roc_auc_interval_resamples_whole_groups():
     """Wrong steps clustered in a few problems: resampling problems gives a wider interval than
     treating every step as independent, and the interval holds the point estimate."""

@@ -1,14 +1,12 @@
 import copy
-import importlib.util
 import itertools
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
 from scipy.stats import chisquare
 
+from conftest import run_script
 from rstitch.engines import ModelPair, ModelRunner, Sampler, Sequence
 from rstitch.errors import ConfigError
 from rstitch.methods import DecodeContext, build_method
@@ -115,15 +113,6 @@ def chi_square_pvalue(counts: Counter, probs: dict, n: int, min_expected: float 
     return float(chisquare(observed, [e * scale for e in expected]).pvalue)
 
 
-def load_script(name: str):
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
 # --- the acceptance kernel ----------------------------------------------------------------
 def test_kernel_output_follows_target_distribution():
     p = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.10, 0.00])
@@ -211,11 +200,12 @@ def test_sampling_on_real_models_matches_target_first_token(tiny_runners):
 
 
 def test_matches_transformers_assisted_generation(near_pair, tiny_runners):
-    bench = load_script("bench_specdec")
+    from rstitch.engines.hf_generate import hf_assisted_generate
+
     for pair, k in ((near_pair, 3), (near_pair, 5), (tiny_runners, 5)):
         for prompt in PROMPTS[:2]:
             ours = decode(pair, "specdec", prompt, k=k).token_ids
-            assert ours == bench.hf_assisted_generate(pair, prompt, k, BUDGET)
+            assert ours == hf_assisted_generate(pair, prompt, k, BUDGET)
 
 
 # --- budget, EOS, caches ------------------------------------------------------------------
@@ -336,15 +326,15 @@ def test_token_consistency(near_pair, tiny_runners):
     assert (matches, positions) == (expected, len(trace)) and 0 < matches < positions
 
 
-def test_token_consistency_script_prints_the_pooled_fraction(tiny_pair, near_pair, capsys):
+@pytest.mark.slow
+def test_token_consistency_script_prints_the_pooled_fraction(tiny_pair, near_pair):
     from rstitch.data import load_dataset_records
     from rstitch.data.prompts import PromptFormat
 
-    load_script("token_consistency").main([
-        "--pair-slm", near_pair.slm.path, "--pair-llm", tiny_pair["llm"], "--pair-name", "near",
-        "--dataset", "testbed", "--limit", "2", "--max-new-tokens", "10", "--option", "split=validation",
-    ])
-    row = capsys.readouterr().out.strip().splitlines()[-1].split()
+    proc = run_script("token_consistency", "--pair-slm", near_pair.slm.path, "--pair-llm", tiny_pair["llm"],
+                      "--pair-name", "near", "--dataset", "testbed", "--limit", "2", "--max-new-tokens", "10",
+                      "--option", "split=validation")
+    row = proc.stdout.strip().splitlines()[-1].split()
     records = load_dataset_records("testbed", limit=2, split="validation")
     counts = [greedy_consistency(near_pair, PromptFormat().encode(near_pair.tokenizer, r.problem), 10) for r in records]
     assert row[:3] == ["near", "testbed", "2"] and int(row[3]) == sum(n for _, n in counts)

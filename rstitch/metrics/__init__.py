@@ -7,6 +7,7 @@ from rstitch.metrics.latency_model import (
     latency_file,
     load_pair_latency,
 )
-from rstitch.metrics.ranking import roc_auc, roc_auc_interval
+from rstitch.metrics.ranking import average_ranks, roc_auc, roc_auc_interval, spearman
 
-__all__ = ["Forward", "ForwardTrace", "LatencyModel", "estimate_latency", "latency_file", "load_pair_latency", "roc_auc", "roc_auc_interval"]
+__all__ = ["Forward", "ForwardTrace", "LatencyModel", "estimate_latency", "latency_file", "load_pair_latency", "roc_auc", "roc_auc_interval",
+           "average_ranks", "spearman"]

@@ -2,7 +2,23 @@
 from __future__ import annotations
 
 import random
+import statistics
 from typing import Hashable, Sequence
+
+
+def average_ranks(values: Sequence[float]) -> list[float]:
+    """Ranks 1..n in input order, tied values sharing their average rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in order[i : j + 1]:
+            ranks[k] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
 
 
 def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float:
@@ -12,16 +28,17 @@ def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float:
     n_neg = len(labels) - n_pos
     if not n_pos or not n_neg:
         return float("nan")
-    order = sorted(range(len(scores)), key=lambda i: scores[i])
-    rank_sum, i = 0.0, 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and scores[order[j + 1]] == scores[order[i]]:
-            j += 1
-        mid_rank = (i + j) / 2 + 1  # tied scores share their average rank
-        rank_sum += mid_rank * sum(bool(labels[k]) for k in order[i : j + 1])
-        i = j + 1
+    rank_sum = sum(rank for rank, y in zip(average_ranks(scores), labels) if y)
     return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman's rho: the Pearson correlation of the average ranks (ties share theirs); nan when
+    either side is constant or has fewer than two values."""
+    try:
+        return statistics.correlation(average_ranks(a), average_ranks(b))
+    except statistics.StatisticsError:
+        return float("nan")
 
 
 def roc_auc_interval(

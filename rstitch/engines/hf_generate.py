@@ -1,0 +1,39 @@
+"""transformers' own `generate` on a pair's HF models, greedy, batch 1: the reference SpecDec is
+checked against (token-identical outputs) and timed against (scripts/bench_specdec.py)."""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from rstitch.engines import ModelPair
+
+
+def hf_assisted_generate(pair: ModelPair, prompt_ids: list[int], k: int, max_new_tokens: int) -> list[int]:
+    """transformers' assisted generation with exactly k draft tokens per block (greedy): a
+    constant number of assistant tokens and no confidence-based early stop of the draft."""
+    draft = pair.slm.model
+    saved = copy.deepcopy(draft.generation_config)
+    draft.generation_config.num_assistant_tokens = k
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0
+    try:
+        return _hf_generate(pair, prompt_ids, max_new_tokens, assistant_model=draft)
+    finally:
+        draft.generation_config = saved
+
+
+def hf_greedy_generate(pair: ModelPair, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """The target alone, greedy."""
+    return _hf_generate(pair, prompt_ids, max_new_tokens)
+
+
+def _hf_generate(pair: ModelPair, prompt_ids: list[int], max_new_tokens: int, **kwargs) -> list[int]:
+    eos = sorted(set(pair.llm.eos_token_ids) | set(pair.slm.eos_token_ids))
+    input_ids = torch.tensor([prompt_ids], device=pair.llm.model.device)
+    with torch.inference_mode():
+        out = pair.llm.model.generate(
+            input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False, max_new_tokens=max_new_tokens,
+            eos_token_id=eos, pad_token_id=eos[0], **kwargs,
+        )
+    return out[0, len(prompt_ids):].tolist()

@@ -1,0 +1,130 @@
+"""DAPO for R-Stitch+'s router (scripts/train_router.py drives it; docs/rstitch-plus.md).
+
+A group of G routed rollouts per prompt; reward R = r_acc - lam * r_acc * L_hat (the latency
+model's estimate in ms); groups whose rewards are all equal are dropped (dynamic sampling);
+group-normalized advantages; the clipped surrogate summed over a group's router decisions and
+divided by their number (token-level normalization), averaged over groups.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rstitch.engines import ModelPair, Sampler
+from rstitch.grading import grade
+from rstitch.methods.base import LLM, DecodeContext
+from rstitch.methods.rstitch_plus import RouterDecision, RouterSwitch, routed_decode
+from rstitch.metrics.latency_model import LatencyModel
+from rstitch.routers.rstitch_router import RStitchRouter
+
+PAPER_LAMBDA = 5e-6  # per ms, for 7B-32B models on GPU
+TESTBED_LAMBDA = 2.5e-4  # per ms: a testbed LLM-only trajectory (~750 ms on CPU) pays ~0.19
+CLIP_HIGHER = 0.28  # DAPO's upper clip (its lower one is clip_eps, 0.2)
+
+
+def trajectory_reward(correct: bool, latency_ms: float, lam: float) -> float:
+    """R = r_acc - lam * r_acc * L_hat: latency is penalized only when the answer is right."""
+    r_acc = float(correct)
+    return r_acc - lam * r_acc * latency_ms
+
+
+def is_informative(rewards: torch.Tensor, tol: float = 1e-9) -> bool:
+    """Dynamic sampling: a group whose rewards are all equal has zero advantages everywhere."""
+    return bool(rewards.max() - rewards.min() > tol)
+
+
+def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return (rewards - rewards.mean()) / (rewards.std(unbiased=False) + eps)
+
+
+def dapo_loss(new_log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
+              group_ids: torch.Tensor, eps_low: float = 0.2, eps_high: float | None = None) -> tuple[torch.Tensor, dict]:
+    """DAPO's clipped surrogate (to minimize), one row per router decision.
+
+    The ratio is clipped to [1 - eps_low, 1 + eps_high]; eps_high None is the symmetric clip of
+    R-Stitch's eq. 8 (eps_high = eps_low); DAPO's clip-higher is eps_high 0.28 (`CLIP_HIGHER`).
+
+    Each group's per-decision terms are summed and divided by the group's number of decisions
+    (a long rollout weighs by its decisions, not as one sample), then groups are averaged.
+    """
+    eps_high = eps_low if eps_high is None else eps_high
+    ratio = torch.exp(new_log_probs - old_log_probs)
+    clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
+    per_decision = -torch.minimum(ratio * advantages, clipped * advantages)
+    n_groups = int(group_ids.max()) + 1
+    group_sum = torch.zeros(n_groups).index_add(0, group_ids, per_decision)
+    group_size = torch.bincount(group_ids, minlength=n_groups).clamp(min=1)
+    loss = (group_sum / group_size).mean()
+    clip_fraction = float(((ratio * advantages) > (clipped * advantages)).float().mean())
+    return loss, {"clip_fraction": clip_fraction, "ratio_mean": float(ratio.detach().mean())}
+
+
+@dataclass
+class Rollout:
+    decisions: list[RouterDecision]
+    correct: bool
+    latency_ms: float
+    tokens: int
+    tokens_llm: int
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    tau: float  # positions with entropy <= tau go to the SLM without asking the router
+    max_new_tokens: int
+    temperature: float = 0.0  # token sampling; routing is sampled either way
+    grade_answers: bool = True  # False: every rollout counts as correct (random smoke models are never right)
+
+
+def rollout(prompt_ids: list[int], gold: str, pair: ModelPair, router: RStitchRouter, latency: dict[str, LatencyModel],
+            generator: torch.Generator, settings: RolloutSettings, token_seed: int) -> Rollout:
+    """One routed decode whose router actions are sampled and recorded (with the log-probability
+    and hidden state each read), graded and priced by the latency model."""
+    policy = RouterSwitch(router, settings.tau, sample=True, generator=generator, record=True)
+    sampler = Sampler(temperature=settings.temperature, seed=token_seed)
+    result, _ = routed_decode(prompt_ids, DecodeContext(pair, sampler, settings.max_new_tokens), policy, latency)
+    response = pair.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    correct = grade(response, gold) if settings.grade_answers else True
+    return Rollout(policy.decisions, correct, 1000 * result.stats["latency_estimate_s"], len(result.token_ids),
+                   result.tokens_by(LLM))
+
+
+def decision_batch(groups: list[tuple[list[Rollout], torch.Tensor]], width: int) -> dict[str, torch.Tensor]:
+    """Flatten the kept groups (rollouts, advantages) into one row per router decision; hidden
+    states are zero-padded to `width` (the larger model's)."""
+    hidden, sources, actions, old, adv, group_ids = [], [], [], [], [], []
+    for g, (rollouts, advantages) in enumerate(groups):
+        for r, a in zip(rollouts, advantages.tolist()):
+            for d in r.decisions:
+                hidden.append(torch.nn.functional.pad(d.hidden, (0, width - d.hidden.shape[0])))
+                sources.append(d.source)
+                actions.append(d.action)
+                old.append(d.log_prob)
+                adv.append(a)
+                group_ids.append(g)
+    return {"hidden": torch.stack(hidden), "sources": torch.tensor(sources), "actions": torch.tensor(actions),
+            "old_log_probs": torch.tensor(old), "advantages": torch.tensor(adv), "group_ids": torch.tensor(group_ids)}
+
+
+def dapo_update(router: RStitchRouter, optimizer: torch.optim.Optimizer, data: dict[str, torch.Tensor], updates: int,
+                eps_low: float = 0.2, eps_high: float | None = None) -> tuple[float, dict]:
+    """`updates` gradient steps on one `decision_batch`; the last loss and its clip statistics."""
+    loss, info = torch.tensor(float("nan")), {}
+    for _ in range(updates):
+        new = router.log_probs(data["hidden"], data["sources"]).gather(1, data["actions"][:, None])[:, 0]
+        loss, info = dapo_loss(new, data["old_log_probs"], data["advantages"], data["group_ids"], eps_low, eps_high)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return loss.item(), info
+
+
+def rollout_budget(given: int | None, overrides: list[str]) -> int:
+    """The rollouts' token budget: the one given, else the evaluation run's (the config
+    `rstitch-run` composes with `overrides`), so the latency term sees untruncated trajectories."""
+    if given is not None:
+        return given
+    from rstitch.cli.run import compose_config
+
+    return int(compose_config(["logger=none", *overrides])["max_new_tokens"])
