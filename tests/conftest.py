@@ -57,6 +57,16 @@ def build_model(out_dir: Path, tokenizer, layers: int, hidden: int, seed: int):
     return out_dir
 
 
+def pytest_collection_modifyitems(config, items):
+    """`@pytest.mark.gpu` tests skip, with the reason shown, on a machine without CUDA."""
+    if torch.cuda.is_available():
+        return
+    no_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(no_gpu)
+
+
 def run_script(name: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """scripts/<name>.py run as a user runs it (its own process, the installed package); it must succeed."""
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / f"{name}.py"), *args], capture_output=True, text=True,

@@ -263,6 +263,7 @@ def test_report_cli_errors(analysis_sweep, tmp_path, capsys, argv, message):
     assert err.startswith("rstitch-report: error:") and message in err
 
 
+@pytest.mark.slow
 def test_multirun_logs_a_wandb_sweep_summary(tmp_path, tiny_pair, problems_file):
     """A multirun with logger=wandb (offline) ends with one W&B run: every point, the frontier flagged."""
     env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}

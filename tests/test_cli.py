@@ -35,6 +35,7 @@ def read_samples(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_run_writes_samples_and_summary_and_resumes(tmp_path, tiny_pair, problems_file):
     base = [*pair_overrides(tiny_pair), "dataset=math500", f"dataset.path={problems_file}", "method=rstitch", "method.tau=0.3"]
     proc = rstitch_run(tmp_path, *base)
@@ -67,6 +68,7 @@ def test_run_writes_samples_and_summary_and_resumes(tmp_path, tiny_pair, problem
     assert summary["speedup"] is not None and summary["speedup"] > 0
 
 
+@pytest.mark.slow
 def test_multirun_sweep_writes_one_dir_per_point(tmp_path, tiny_pair, problems_file):
     rstitch_run(tmp_path, *pair_overrides(tiny_pair), "dataset=math500", f"dataset.path={problems_file}",
                 "dataset.limit=2", "method.tau=0.1,0.9", multirun=True)
@@ -74,6 +76,7 @@ def test_multirun_sweep_writes_one_dir_per_point(tmp_path, tiny_pair, problems_f
     assert len(dirs) == 2 and {d.name.split("_")[0] for d in dirs} == {"tau=0.1", "tau=0.9"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides,needle",
     [
@@ -95,6 +98,7 @@ def test_bad_input_is_one_error_line_and_no_results(tmp_path, tiny_pair, problem
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
+@pytest.mark.slow
 def test_tokenizer_mismatch_is_rejected(tmp_path, tiny_pair, problems_file):
     other_tok = build_tokenizer(tmp_path / "tok2", extra_chars="#@")
     other = build_model(tmp_path / "other", other_tok, layers=1, hidden=32, seed=5)
@@ -104,6 +108,7 @@ def test_tokenizer_mismatch_is_rejected(tmp_path, tiny_pair, problems_file):
     assert run_dirs(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_record_without_answer_is_rejected(tmp_path, tiny_pair):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n" + json.dumps({"problem": "2+2?"}) + "\n")
@@ -112,6 +117,7 @@ def test_record_without_answer_is_rejected(tmp_path, tiny_pair):
     assert run_dirs(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_holds_the_pareto_point(tmp_path, tiny_pair, problems_file):
     proc = rstitch_run(tmp_path, *pair_overrides(tiny_pair), "dataset=math500", f"dataset.path={problems_file}",
                        "dataset.limit=2", "logger=wandb")
@@ -138,6 +144,7 @@ def assert_one_error_line(proc: subprocess.CompletedProcess, needle: str) -> Non
     assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "content,needle",
     [
@@ -154,6 +161,7 @@ def test_bad_dataset_file_is_one_error_line(tmp_path, tiny_pair, content, needle
     assert run_dirs(tmp_path) == [] and not any((tmp_path / "runs").rglob("run_key.json"))
 
 
+@pytest.mark.slow
 def test_unwritable_results_root_is_one_error_line(tmp_path, tiny_pair, problems_file):
     blocker = tmp_path / "a_file"
     blocker.write_text("")  # works as root too, unlike a read-only directory
@@ -162,6 +170,7 @@ def test_unwritable_results_root_is_one_error_line(tmp_path, tiny_pair, problems
     assert_one_error_line(proc, f"results_root '{blocker / 'runs'}' is not writable")
 
 
+@pytest.mark.slow
 def test_ctrl_c_is_one_line_saying_what_is_saved_and_how_to_resume(tmp_path, tiny_pair, problems_file):
     import signal
     import time

@@ -20,6 +20,8 @@ from rstitch.engines import Sampler, load_model  # noqa: E402
 from rstitch.errors import ConfigError  # noqa: E402
 from rstitch.methods import DecodeContext, build_method  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the real pair on llama.cpp
+
 SHARED_BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"  # beside the checkout
 BUDGET = 48
 

@@ -12,6 +12,8 @@ from nbclient import NotebookClient
 import test_analysis
 from test_analysis import SWEEP_POINTS
 
+pytestmark = pytest.mark.slow  # runs both notebooks in a kernel
+
 analysis_sweep = test_analysis.analysis_sweep  # the sweep fixture, shared with test_analysis.py
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"

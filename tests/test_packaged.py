@@ -83,6 +83,7 @@ def test_tilde_paths_are_expanded(monkeypatch, tmp_path):
     assert resolve_model_path("org/model") == "org/model"
 
 
+@pytest.mark.slow
 def test_concurrent_first_uses_build_one_whole_file(installed):
     """Several processes asking for the model at once: each gets the whole, checked file."""
     whole = b"".join(PAYLOAD)

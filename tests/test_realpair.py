@@ -25,6 +25,8 @@ from rstitch.methods import DecodeContext, build_method  # noqa: E402
 from rstitch.methods.specreason import digit_token_ids, judge_prompt  # noqa: E402
 from rstitch.rewards import load_prm  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the real Qwen pair, converted on first use
+
 ENGINES = ["hf"]
 SHARED_BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"  # beside the checkout
 BUDGET = 40

@@ -272,6 +272,7 @@ def test_a_path_that_does_not_exist_is_one_line_at_once(tiny_pair, path):
     assert time.monotonic() - start < 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("offline", [True, False])
 def test_an_unreachable_hub_model_is_one_line_naming_the_way_out(tmp_path, tiny_pair, problems_file, offline):
     import os

@@ -227,6 +227,7 @@ def test_merge_does_not_overwrite_an_unsharded_run(sharded, tmp_path, capsys):
 # --------------------------------------------------------------------------- resume after a kill
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_without_losing_or_duplicating_samples(tmp_path, tiny_pair):
     problems = write_problems(tmp_path / "problems.jsonl", 12)
     args = [*tiny_overrides(tiny_pair, problems, tmp_path / "killed", budget=40), "method=random", "method.p=0.5",
@@ -270,6 +271,7 @@ def test_a_corrupt_line_inside_samples_is_one_error_line(tmp_path):
 # --------------------------------------------------------------------------- launcher and baselines
 
 
+@pytest.mark.slow
 def test_two_point_sweep_through_submitit_local(tmp_path, tiny_pair):
     problems = write_problems(tmp_path / "problems.jsonl", 2)
     root = tmp_path / "runs"

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from rstitch.engines import Sampler
+from rstitch.engines import ModelPair, Sampler
 from rstitch.errors import ConfigError
 from rstitch.methods import DecodeContext, build_method
 from rstitch.methods.base import LLM, SLM
@@ -80,18 +80,25 @@ def test_rejected_draft_is_rolled_back_from_the_draft_cache(tiny_runners):
     assert path.calls[f"steps_{SLM}"] == path.calls[f"steps_{LLM}"] == len(path.steps)
 
 
-def test_repeated_identical_steps_end_the_sample(tiny_runners):
-    # One-token steps: the sample must end right where a token repeats max_repeats times.
-    for prompt in PROMPTS + [[11, 12], [40, 41, 42]]:
-        out = plain(tiny_runners, "llm_only", prompt, budget=60)
-        runs = [i for i in range(2, len(out)) if out[i - 2] == out[i - 1] == out[i]]
-        if runs:
-            break
-    else:
-        pytest.skip("no greedy output with a token repeated 3 times")
-    path = decoder(tiny_runners, prompt, budget=60, max_step_tokens=1, max_repeats=3)
+def test_repeated_identical_steps_end_the_sample(tiny_pair):
+    # A pair whose greedy output is "bccc...": one-token steps, and the sample must end right
+    # where a token has repeated max_repeats (3) times, not before and not at the budget.
+    from transformers import AutoTokenizer
+
+    from test_specdec import BigramRunner, chain_table
+
+    tok = AutoTokenizer.from_pretrained(tiny_pair["tokenizer"])
+    a, b, c = tok.convert_tokens_to_ids(["a", "b", "c"])
+    table = chain_table(len(tok), {a: b, b: c, c: c})
+    pair = ModelPair(BigramRunner(table, "slm"), BigramRunner(table, "llm"))
+    pair.slm.tokenizer = pair.llm.tokenizer = tok
+    out = plain(pair, "llm_only", [a], budget=60)
+    assert out == [b] + [c] * 59
+    path = decoder(pair, [a], budget=60, max_step_tokens=1, max_repeats=3)
     assert path.complete(lambda p: p.generate(LLM)) == "repeat"
-    assert path.output == out[: runs[0] + 1]
+    assert path.output == [b, c, c, c]
+    relaxed = decoder(pair, [a], budget=60, max_step_tokens=1, max_repeats=0)
+    assert relaxed.complete(lambda p: p.generate(LLM)) == "length" and relaxed.output == out
 
 
 def test_step_cap_and_budget_end_the_sample(tiny_runners):

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # trains a tiny family in subprocesses
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

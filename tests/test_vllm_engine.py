@@ -24,6 +24,8 @@ from rstitch.methods.base import LLM, SLM  # noqa: E402
 from rstitch.methods.rstitch_plus import RouterSwitch, routed_decode  # noqa: E402
 from rstitch.testbed import LLM_DIR, SLM_DIR, generate_problems  # noqa: E402
 
+pytestmark = pytest.mark.slow  # vLLM engines, in their own venv
+
 # CPU-cheap engines: no compilation, small KV caches (different per model, to see the per-model
 # options arrive; the SLM's hidden-state engine inherits its size, the LLM's has its own),
 # 32-token blocks so that the prefix cache hits on short testbed sequences, and the lookahead on,
