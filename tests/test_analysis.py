@@ -157,6 +157,7 @@ def test_bad_results_directories_are_one_clear_error(tmp_path):
 # --------------------------------------------------------------------------- the real sweep
 
 
+@pytest.mark.slow
 def test_runs_and_samples_of_a_sweep(analysis_sweep):
     runs = load_runs(analysis_sweep)
     assert len(runs) == len(SWEEP_POINTS) and runs["comparison"].nunique() == 1
@@ -179,6 +180,7 @@ def test_runs_and_samples_of_a_sweep(analysis_sweep):
     assert ((paired["outcome"] == "both correct") == both).all()
 
 
+@pytest.mark.slow
 def test_runs_from_wandb_match_the_results_store(analysis_sweep):
     from rstitch.analysis.collect import read_summary
 
@@ -194,6 +196,7 @@ def test_runs_from_wandb_match_the_results_store(analysis_sweep):
     pd.testing.assert_frame_equal(from_wandb[columns], on_disk[columns])
 
 
+@pytest.mark.slow
 def test_scores_of_stored_traces_match_decoding(analysis_sweep, testbed_pair):
     from rstitch.analysis.collect import read_summary
     from rstitch.analysis.traces import token_consistency, token_scores
@@ -222,6 +225,7 @@ def test_scores_of_stored_traces_match_decoding(analysis_sweep, testbed_pair):
     assert row["positions"] == positions and row["consistency"] == pytest.approx(matches / positions)
 
 
+@pytest.mark.slow
 def test_report_html_markdown_and_latex(analysis_sweep, tmp_path, capsys):
     from rstitch.cli.report import main
 
@@ -246,6 +250,7 @@ def test_report_html_markdown_and_latex(analysis_sweep, tmp_path, capsys):
     assert html.count("src='data:image/png;base64,") >= 3 and "<table>" in html
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, message", [
     (["{missing}"], "no such results directory"),
     (["{sweep}", "-o", "report.pdf"], "must end in .html or .md"),

@@ -16,6 +16,9 @@ from rstitch.results.keys import run_key, run_tag
 from rstitch.runner import run
 
 METHODS = sorted(p.stem for p in (CONF_DIR / "method").glob("*.yaml"))
+# The fast tier (-m "not slow") keeps one method per family: token-level, speculative, step-level.
+FAST_METHODS = {"rstitch", "specdec", "rsd"}
+METHOD_PARAMS = [pytest.param(m, marks=() if m in FAST_METHODS else pytest.mark.slow) for m in METHODS]
 # Search baselines decode several candidates per sample: fewer keep the test short.
 FEWER_CANDIDATES = {"best_of_n": ["method.n=2"], "maj": ["method.n=2"], "process_bon": ["method.n=2"],
                     "beam_search": ["method.beam_size=2", "method.expansions=2"]}
@@ -34,7 +37,7 @@ def outputs(run_dir: Path) -> dict[tuple[str, int], dict]:
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", METHOD_PARAMS)
 def test_batch_8_decodes_what_batch_1_decodes(tmp_path, method, temperature):
     # 4 problems x 2 samples: 8 samples in flight at once, joining and leaving at different steps
     common = [f"method={method}", "dataset.limit=4", "n_samples=2", "max_new_tokens=32", f"decoding.temperature={temperature}",

@@ -16,6 +16,8 @@ N = 16
 PRM_AUC_FLOOR = 0.8  # measured on this slice: see docs/testbed.md for the full test split
 JUDGE_AUC_FLOOR = 0.6
 
+pytestmark = pytest.mark.slow  # decodes a slice of the test split with every model of the family
+
 
 @pytest.fixture(scope="module")
 def decoded(testbed_pair):
