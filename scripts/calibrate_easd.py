@@ -25,8 +25,7 @@ from rstitch.config_groups import group_choices, pair_config, prompt_format
 from rstitch.engines import load_pair
 from rstitch.errors import ConfigError
 from rstitch.methods.easd import CALIBRATION_FILE, store_calibration
-from rstitch.methods.easd_calibration import (CALIBRATION_SETS, calibrate, check_calibration_set, dataset_prompts,
-                                              validation_prompts)
+from rstitch.methods.easd_calibration import CALIBRATION_SETS, calibrate, check_calibration_set, dataset_prompts, validation_prompts
 
 
 def main(argv: list[str] | None = None) -> None:

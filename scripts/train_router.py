@@ -62,8 +62,19 @@ from rstitch.engines import load_pair
 from rstitch.methods.base import LLM
 from rstitch.methods.rstitch_plus import DEFAULT_LATENCY_DIR, DEFAULT_ROUTER
 from rstitch.metrics.latency_model import fit_profile, load_pair_latency, profile_runner
-from rstitch.routers.dapo import (CLIP_HIGHER, PAPER_LAMBDA, TESTBED_LAMBDA, RolloutSettings, decision_batch, dapo_update,
-                                  group_advantages, is_informative, rollout, rollout_budget, trajectory_reward)
+from rstitch.routers.dapo import (
+    CLIP_HIGHER,
+    PAPER_LAMBDA,
+    TESTBED_LAMBDA,
+    RolloutSettings,
+    dapo_update,
+    decision_batch,
+    group_advantages,
+    is_informative,
+    rollout,
+    rollout_budget,
+    trajectory_reward,
+)
 from rstitch.routers.rstitch_router import RouterConfig, RStitchRouter, load_router, save_router
 
 DAPO_DATASET = "BytedTsinghua-SIA/DAPO-Math-17k"

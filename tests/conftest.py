@@ -20,7 +20,7 @@ CHAT_TEMPLATE = (
 
 
 def build_tokenizer(out_dir: Path, extra_chars: str = ""):
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     chars = sorted(set("abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-*/=.,:?()\\{}\n" + extra_chars))

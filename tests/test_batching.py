@@ -160,7 +160,7 @@ def _request(model, seq, keep: int) -> ForwardRequest:
 
 def test_scheduler_keeps_batch_size_in_flight_and_each_sample_its_own_costs(tiny_runners):
     model = tiny_runners.slm
-    in_flight, peak, seen = set(), [0], []
+    in_flight, peak = set(), [0]
     counter = CostCounter()  # a counter outside the pair (a PRM's): also one view per sample
 
     def job(index: int):

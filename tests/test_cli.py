@@ -91,7 +91,7 @@ def test_bad_input_is_one_error_line_and_no_results(tmp_path, tiny_pair, problem
     proc = rstitch_run(tmp_path, *pair_overrides(tiny_pair), "dataset=math500", f"dataset.path={problems_file}",
                        *overrides, check=False)
     assert proc.returncode == 2
-    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0], proc.stderr
     assert run_dirs(tmp_path) == []
     # Not even the empty <pair>/<dataset>/<method> folders Hydra's run directory sat in.
@@ -140,7 +140,7 @@ def test_prm_group_feeds_the_prm_methods_and_their_run_key():
 
 
 def assert_one_error_line(proc: subprocess.CompletedProcess, needle: str) -> None:
-    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr[-3000:]
 
 
@@ -186,6 +186,6 @@ def test_ctrl_c_is_one_line_saying_what_is_saved_and_how_to_resume(tmp_path, tin
     _, stderr = proc.communicate(timeout=120)
     [run_dir] = run_dirs(tmp_path)
     saved = len(read_samples(run_dir))
-    last = [l for l in stderr.splitlines() if l.strip()][-1]
+    last = [line for line in stderr.splitlines() if line.strip()][-1]
     assert proc.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
     assert last == f"rstitch-run: interrupted: {saved} samples saved in {run_dir}; rerun the same command to resume"

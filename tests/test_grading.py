@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rstitch.grading import extract_answer, grade, is_equivalent, last_boxed, normalize_answer, quick_compare
-from rstitch.grading import verify
+from rstitch.grading import extract_answer, grade, is_equivalent, last_boxed, normalize_answer, quick_compare, verify
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
 
@@ -314,7 +313,8 @@ def test_deep_box_options_do_not_recurse():
 
 
 def test_grading_random_latex_like_text_returns_a_bool_in_time():
-    from hypothesis import HealthCheck, given, settings, strategies as st
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
 
     pieces = ["\\boxed{", "\\boxed[", "\\framebox", "\\frac", "{", "}", "[", "]", "^", "_", "!", "(", ")", "1", "0",
               "e", "9" * 30, "\\times10^{", "\\sqrt", "\\cdot", " ", "\n", "$", "\\", "answer is ", "-", ".", ",",

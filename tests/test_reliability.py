@@ -289,7 +289,7 @@ def test_an_unreachable_hub_model_is_one_line_naming_the_way_out(tmp_path, tiny_
            f"dataset.path={problems_file}"]
     start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
-    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
     assert "nobody/no-such-model" in lines[0] and "HF_HUB_OFFLINE=1" in lines[0] and "local model directory" in lines[0]
     assert time.monotonic() - start < 60

@@ -25,7 +25,7 @@ def test_store_appends_resumes_and_refuses_duplicates(tmp_path):
     assert reopened.done("p1", 0) and not reopened.done("p2", 0)
     reopened.append(sample(2))
     lines = (tmp_path / "samples.jsonl").read_text().splitlines()
-    assert [json.loads(l)["id"] for l in lines] == ["p1", "p2"]
+    assert [json.loads(line)["id"] for line in lines] == ["p1", "p2"]
 
 
 def test_one_process_per_run_directory(tmp_path):

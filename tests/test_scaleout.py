@@ -337,7 +337,7 @@ SETTINGS = {  # the axes and fixed choices of each paper's setting
 }
 
 
-@functools.lru_cache(maxsize=None)  # composing is the slow part of these tests; nothing mutates the results
+@functools.cache  # composing is the slow part of these tests; nothing mutates the results
 def sweep_params(preset: str) -> dict[str, list]:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[f"experiment={preset}"], return_hydra_config=True)
@@ -350,7 +350,7 @@ def sweep_params(preset: str) -> dict[str, list]:
     return parsed
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def first_point(preset: str, **choose) -> dict:
     """The config of one job of the preset's grid (the first value of each axis unless chosen)."""
     axes = {**{k: v[0] for k, v in sweep_params(preset).items()}, **choose}

@@ -6,13 +6,14 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from conftest import run_script
 from rstitch.engines import ModelPair, ModelRunner, Sampler, Sequence
 from rstitch.errors import ConfigError
 from rstitch.methods import DecodeContext, build_method
 from rstitch.methods.base import LLM, SLM
 from rstitch.methods.spec_stats import greedy_consistency, summarize_spec
 from rstitch.methods.specdec import SpeculativeDecoder, residual_distribution, verify_draft_token
+
+from conftest import run_script
 
 PROMPTS = [[5, 6, 7, 8], [20, 21, 9], [30, 40, 50, 60, 70]]
 BUDGET = 40

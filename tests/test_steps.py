@@ -26,7 +26,7 @@ def decoder(pair, prompt, budget=40, **config):
 def test_accepting_every_step_reproduces_plain_decoding(tiny_runners, config):
     for prompt, (source, name) in zip(PROMPTS, ((SLM, "slm_only"), (LLM, "llm_only"), (SLM, "slm_only"))):
         path = decoder(tiny_runners, prompt, **config)
-        finish = path.complete(lambda p: p.generate(source))
+        finish = path.complete(lambda p, source=source: p.generate(source))
         assert path.output == plain(tiny_runners, name, prompt)
         assert finish in ("eos", "length")
         assert [t for s in path.steps for t in s.token_ids] == path.output

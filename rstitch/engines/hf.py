@@ -9,20 +9,24 @@ import json
 import os
 import time
 import weakref
-from typing import Any, Sequence as Seq
+from collections.abc import Sequence as Seq
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rstitch.engines.base import ForwardRequest, ModelRunner, Sequence, resolve_model_path, warn_remote_code
 from rstitch.errors import ConfigError
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class HFSequence(Sequence):
-    runner: "HFModelRunner"
+    runner: HFModelRunner
 
-    def __init__(self, runner: "HFModelRunner", prompt_ids: Seq[int], want_hidden: bool = False):
+    def __init__(self, runner: HFModelRunner, prompt_ids: Seq[int], want_hidden: bool = False):
         super().__init__(runner, prompt_ids, want_hidden)
         from transformers import DynamicCache
 
@@ -131,7 +135,7 @@ BATCHED_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
 BATCHED_ATTENTION = {"sdpa", "eager"}
 
 
-def batchable(model: torch.nn.Module) -> bool:
+def batchable(model: PreTrainedModel) -> bool:
     config = model.config
     return config.model_type in BATCHED_MODEL_TYPES and config._attn_implementation in BATCHED_ATTENTION
 
@@ -286,7 +290,7 @@ def cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
     return {_cache_argument(type(model)): cache}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cache_argument(model_class: type) -> str:
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
@@ -306,12 +310,12 @@ def _slotted(runner: HFModelRunner, seq: HFSequence) -> HFSequence:
     return seq
 
 
-_WEIGHTS: "weakref.WeakValueDictionary[str, torch.nn.Module]" = weakref.WeakValueDictionary()
+_WEIGHTS: weakref.WeakValueDictionary[str, PreTrainedModel] = weakref.WeakValueDictionary()
 
 
 def load_causal_lm(path: str, dtype: str, device: str, *, trust_remote_code: bool = False, revision: str | None = None,
                    use_safetensors: bool = True, gguf_file: str | None = None,
-                   attn_implementation: str | None = None) -> torch.nn.Module:
+                   attn_implementation: str | None = None) -> PreTrainedModel:
     """A causal LM in eval mode, shared while in use: a judge PRM on the pair's own LLM reads the
     same weights instead of a second copy (inference only; every user keeps its own KV caches)."""
     from transformers import AutoModelForCausalLM

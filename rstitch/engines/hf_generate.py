@@ -3,16 +3,22 @@ checked against (token-identical outputs) and timed against (scripts/bench_specd
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 import torch
 
-from rstitch.engines import ModelPair
+from rstitch.engines import ModelPair, ModelRunner
+from rstitch.engines.hf import HFModelRunner
+from rstitch.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def hf_assisted_generate(pair: ModelPair, prompt_ids: list[int], k: int, max_new_tokens: int) -> list[int]:
     """transformers' assisted generation with exactly k draft tokens per block (greedy): a
     constant number of assistant tokens and no confidence-based early stop of the draft."""
-    draft = pair.slm.model
+    draft = hf_model(pair.slm)
     saved = copy.deepcopy(draft.generation_config)
     draft.generation_config.num_assistant_tokens = k
     draft.generation_config.num_assistant_tokens_schedule = "constant"
@@ -28,11 +34,19 @@ def hf_greedy_generate(pair: ModelPair, prompt_ids: list[int], max_new_tokens: i
     return _hf_generate(pair, prompt_ids, max_new_tokens)
 
 
+def hf_model(runner: ModelRunner) -> PreTrainedModel:
+    """The transformers model behind an HF-engine runner; other engines have none to generate with."""
+    if not isinstance(runner, HFModelRunner):
+        raise ConfigError(f"transformers' generate needs engine=hf; '{runner.name}' runs on {type(runner).__name__}")
+    return runner.model
+
+
 def _hf_generate(pair: ModelPair, prompt_ids: list[int], max_new_tokens: int, **kwargs) -> list[int]:
     eos = sorted(set(pair.llm.eos_token_ids) | set(pair.slm.eos_token_ids))
-    input_ids = torch.tensor([prompt_ids], device=pair.llm.model.device)
+    target = hf_model(pair.llm)
+    input_ids = torch.tensor([prompt_ids], device=target.device)
     with torch.inference_mode():
-        out = pair.llm.model.generate(
+        out = target.generate(
             input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False, max_new_tokens=max_new_tokens,
             eos_token_id=eos, pad_token_id=eos[0], **kwargs,
         )

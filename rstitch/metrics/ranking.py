@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import random
 import statistics
-from typing import Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
 
 def average_ranks(values: Sequence[float]) -> list[float]:

@@ -7,8 +7,9 @@ run through the backbone, so a step costs its own tokens, not the whole solution
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

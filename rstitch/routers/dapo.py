@@ -110,7 +110,7 @@ def decision_batch(groups: list[tuple[list[Rollout], torch.Tensor]], width: int)
 def dapo_update(router: RStitchRouter, optimizer: torch.optim.Optimizer, data: dict[str, torch.Tensor], updates: int,
                 eps_low: float = 0.2, eps_high: float | None = None) -> tuple[float, dict]:
     """`updates` gradient steps on one `decision_batch`; the last loss and its clip statistics."""
-    loss, info = torch.tensor(float("nan")), {}
+    loss, info = torch.tensor(float("nan")), dict[str, float]()  # no update: nan, no statistics
     for _ in range(updates):
         new = router.log_probs(data["hidden"], data["sources"]).gather(1, data["actions"][:, None])[:, 0]
         loss, info = dapo_loss(new, data["old_log_probs"], data["advantages"], data["group_ids"], eps_low, eps_high)
