@@ -20,7 +20,8 @@ from rstitch.cli.run import compose_config
 from rstitch.metrics import roc_auc, roc_auc_interval
 from rstitch.methods.specreason import digit_score, digit_token_ids, judge_prompt
 from rstitch.rewards import load_prm
-from rstitch.runner import get_pair, run_config
+from rstitch.engines.cache import get_pair
+from rstitch.runner import run_config
 from rstitch.testbed.task import check_steps, make_problem
 
 TAUS = (0.001, 0.005, 0.01, 0.02, 0.03, 0.05)

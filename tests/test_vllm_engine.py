@@ -14,6 +14,7 @@ pytest.importorskip("vllm")
 import torch  # noqa: E402
 
 from rstitch import runner  # noqa: E402
+from rstitch.engines.cache import get_pair  # noqa: E402
 from rstitch.cli.run import compose_config  # noqa: E402
 from rstitch.data.prompts import PromptFormat  # noqa: E402
 from rstitch.engines import Sampler, load_model, load_pair  # noqa: E402
@@ -50,9 +51,9 @@ def compose(*overrides: str) -> dict:
 
 @pytest.fixture(scope="module")
 def pairs():
-    """(hf, vllm) testbed pairs, loaded through the runner's cache as `rstitch-run` loads them."""
+    """(hf, vllm) testbed pairs, loaded through the pair cache as `rstitch-run` loads them."""
     hf_cfg, vllm_cfg = compose(), compose(*VLLM_OPTIONS)
-    return runner.get_pair(hf_cfg["pair"], hf_cfg["engine"]), runner.get_pair(vllm_cfg["pair"], vllm_cfg["engine"])
+    return get_pair(hf_cfg["pair"], hf_cfg["engine"]), get_pair(vllm_cfg["pair"], vllm_cfg["engine"])
 
 
 def problem_prompt(tokenizer, seed: int) -> tuple[str, list[int]]:

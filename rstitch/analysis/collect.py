@@ -16,15 +16,13 @@ import pandas as pd
 import yaml
 
 from rstitch.errors import ConfigError
+from rstitch.methods import baseline_method, method_class, method_rank
 from rstitch.results.keys import comparison_key, is_sharded, short_hash
 from rstitch.results.store import SAMPLES_FILE, SUMMARY_FILE, iter_samples
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-BASELINE = "llm_only"
-# Methods listed first in tables, in this order; the others follow alphabetically.
-METHOD_ORDER = ("llm_only", "slm_only")
-# Token-level hybrids: the SLM writes a token unless the policy hands the position to the LLM.
-TOKEN_LEVEL = ("rstitch", "rstitch_plus", "random")
+# The method every speedup is measured against (`baseline = "target"` on its class: llm_only).
+BASELINE = baseline_method()
 
 RUN_METRICS = ("n_problems", "n_samples", "accuracy", "latency_s", "latency_median_s", "latency_estimate_s", "tokens",
                "tokens_slm", "tokens_llm", "llm_token_share", "discarded_tokens", "switches", "flops")
@@ -118,7 +116,7 @@ def acceptance_of(method: str, summary: Mapping[str, Any]) -> tuple[float | None
         return float(summary["acceptance_rate"]), "steps"
     if summary.get("spec_acceptance_rate") is not None:
         return float(summary["spec_acceptance_rate"]), "draft tokens"
-    if method in TOKEN_LEVEL + METHOD_ORDER and summary.get("llm_token_share") is not None:
+    if method_class(method).family == "token" and summary.get("llm_token_share") is not None:
         return 1.0 - float(summary["llm_token_share"]), "SLM token share"
     return None, None
 
@@ -163,7 +161,7 @@ def load_runs(paths: PathsLike) -> pd.DataFrame:
 
     Columns: pair, dataset, method, setting (the method's knobs), budget (max_new_tokens),
     comparison, group, run_dir, the run metrics of summary.json (accuracy, latency_s, tokens per
-    model, flops, ...), speedup (Lat(llm_only) / Lat(run) within the comparison; the recorded
+    model, flops, ...), speedup (Lat(BASELINE) / Lat(run) within the comparison; the recorded
     value when the LLM-only run is not among `paths`), acceptance and acceptance_kind, params
     (a dict) and one `method.<knob>` column per knob. Shard runs are left out: they are parts of
     a run (`rstitch-merge` combines them).
@@ -190,8 +188,9 @@ def _settings(frame: pd.DataFrame) -> pd.Series:
     return settings.where(~clash, settings + " [" + frame["method_id"] + "]")
 
 
-def method_rank(method: str) -> tuple[int, str]:
-    return (METHOD_ORDER.index(method), "") if method in METHOD_ORDER else (len(METHOD_ORDER), method)
+def is_baseline(method: str) -> bool:
+    """A single-model reference run (LLM-only, SLM-only), not a hybrid."""
+    return method_class(method).baseline is not None
 
 
 def _speedups(frame: pd.DataFrame) -> pd.Series:

@@ -21,7 +21,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from rstitch.analysis.collect import BASELINE, method_rank
+from rstitch.analysis.collect import BASELINE
+from rstitch.methods import method_rank
 from rstitch.analysis.frontier import check_latency_column, mark_frontier
 
 LATENCY_LABELS = {

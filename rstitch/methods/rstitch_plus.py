@@ -123,7 +123,9 @@ def check_router_fits(router: RStitchRouter, ctx: DecodeContext) -> None:
 
 @register_method("rstitch_plus")
 class RStitchPlus(Method):
+    family = "token"
     reads_hidden_states = True  # the router reads the SLM's last hidden state
+
     def __init__(self, tau: float | None = None, router: str | RStitchRouter | None = None, sample_router: bool = False,
                  seed: int = 0, latency_dir: str | None = None):
         trained_tau = None
