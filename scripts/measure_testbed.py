@@ -22,7 +22,7 @@ from rstitch.methods.specreason import digit_score, digit_token_ids, judge_promp
 from rstitch.rewards import load_prm
 from rstitch.engines.cache import get_pair
 from rstitch.runner import run_config
-from rstitch.testbed.task import check_steps, make_problem
+from rstitch.testbed import check_steps, make_problem
 
 TAUS = (0.001, 0.005, 0.01, 0.02, 0.03, 0.05)
 PS = (0.1, 0.3, 0.5, 0.7, 0.9)

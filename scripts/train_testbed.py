@@ -57,7 +57,8 @@ from rstitch.rewards.likelihood_prm import (  # noqa: E402
     step_features,
 )
 from rstitch.testbed import ASSETS_DIR  # noqa: E402
-from rstitch.testbed.task import (  # noqa: E402
+from rstitch.methods.specreason import digit_ids, judge_prompt  # noqa: E402
+from rstitch.testbed import (  # noqa: E402
     STEP_SEPARATOR,
     Difficulty,
     TestbedProblem,
@@ -67,13 +68,7 @@ from rstitch.testbed.task import (  # noqa: E402
     generate_problems,
     split_steps,
 )
-from rstitch.testbed.tokenizer import (  # noqa: E402
-    build_tokenizer,
-    digit_ids,
-    load_tokenizer,
-    render_judge_prompt,
-    render_prompt,
-)
+from rstitch.testbed.tokenizer import build_tokenizer, load_tokenizer, render_prompt  # noqa: E402
 
 # ----------------------------------------------------------------------------- config
 
@@ -254,7 +249,7 @@ def judge_example(prob: TestbedProblem, rng: random.Random, sampled: list) -> tu
     wrong = [i for i, ok in enumerate(labels) if not ok]
     # half of the time rate the first wrong step (the informative case), else a random step
     t = wrong[0] if wrong and rng.random() < 0.5 else rng.randrange(len(steps))
-    prompt = tok.encode(render_judge_prompt(tok, prob.problem, steps[: t + 1]), add_special_tokens=False)
+    prompt = tok.encode(judge_prompt(tok, prob.problem, steps[: t + 1], STEP_SEPARATOR), add_special_tokens=False)
     digit = DIGIT_IDS[9] if labels[t] else DIGIT_IDS[0]
     return prompt + [digit], [-100] * len(prompt) + [digit]
 
@@ -589,7 +584,7 @@ with torch.no_grad():
             continue
         labels = check_steps(q, steps)
         k = vrng.randrange(len(steps))
-        ids = tok.encode(render_judge_prompt(tok, q.problem, steps[: k + 1]), add_special_tokens=False)
+        ids = tok.encode(judge_prompt(tok, q.problem, steps[: k + 1], STEP_SEPARATOR), add_special_tokens=False)
         lp = llm(input_ids=torch.tensor([ids])).logits[0, -1, DIGIT_IDS].log_softmax(-1)
         j_scores.append(float((lp.exp() * torch.arange(10)).sum()))
         j_labels.append(labels[k])

@@ -71,8 +71,9 @@ def test_outputs_load(smoke_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rstitch.rewards import load_prm
-    from rstitch.testbed.task import JUDGE_PREFIX, generate_problems
-    from rstitch.testbed.tokenizer import render_judge_prompt, render_prompt
+    from rstitch.methods.specreason import JUDGE_PREFIX, judge_prompt
+    from rstitch.testbed import STEP_SEPARATOR, generate_problems
+    from rstitch.testbed.tokenizer import render_prompt
 
     for name in ("tokenizer", "slm", "llm", "prm"):
         assert (smoke_dir / name / "tokenizer.json").exists()
@@ -96,7 +97,7 @@ def test_outputs_load(smoke_dir):
             assert out.shape[1] == ids["input_ids"].shape[1] + 5 or tok.eos_token_id in out[0].tolist()
     scores = prm.score(q.problem, q.steps("concise"))
     assert len(scores) == len(q.steps("concise")) and all(0.0 <= x <= 1.0 for x in scores)
-    assert render_judge_prompt(tok, q.problem, ["a"]).endswith(JUDGE_PREFIX)
+    assert judge_prompt(tok, q.problem, ["a"], STEP_SEPARATOR).endswith(JUDGE_PREFIX)
     report = json.loads((smoke_dir / "train_report.json").read_text())
     assert "val" in report
 
