@@ -93,10 +93,11 @@ def slm_entropies(pair, cfg: dict, samples: list[dict], problems: dict[str, str]
 
 
 def family_overrides(family: Path | None) -> list[str]:
-    """Point the pair at a trained family's directory (slm/, llm/; its prm/ is loaded directly)."""
+    """Point the pair at a trained family's directory (slm/, llm/; its prm/ head is loaded directly)."""
     if family is None:
         return []
-    missing = [name for name in ("slm", "llm", "prm") if not (family / name / "config.json").is_file()]
+    files = {"slm": "config.json", "llm": "config.json", "prm": "prm_head.json"}
+    missing = [name for name, file in files.items() if not (family / name / file).is_file()]
     if missing:
         raise SystemExit(f"error: --family {family}: no trained {', '.join(missing)} in it (expected DIR/slm, DIR/llm, DIR/prm)")
     return [f"pair.{m}.path={(family / m).resolve()}" for m in ("slm", "llm")]
@@ -133,7 +134,8 @@ def main() -> None:
     mean_tokens = lambda ss: statistics.fmean([s["tokens"] for s in ss if s["id"] in both] or [float("nan")])  # noqa: E731
     slm_steps, llm_steps = labeled_steps(slm_samples, metadata), labeled_steps(llm_samples, metadata)
     judged = slm_steps[: args.judge_steps]  # the first steps, whole problems but for the last
-    prm = load_prm("testbed", path=str((args.family / "prm").resolve()) if args.family else None)
+    prm = load_prm("testbed", **({"path": str((args.family / "prm").resolve()), "model": str((args.family / "llm").resolve())}
+                                 if args.family else {}))
     props = {
         "n": args.n, "judge_steps": args.judge_steps,
         "params_slm": pair.slm.num_parameters, "params_llm": pair.llm.num_parameters, "params_prm": prm.num_parameters,

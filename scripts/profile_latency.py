@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from rstitch.data.prompts import PromptFormat  # noqa: E402
 from rstitch.engines import Sampler, load_pair  # noqa: E402
 from rstitch.methods import DecodeContext, build_method  # noqa: E402
-from rstitch.methods.rstitch_plus import DEFAULT_LATENCY_DIR  # noqa: E402
+from rstitch.testbed import ASSETS_DIR  # noqa: E402
 from rstitch.metrics.latency_model import ForwardTrace, estimate_latency, fit_profile, latency_file, profile_runner, r_squared  # noqa: E402
 
 
@@ -107,7 +107,7 @@ def main() -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
     p.add_argument("--prompt", default="chat", help="a conf/prompt/*.yaml name (for the trajectory check)")
-    p.add_argument("--out", type=Path, default=DEFAULT_LATENCY_DIR)
+    p.add_argument("--out", type=Path, default=ASSETS_DIR / "latency")
     p.add_argument("--max-kv", type=int, default=768)
     p.add_argument("--max-inf", type=int, default=128)
     p.add_argument("--repeats", type=int, default=5)

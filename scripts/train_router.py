@@ -62,9 +62,12 @@ from rstitch.data.prompts import PromptFormat  # noqa: E402
 from rstitch.engines import ModelPair, Sampler, load_pair  # noqa: E402
 from rstitch.grading import grade  # noqa: E402
 from rstitch.methods.base import LLM, DecodeContext  # noqa: E402
-from rstitch.methods.rstitch_plus import DEFAULT_LATENCY_DIR, DEFAULT_ROUTER, RouterDecision, RouterSwitch, routed_decode  # noqa: E402
+from rstitch.methods.rstitch_plus import RouterDecision, RouterSwitch, routed_decode  # noqa: E402
 from rstitch.metrics.latency_model import LatencyModel, fit_profile, load_pair_latency, profile_runner  # noqa: E402
 from rstitch.routers.rstitch_router import RouterConfig, RStitchRouter, load_router, save_router  # noqa: E402
+from rstitch.testbed import ASSETS_DIR  # noqa: E402
+
+DEFAULT_ROUTER, DEFAULT_LATENCY_DIR = ASSETS_DIR / "rstitch_router", ASSETS_DIR / "latency"  # the testbed's
 
 PAPER_LAMBDA = 5e-6
 TESTBED_LAMBDA = 2.5e-4  # per ms; see the docstring

@@ -15,7 +15,7 @@ Pipeline:
      training range, where it errs the way it errs on test problems (`stretch_samples`)
   6. PRM: the LLM read through its own predictions (`rstitch.rewards.likelihood_prm`): a logistic
      head on the lowest probability it gives a written digit or operator, fitted on step-checker
-     labels of both models' solutions and of corrupted ones  -> OUT/prm
+     labels of both models' solutions and of corrupted ones  -> OUT/prm (the head; it reads OUT/llm)
   7. validation: greedy accuracy / output length of SLM and LLM, judge and PRM ROC-AUC -> OUT/train_report.json
 
 ``--steps-slm/llm`` fix the number of optimizer steps and the learning-rate schedule, so a run is
@@ -53,7 +53,6 @@ from rstitch.rewards.likelihood_prm import (  # noqa: E402
     LikelihoodHead,
     encode_prm_input,
     fit_head,
-    save_prm,
     step_features,
 )
 from rstitch.testbed import ASSETS_DIR  # noqa: E402
@@ -551,10 +550,10 @@ if "prm" in PHASES:
     log(f"PRM head on {len(y)} steps: weight {prm_head.weight}, bias {prm_head.bias}, train AUC {REPORT['prm_train']['auc']:.3f}")
     if (OUT / "prm").exists():
         shutil.rmtree(OUT / "prm")
-    save_prm(OUT / "prm", llm, tok, prm_head)
+    (OUT / "prm").mkdir(parents=True)
+    prm_head.save(OUT / "prm")  # the head only: it reads the LLM's weights (conf/prm/testbed.yaml `model`)
 else:
     prm_head = LikelihoodHead.load(OUT / "prm")
-prm_lm = llm if "prm" in PHASES else LlamaForCausalLM.from_pretrained(OUT / "prm").eval()
 
 # ----------------------------------------------------------------------------- 7. validation report
 
@@ -570,7 +569,7 @@ REPORT["val"] = {
 }
 for name, ev in (("slm", slm_eval), ("llm", llm_eval)):
     items = [(q, split_steps(t)) for q, t in zip(VAL, ev["texts"]) if split_steps(t)]
-    x, lab = prm_features(prm_lm, prm_head, items) if items else (torch.zeros(0, 2), torch.zeros(0))
+    x, lab = prm_features(llm, prm_head, items) if items else (torch.zeros(0, 2), torch.zeros(0))
     REPORT["val"][f"prm_auc_{name}_steps"] = roc_auc(prm_head.score(x).tolist(), lab.bool().tolist())
     REPORT["val"][f"{name}_wrong_step_frac"] = float(1 - lab.mean()) if len(lab) else float("nan")
 

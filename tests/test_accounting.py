@@ -12,6 +12,7 @@ from rstitch.results import summarize_samples
 from rstitch.results.summary import summarize_run
 from rstitch.rewards.base import ProcessRewardModel
 from rstitch.routers.rstitch_router import RouterConfig, RStitchRouter
+from rstitch.testbed import ASSETS_DIR
 
 PROMPT = [5, 6, 7, 8]
 
@@ -92,6 +93,7 @@ def test_registered_summaries_keep_to_their_own_keys(name):
                                      "flops": 1.0, "latency_estimate_s": 0.5}]))
     stats = {"flops": 1.0, "latency_estimate_s": 0.5, "router_calls": 1, "router_time_s": 0.1, "steps": 2,
              "capped_steps": 0, "drafted_steps": 1, "accepted_steps": 1}
-    method = build_method("rstitch_plus") if name == "rstitch_plus" else build_method(name, **({"tau_h": 1.0} if name == "easd" else {}))
+    params = {"easd": {"tau_h": 1.0}, "rstitch_plus": {"router": str(ASSETS_DIR / "rstitch_router")}}.get(name, {})
+    method = build_method(name, **params)
     own = method.summarize([{"id": "a", "latency_s": 1.0, "finish_reason": "eos", "stats": stats}])
     assert not set(own) & common, sorted(set(own) & common)

@@ -23,7 +23,7 @@ from rstitch.errors import ConfigError  # noqa: E402
 from rstitch.methods import METHODS, DecodeContext, DecodeResult, build_method  # noqa: E402
 from rstitch.methods.base import LLM, SLM  # noqa: E402
 from rstitch.methods.rstitch_plus import RouterSwitch, routed_decode  # noqa: E402
-from rstitch.testbed import LLM_DIR, SLM_DIR, generate_problems  # noqa: E402
+from rstitch.testbed import ASSETS_DIR, LLM_DIR, SLM_DIR, generate_problems  # noqa: E402
 
 # CPU-cheap engines: no compilation, small KV caches (different per model, to see the per-model
 # options arrive; the SLM's hidden-state engine inherits its size, the LLM's has its own),
@@ -93,7 +93,7 @@ def test_greedy_method_is_token_identical_on_both_engines(pairs, name):
 def routed(pair, seed: int) -> tuple[DecodeResult, list]:
     """R-Stitch+ with the testbed router at its training tau, recording every router decision."""
     problem, prompt = problem_prompt(pair.tokenizer, seed)
-    method = build_method("rstitch_plus")
+    method = build_method("rstitch_plus", router=str(ASSETS_DIR / "rstitch_router"))
     policy = RouterSwitch(method.router, method.tau, record=True)
     result, _ = routed_decode(prompt, DecodeContext(pair, Sampler(), BUDGET, problem=problem), policy)
     return result, policy.decisions

@@ -2,7 +2,9 @@
 
 A run is a directory holding `summary.json` (and `samples.jsonl`). Runs are comparable when they
 share the comparison key (pair, engine, dataset options, prompt, budget, decoding, samples); the
-`comparison` column is a short hash of it, and `group` a readable label of the comparison.
+`comparison` column is a short hash of it, and `group` a readable label of the comparison: pair,
+dataset and budget, plus the settings that tell it apart from the other comparisons of that pair,
+dataset and budget (e.g. `dataset.limit=20`).
 """
 from __future__ import annotations
 
@@ -136,7 +138,8 @@ def run_row(summary: Mapping[str, Any], config: Mapping[str, Any], run_dir: str 
         "pair": config["pair"]["name"], "dataset": config["dataset"]["name"], "method": method,
         "setting_full": setting_label(params), "method_id": short_hash(config["method"]),
         "budget": config.get("max_new_tokens"),
-        "comparison": short_hash(recorded_comparison_key(summary, config)), "run_dir": run_dir,
+        "comparison": short_hash(recorded_comparison_key(summary, config)),
+        "comparison_key": recorded_comparison_key(summary, config), "run_dir": run_dir,
         **{k: summary.get(k) for k in RUN_METRICS},
         "speedup_recorded": summary.get("speedup"),
         "acceptance": acceptance, "acceptance_kind": kind, "params": params,
@@ -199,20 +202,57 @@ def _speedups(frame: pd.DataFrame) -> pd.Series:
     return measured.where(measured.notna(), frame["speedup_recorded"]).astype(float)
 
 
+LABEL_BASE = ["pair", "dataset", "budget"]  # what every group label names
+MAX_LABEL_VALUE_CHARS = 24  # longer values (prompt texts) are shown by their hash
+
+
 def _group_labels(frame: pd.DataFrame) -> pd.Series:
-    """`pair / dataset / budget N`, plus the comparison hash where one label would cover several
-    comparisons (e.g. two dataset limits)."""
+    """`pair / dataset / budget N`, plus the settings that tell its comparison apart where one
+    pair, dataset and budget hold several comparisons (e.g. `dataset.limit=20`)."""
     base = frame["pair"] + " / " + frame["dataset"] + " / budget " + frame["budget"].astype(str)
-    ambiguous = frame.groupby(base)["comparison"].transform("nunique") > 1
-    return base.where(~ambiguous, base + " [" + frame["comparison"] + "]")
+    settings = comparison_settings(frame)
+    return base.where(settings == "", base + ", " + settings)
 
 
 def dataset_labels(runs: pd.DataFrame) -> pd.Series:
-    """Dataset names as table columns: with the comparison hash when a (pair, dataset, budget)
-    holds several comparisons."""
-    keys = [runs["pair"], runs["dataset"], runs["budget"]]
-    ambiguous = runs.groupby(keys)["comparison"].transform("nunique") > 1
-    return runs["dataset"].where(~ambiguous, runs["dataset"] + " [" + runs["comparison"] + "]")
+    """Dataset names as table columns: with the settings that tell the comparisons apart when a
+    (pair, dataset, budget) holds several."""
+    settings = comparison_settings(runs)
+    return runs["dataset"].where(settings == "", runs["dataset"] + " " + settings)
+
+
+def comparison_settings(frame: pd.DataFrame) -> pd.Series:
+    """Per run, the comparison-key settings whose values differ among the comparisons of its
+    pair, dataset and budget, as `key=value` (dotted paths into the key); empty where there is
+    one comparison."""
+    out = pd.Series("", index=frame.index, dtype=object)
+    for _, block in frame.groupby(LABEL_BASE, sort=False, dropna=False):
+        keys = {c: flat_key(k) for c, k in zip(block["comparison"], block["comparison_key"])}
+        if len(keys) < 2:
+            continue
+        paths = sorted(set().union(*keys.values()))
+        differing = [p for p in paths if len({repr(k.get(p, _UNSET)) for k in keys.values()}) > 1]
+        labels = {c: " ".join(f"{p}={_label_value(k.get(p, _UNSET))}" for p in differing) for c, k in keys.items()}
+        out[block.index] = block["comparison"].map(labels)
+    return out
+
+
+_UNSET = "default"  # a key a comparison does not record (e.g. batch_size 1, on_overflow error)
+
+
+def flat_key(node: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested key as {dotted path: leaf value}."""
+    if not isinstance(node, Mapping):
+        return {prefix: node}
+    flat: dict[str, Any] = {}
+    for key, value in node.items():
+        flat.update(flat_key(value, f"{prefix}{key}." if isinstance(value, Mapping) else f"{prefix}{key}"))
+    return flat
+
+
+def _label_value(value: Any) -> str:
+    text = str(_short(value))
+    return text if len(text) <= MAX_LABEL_VALUE_CHARS and text.isprintable() else f"#{short_hash(value)}"
 
 
 # --------------------------------------------------------------------------- samples

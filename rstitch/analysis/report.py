@@ -194,7 +194,7 @@ def _consistency_section(runs: pd.DataFrame, paired: pd.DataFrame, max_samples: 
     consistency = traces.token_consistency(with_baseline, max_samples)
     points, run_points = traces.speedup_vs_consistency(runs, paired, consistency)
     section.figures.append(ReportFigure("speedup_consistency", "Speedup vs token consistency",
-                                        plots.speedup_consistency_figure(points, run_points, runs["method"])))
+                                        plots.speedup_consistency_figure(points, run_points)))
     return section
 
 
