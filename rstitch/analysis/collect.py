@@ -204,6 +204,7 @@ def _speedups(frame: pd.DataFrame) -> pd.Series:
 
 LABEL_BASE = ["pair", "dataset", "budget"]  # what every group label names
 MAX_LABEL_VALUE_CHARS = 24  # longer values (prompt texts) are shown by their hash
+_UNSET = "default"  # a key a comparison does not record (e.g. batch_size 1, on_overflow error)
 
 
 def _group_labels(frame: pd.DataFrame) -> pd.Series:
@@ -235,9 +236,6 @@ def comparison_settings(frame: pd.DataFrame) -> pd.Series:
         labels = {c: " ".join(f"{p}={_label_value(k.get(p, _UNSET))}" for p in differing) for c, k in keys.items()}
         out[block.index] = block["comparison"].map(labels)
     return out
-
-
-_UNSET = "default"  # a key a comparison does not record (e.g. batch_size 1, on_overflow error)
 
 
 def flat_key(node: Any, prefix: str = "") -> dict[str, Any]:
