@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -13,30 +12,19 @@ from tqdm import tqdm
 from rstitch.data import load_dataset_records
 from rstitch.data.context import ContextCheck
 from rstitch.data.prompts import PromptFormat
-from rstitch.engines import ModelPair, Sampler, load_pair
+from rstitch.engines import ModelPair, Sampler
 from rstitch.engines.batching import BatchScheduler
+from rstitch.engines.cache import get_pair
 from rstitch.errors import ConfigError
 from rstitch.grading import grade_sample
 from rstitch.methods import DecodeContext, DecodeResult, Method, build_method
 from rstitch.methods.base import EXTRA_FLOPS, model_flops
 from rstitch.metrics.latency_model import load_pair_latency
-from rstitch.results import SampleStore, find_speedups, find_summaries, summarize_samples
-from rstitch.results.keys import comparison_key, run_key, run_tag
+from rstitch.results import SampleStore
+from rstitch.results.keys import run_key, run_tag
+from rstitch.results.summary import summarize_run
 
-_PAIRS: dict[str, ModelPair] = {}  # loaded pairs, reused across the jobs of a sweep
 WARMUP_TOKENS = 16
-
-
-def get_pair(pair_cfg: dict[str, Any], engine_cfg: dict[str, Any]) -> ModelPair:
-    cache_key = json.dumps([pair_cfg, engine_cfg], sort_keys=True)
-    if cache_key not in _PAIRS:
-        _PAIRS.clear()  # one pair at a time: a sweep over pairs must not keep every pair in (GPU) memory
-        options = {k: v for k, v in engine_cfg.items() if k != "name"}
-        _PAIRS[cache_key] = load_pair(
-            pair_cfg["slm"], pair_cfg["llm"], engine=engine_cfg["name"],
-            dtype=pair_cfg.get("dtype", "float32"), device=pair_cfg.get("device", "cpu"), **options,
-        )
-    return _PAIRS[cache_key]
 
 
 def check_engine_gives(method: Method, pair: ModelPair, engine: str) -> None:
@@ -252,34 +240,6 @@ def throughput(store: SampleStore, todo: list, decode_wall: float) -> dict[str, 
             "samples_per_s": rate(len(decoded)), "decode_tokens_per_s": rate(sum(r["tokens"] for r in decoded))}
 
 
-def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, Any]], results_root: str | Path) -> dict[str, Any]:
-    """summary.json of a run (or of merged shards): the common metrics, the method's own, and the
-    speedup over the `llm_only` run with the same comparison key under `results_root`."""
-    common = {
-        "method": method.name,
-        "pair": cfg["pair"]["name"],
-        "dataset": cfg["dataset"]["name"],
-        "run_tag": run_tag(cfg),
-        **summarize_samples(samples),
-        "batch_size": cfg.get("batch_size", 1),
-        "latency_estimated": any(s.get("latency_estimated") for s in samples),
-        "comparison_key": comparison_key(cfg),
-        "config": cfg,
-        "speedup": None,
-        "speedup_tokens_per_s": None,
-    }
-    own = method.summarize(samples)
-    clash = sorted(set(own) & set(common))
-    if clash:  # a method's key must not silently replace a common metric
-        raise ValueError(f"method '{method.name}' summarizes keys of the common summary: {', '.join(clash)}")
-    summary = {**common, **own}
-    if method.name == "llm_only":
-        summary.update(speedup=1.0, speedup_tokens_per_s=1.0)
-    else:
-        summary.update(find_speedups(summary, find_summaries(results_root)))
-    return summary
-
-
 def comparison_root(results_root: str | Path, cfg: dict[str, Any]) -> Path:
     """Where runs comparable to `cfg` (same pair and dataset) live."""
     return Path(results_root) / cfg["pair"]["name"] / cfg["dataset"]["name"]
@@ -291,18 +251,3 @@ def run_config(cfg: dict[str, Any], logger=None) -> dict[str, Any]:
     cfg.pop("logger", None)
     root = comparison_root(cfg.pop("results_root"), cfg)
     return run(cfg, root / cfg["method"]["name"] / run_tag(cfg), logger=logger, results_root=root)
-
-
-def format_table(summary: dict[str, Any]) -> str:
-    cols = [
-        ("method", summary["method"], "{}"), ("tag", summary["run_tag"], "{}"), ("n", summary["n_samples"], "{}"),
-        ("accuracy", summary["accuracy"], "{:.3f}"), ("latency_s", summary["latency_s"], "{:.3f}"),
-        ("tokens", summary["tokens"], "{:.1f}"), ("slm_tok", summary["tokens_slm"], "{:.1f}"),
-        ("llm_tok", summary["tokens_llm"], "{:.1f}"), ("switches", summary["switches"], "{:.1f}"),
-        ("speedup", summary.get("speedup"), "{:.2f}"), ("tok/s_speedup", summary.get("speedup_tokens_per_s"), "{:.2f}"),
-    ]
-    cells = [(h, "-" if v is None else f.format(v)) for h, v, f in cols]
-    widths = [max(len(h), len(c)) for h, c in cells]
-    header = "  ".join(h.rjust(w) for (h, _), w in zip(cells, widths))
-    line = "  ".join(c.rjust(w) for (_, c), w in zip(cells, widths))
-    return f"{header}\n{line}"

@@ -17,7 +17,7 @@ import json
 import time
 from pathlib import Path
 
-from rstitch import runner
+from rstitch.engines.cache import clear_pairs, get_pair
 from rstitch.cli.run import compose_config
 from rstitch.data.prompts import PromptFormat
 from rstitch.engines import Sampler
@@ -65,7 +65,7 @@ def main() -> None:
     rows = []
     for engine in args.engines.split(","):
         cfg = compose_config(["pair=qwen2.5_coder_0.5b_1.5b", f"engine={engine}", f"engine.num_threads={args.threads}"])
-        pair = runner.get_pair(cfg["pair"], cfg["engine"])
+        pair = get_pair(cfg["pair"], cfg["engine"])
         prompt = PromptFormat(**cfg["prompt"])
         prompt_ids = prompt.encode(pair.tokenizer, problems(1)[0])
         speed = {role: tokens_per_s(model, prompt_ids, args.tokens) for role, model in pair.models().items()}
@@ -74,7 +74,7 @@ def main() -> None:
               f"LLM/SLM per-token latency {speed['slm'] / speed['llm']:.2f}", flush=True)
         if args.agreement:
             outputs[engine] = greedy_outputs(pair, prompt, problems(args.agreement), args.budget)
-        runner._PAIRS.clear()  # one pair in memory at a time
+        clear_pairs()  # one pair in memory at a time
     print("\n| engine | SLM tokens/s | LLM tokens/s | LLM/SLM per-token latency |\n|---|---|---|---|")
     for engine, slm, llm, ratio in rows:
         print(f"| {engine} | {slm:.2f} | {llm:.2f} | {ratio:.2f} |")

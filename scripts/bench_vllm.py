@@ -21,12 +21,13 @@ from rstitch.data.prompts import PromptFormat
 from rstitch.engines import ModelPair, Sampler, load_pair
 from rstitch.engines.vllm import complete_topk
 from rstitch.methods import DecodeContext, build_method
-from rstitch.testbed import LLM_DIR, SLM_DIR, generate_problems
+from rstitch.testbed import ASSETS_DIR, LLM_DIR, SLM_DIR, generate_problems
 
-GREEDY_PARAMS = {
+BENCH_PARAMS = {  # greedy candidates for the search methods; the checkpoints R-Stitch+ reads
     "best_of_n": {"n": 2, "temperature": None}, "maj": {"n": 2, "temperature": None},
     "process_bon": {"n": 2, "temperature": None},
     "beam_search": {"beam_size": 2, "expansions": 2, "temperature": None},
+    "rstitch_plus": {"router": str(ASSETS_DIR / "rstitch_router"), "latency_dir": str(ASSETS_DIR / "latency")},
 }
 DEFAULT_METHODS = ["slm_only", "llm_only", "rstitch", "rstitch_plus", "random", "specdec", "easd", "rsd", "specreason"]
 VLLM_OPTIONS = dict(enforce_eager=True, block_size=32, kv_cache_memory_bytes=64 << 20)
@@ -42,7 +43,7 @@ def prompts(tokenizer, n: int) -> list[tuple[str, list[int]]]:
 
 def decode(pair: ModelPair, name: str, problem: str, prompt: list[int], budget: int):
     ctx = DecodeContext(pair, Sampler(), budget, problem=problem)
-    return build_method(name, **GREEDY_PARAMS.get(name, {})).decode(prompt, ctx)
+    return build_method(name, **BENCH_PARAMS.get(name, {})).decode(prompt, ctx)
 
 
 def time_methods(pairs: dict[str, ModelPair], methods: list[str], n_problems: int, budget: int) -> None:

@@ -20,8 +20,9 @@ from rstitch.cli.run import compose_config
 from rstitch.metrics import roc_auc, roc_auc_interval
 from rstitch.methods.specreason import digit_score, digit_token_ids, judge_prompt
 from rstitch.rewards import load_prm
-from rstitch.runner import get_pair, run_config
-from rstitch.testbed.task import check_steps, make_problem
+from rstitch.engines.cache import get_pair
+from rstitch.runner import run_config
+from rstitch.testbed import check_steps, make_problem
 
 TAUS = (0.001, 0.005, 0.01, 0.02, 0.03, 0.05)
 PS = (0.1, 0.3, 0.5, 0.7, 0.9)
@@ -92,10 +93,11 @@ def slm_entropies(pair, cfg: dict, samples: list[dict], problems: dict[str, str]
 
 
 def family_overrides(family: Path | None) -> list[str]:
-    """Point the pair at a trained family's directory (slm/, llm/; its prm/ is loaded directly)."""
+    """Point the pair at a trained family's directory (slm/, llm/; its prm/ head is loaded directly)."""
     if family is None:
         return []
-    missing = [name for name in ("slm", "llm", "prm") if not (family / name / "config.json").is_file()]
+    files = {"slm": "config.json", "llm": "config.json", "prm": "prm_head.json"}
+    missing = [name for name, file in files.items() if not (family / name / file).is_file()]
     if missing:
         raise SystemExit(f"error: --family {family}: no trained {', '.join(missing)} in it (expected DIR/slm, DIR/llm, DIR/prm)")
     return [f"pair.{m}.path={(family / m).resolve()}" for m in ("slm", "llm")]
@@ -132,7 +134,8 @@ def main() -> None:
     mean_tokens = lambda ss: statistics.fmean([s["tokens"] for s in ss if s["id"] in both] or [float("nan")])  # noqa: E731
     slm_steps, llm_steps = labeled_steps(slm_samples, metadata), labeled_steps(llm_samples, metadata)
     judged = slm_steps[: args.judge_steps]  # the first steps, whole problems but for the last
-    prm = load_prm("testbed", path=str((args.family / "prm").resolve()) if args.family else None)
+    prm = load_prm("testbed", **({"path": str((args.family / "prm").resolve()), "model": str((args.family / "llm").resolve())}
+                                 if args.family else {}))
     props = {
         "n": args.n, "judge_steps": args.judge_steps,
         "params_slm": pair.slm.num_parameters, "params_llm": pair.llm.num_parameters, "params_prm": prm.num_parameters,

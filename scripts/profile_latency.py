@@ -28,8 +28,8 @@ from rstitch.config_groups import group_choices, pair_config, prompt_format
 from rstitch.data.prompts import PromptFormat
 from rstitch.engines import Sampler, load_pair
 from rstitch.methods import DecodeContext, build_method
-from rstitch.methods.rstitch_plus import DEFAULT_LATENCY_DIR
 from rstitch.metrics.latency_model import ForwardTrace, estimate_latency, fit_profile, latency_file, profile_runner, r_squared
+from rstitch.testbed import ASSETS_DIR
 
 
 def grid(maximum: int, start: int) -> list[int]:
@@ -104,7 +104,7 @@ def main() -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
     p.add_argument("--prompt", default="chat", choices=group_choices("prompt"), help="a conf/prompt/*.yaml name (for the trajectory check)")
-    p.add_argument("--out", type=Path, default=DEFAULT_LATENCY_DIR)
+    p.add_argument("--out", type=Path, default=ASSETS_DIR / "latency")
     p.add_argument("--max-kv", type=int, default=768)
     p.add_argument("--max-inf", type=int, default=128)
     p.add_argument("--repeats", type=int, default=5)

@@ -15,7 +15,7 @@ Pipeline:
      training range, where it errs the way it errs on test problems (`stretch_samples`)
   6. PRM: the LLM read through its own predictions (`rstitch.rewards.likelihood_prm`): a logistic
      head on the lowest probability it gives a written digit or operator, fitted on step-checker
-     labels of both models' solutions and of corrupted ones  -> OUT/prm
+     labels of both models' solutions and of corrupted ones  -> OUT/prm (the head; it reads OUT/llm)
   7. validation: greedy accuracy / output length of SLM and LLM, judge and PRM ROC-AUC -> OUT/train_report.json
 
 ``--steps-slm/llm`` fix the number of optimizer steps and the learning-rate schedule, so a run is
@@ -50,11 +50,11 @@ from rstitch.rewards.likelihood_prm import (
     LikelihoodHead,
     encode_prm_input,
     fit_head,
-    save_prm,
     step_features,
 )
+from rstitch.methods.specreason import digit_ids, judge_prompt
 from rstitch.testbed import ASSETS_DIR
-from rstitch.testbed.task import (
+from rstitch.testbed import (
     STEP_SEPARATOR,
     Difficulty,
     TestbedProblem,
@@ -64,13 +64,7 @@ from rstitch.testbed.task import (
     generate_problems,
     split_steps,
 )
-from rstitch.testbed.tokenizer import (
-    build_tokenizer,
-    digit_ids,
-    load_tokenizer,
-    render_judge_prompt,
-    render_prompt,
-)
+from rstitch.testbed.tokenizer import build_tokenizer, load_tokenizer, render_prompt
 
 # ----------------------------------------------------------------------------- config
 
@@ -251,7 +245,7 @@ def judge_example(prob: TestbedProblem, rng: random.Random, sampled: list) -> tu
     wrong = [i for i, ok in enumerate(labels) if not ok]
     # half of the time rate the first wrong step (the informative case), else a random step
     t = wrong[0] if wrong and rng.random() < 0.5 else rng.randrange(len(steps))
-    prompt = tok.encode(render_judge_prompt(tok, prob.problem, steps[: t + 1]), add_special_tokens=False)
+    prompt = tok.encode(judge_prompt(tok, prob.problem, steps[: t + 1], STEP_SEPARATOR), add_special_tokens=False)
     digit = DIGIT_IDS[9] if labels[t] else DIGIT_IDS[0]
     return prompt + [digit], [-100] * len(prompt) + [digit]
 
@@ -552,10 +546,10 @@ if "prm" in PHASES:
     log(f"PRM head on {len(y)} steps: weight {prm_head.weight}, bias {prm_head.bias}, train AUC {REPORT['prm_train']['auc']:.3f}")
     if (OUT / "prm").exists():
         shutil.rmtree(OUT / "prm")
-    save_prm(OUT / "prm", llm, tok, prm_head)
+    (OUT / "prm").mkdir(parents=True)
+    prm_head.save(OUT / "prm")  # the head only: it reads the LLM's weights (conf/prm/testbed.yaml `model`)
 else:
     prm_head = LikelihoodHead.load(OUT / "prm")
-prm_lm = llm if "prm" in PHASES else LlamaForCausalLM.from_pretrained(OUT / "prm").eval()
 
 # ----------------------------------------------------------------------------- 7. validation report
 
@@ -571,7 +565,7 @@ REPORT["val"] = {
 }
 for name, ev in (("slm", slm_eval), ("llm", llm_eval)):
     items = [(q, split_steps(t)) for q, t in zip(VAL, ev["texts"]) if split_steps(t)]
-    x, lab = prm_features(prm_lm, prm_head, items) if items else (torch.zeros(0, 2), torch.zeros(0))
+    x, lab = prm_features(llm, prm_head, items) if items else (torch.zeros(0, 2), torch.zeros(0))
     REPORT["val"][f"prm_auc_{name}_steps"] = roc_auc(prm_head.score(x).tolist(), lab.bool().tolist())
     REPORT["val"][f"{name}_wrong_step_frac"] = float(1 - lab.mean()) if len(lab) else float("nan")
 
@@ -585,7 +579,7 @@ with torch.no_grad():
             continue
         labels = check_steps(q, steps)
         k = vrng.randrange(len(steps))
-        ids = tok.encode(render_judge_prompt(tok, q.problem, steps[: k + 1]), add_special_tokens=False)
+        ids = tok.encode(judge_prompt(tok, q.problem, steps[: k + 1], STEP_SEPARATOR), add_special_tokens=False)
         lp = llm(input_ids=torch.tensor([ids])).logits[0, -1, DIGIT_IDS].log_softmax(-1)
         j_scores.append(float((lp.exp() * torch.arange(10)).sum()))
         j_labels.append(labels[k])

@@ -9,8 +9,10 @@ from rstitch.engines import Sampler
 from rstitch.methods import DecodeContext, build_method
 from rstitch.methods.base import Method
 from rstitch.results import summarize_samples
+from rstitch.results.summary import summarize_run
 from rstitch.rewards.base import ProcessRewardModel
 from rstitch.routers.rstitch_router import RouterConfig, RStitchRouter
+from rstitch.testbed import ASSETS_DIR
 
 PROMPT = [5, 6, 7, 8]
 
@@ -62,7 +64,7 @@ def test_run_flops_are_the_mean_of_the_samples(tiny_runners):
     method = build_method("rsd", weighting="constant", p=0.5, prm=CountingPRM(), max_step_tokens=4, max_repeats=0)
     rows = [record_of(method, tiny_runners, budget) for budget in (12, 24)]
     cfg = compose_config(["logger=none", "method=rsd"])
-    summary = runner.summarize_run(cfg, method, rows, "/nonexistent")
+    summary = summarize_run(cfg, method, rows, "/nonexistent")
     assert summary["flops"] == pytest.approx(sum(r["flops"] for r in rows) / 2)
     assert summary["flops"] == pytest.approx(summarize_samples(rows)["flops"])
 
@@ -81,7 +83,7 @@ def test_a_method_summary_may_not_overwrite_common_keys(tiny_runners):
     row = record_of(build_method("llm_only"), tiny_runners)
     cfg = compose_config(["logger=none"])
     with pytest.raises(ValueError, match="clashing.*flops"):
-        runner.summarize_run(cfg, Clashing(), [row], "/nonexistent")
+        summarize_run(cfg, Clashing(), [row], "/nonexistent")
 
 
 @pytest.mark.parametrize("name", ["rsd", "specreason", "arbitrage_oracle", "process_bon", "easd", "rstitch_plus"])
@@ -91,6 +93,7 @@ def test_registered_summaries_keep_to_their_own_keys(name):
                                      "flops": 1.0, "latency_estimate_s": 0.5}]))
     stats = {"flops": 1.0, "latency_estimate_s": 0.5, "router_calls": 1, "router_time_s": 0.1, "steps": 2,
              "capped_steps": 0, "drafted_steps": 1, "accepted_steps": 1}
-    method = build_method("rstitch_plus") if name == "rstitch_plus" else build_method(name, **({"tau_h": 1.0} if name == "easd" else {}))
+    params = {"easd": {"tau_h": 1.0}, "rstitch_plus": {"router": str(ASSETS_DIR / "rstitch_router")}}.get(name, {})
+    method = build_method(name, **params)
     own = method.summarize([{"id": "a", "latency_s": 1.0, "finish_reason": "eos", "stats": stats}])
     assert not set(own) & common, sorted(set(own) & common)

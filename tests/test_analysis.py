@@ -20,7 +20,9 @@ from rstitch.analysis import (
     accuracy_latency_tables, benchmark_accuracy_tables, load_runs, load_samples, mark_frontier,
     matched_speedup_summary, paired_with_baseline, runs_from_wandb, speedup_at_matched_accuracy, token_tables,
 )
-from rstitch.analysis.collect import run_row, runs_frame
+from rstitch.analysis.collect import dataset_labels, run_row, runs_frame
+from rstitch.analysis.plots import accuracy_latency_figure, method_style
+from rstitch.methods import METHODS
 from rstitch.errors import ConfigError
 
 SWEEP_POINTS = [
@@ -135,6 +137,49 @@ def test_settings_show_the_knobs_that_tell_runs_apart():
            for a, n in ((0.1, "oracle"), (0.2, "testbed"))]
     labels = runs_frame(prm)["setting"]
     assert labels.nunique() == 2 and all(label.startswith("delta=0.7 [") for label in labels)
+
+
+def test_groups_are_labelled_by_the_settings_that_differ():
+    def run(method: str, limit: int, threads: int, dataset: str = "d1") -> dict:
+        cfg = {**config(method, dataset), "dataset": {"name": dataset, "limit": limit},
+               "engine": {"name": "hf", "num_threads": threads}}
+        return run_row({"accuracy": 0.5, "latency_s": 1.0}, cfg)
+
+    runs = runs_frame([run("llm_only", 20, 1), run("rstitch", 20, 1), run("llm_only", 50, 1), run("llm_only", 50, 2),
+                       run("llm_only", 50, 2, dataset="d2")])
+    assert sorted(set(runs["group"])) == [
+        "p / d1 / budget 100, dataset.limit=20 engine.num_threads=1",
+        "p / d1 / budget 100, dataset.limit=50 engine.num_threads=1",
+        "p / d1 / budget 100, dataset.limit=50 engine.num_threads=2",
+        "p / d2 / budget 100",  # one comparison: nothing to tell apart
+    ]
+    assert set(dataset_labels(runs)) == {"d1 dataset.limit=20 engine.num_threads=1", "d1 dataset.limit=50 engine.num_threads=1",
+                                         "d1 dataset.limit=50 engine.num_threads=2", "d2"}
+    prompts = [run_row({"accuracy": 0.5, "latency_s": 1.0}, {**config("llm_only"), "prompt": {"system": text}})
+               for text in ("Reason step by step, then box the answer.", "Reason step by step, then box the result.")]
+    labels = sorted(runs_frame(prompts)["group"])  # long values by their hash, still apart
+    assert labels[0] != labels[1] and all(label.startswith("p / d1 / budget 100, prompt.system=#") for label in labels)
+
+
+def test_every_method_keeps_its_own_colour_and_marker_in_every_figure():
+    styles = {m: method_style(m) for m in METHODS}
+    assert len({color for color, _ in styles.values()}) == len(METHODS)  # slm_only and specdec no longer share one
+    same_point = [point("llm_only", 0.9, 4.0), point("rstitch_plus", 0.9, 4.0), point("slm_only", 0.4, 0.5)]
+    few, more = runs_frame(same_point[:2]), runs_frame(same_point)
+    lines = {fig: {line.get_label(): line for line in fig.axes[0].get_lines()}
+             for fig in (accuracy_latency_figure(few, few["group"].iloc[0]), accuracy_latency_figure(more, more["group"].iloc[0]))}
+    for by_label in lines.values():
+        for method in ("llm_only", "rstitch_plus"):
+            line = by_label[method]
+            assert (line.get_color(), line.get_marker()) == styles[method]
+            assert line.get_markerfacecolor() == "none"  # hollow: the coinciding point of the other stays visible
+    with pytest.raises(ConfigError, match="unknown method 'nope'"):
+        method_style("nope")
+
+
+def test_runs_of_unknown_methods_are_one_clear_error():
+    with pytest.raises(ConfigError, match="unknown method 'retired'; valid: "):
+        runs_frame([point("retired", 0.5, 1.0)])
 
 
 def test_bad_results_directories_are_one_clear_error(tmp_path):

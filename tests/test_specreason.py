@@ -7,8 +7,7 @@ from rstitch.errors import ConfigError
 from rstitch.methods import DecodeContext, build_method
 from rstitch.methods.base import LLM, SLM
 from rstitch.methods.steps import step_text
-from rstitch.methods.specreason import SpecReason, digit_score, digit_token_ids, judge_prompt
-from rstitch.testbed.task import JUDGE_INSTRUCTION, JUDGE_PREFIX
+from rstitch.methods.specreason import JUDGE_INSTRUCTION, JUDGE_PREFIX, SpecReason, digit_score, digit_token_ids, judge_prompt
 
 PROMPTS = [[5, 6, 7, 8], [30, 40, 50, 60, 70]]
 PROBLEM = "What is 2 + 3?"
@@ -105,6 +104,12 @@ def test_judge_prompt_layout(tiny_runners):
     text = judge_prompt(tok, "P?", ["step one", "step two"], "\n\n")
     # (the test template renders turns without newlines)
     assert text == f"<|user|>P?<|assistant|>step one\n\nstep two<|endoftext|><|user|>{JUDGE_INSTRUCTION}<|assistant|>{JUDGE_PREFIX}"
+
+
+def test_judge_prompt_joins_the_steps_with_the_methods_separator(tiny_runners):
+    text = judge_prompt(tiny_runners.llm.tokenizer, "P?", ["step one", "step two"], "\n")
+    assert "<|assistant|>step one\nstep two<|endoftext|>" in text
+    assert JUDGE_INSTRUCTION.endswith("Assign a score from 0 to 9.") and text.endswith("I think the quality score is: ")
 
 
 @pytest.mark.parametrize("params", [{"score_mode": "mean"}, {"threshold": "7"}, {"first_n_by_base": -1}])

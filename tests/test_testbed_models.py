@@ -6,10 +6,10 @@ import pytest
 from rstitch.engines import Sampler
 from rstitch.grading import grade
 from rstitch.methods import DecodeContext, build_method
-from rstitch.testbed.task import check_steps, generate_problems, split_steps
+from rstitch.testbed import check_steps, generate_problems, split_steps
 from rstitch.data.prompts import PromptFormat
 from rstitch.metrics import roc_auc
-from rstitch.methods.specreason import digit_score, digit_token_ids, judge_prompt
+from rstitch.methods.specreason import digit_ids, digit_score, digit_token_ids, judge_prompt
 from rstitch.rewards import load_prm
 
 N = 16
@@ -85,7 +85,7 @@ def test_judge_separates_right_from_wrong_steps(testbed_pair, slm_steps):
 
 
 def test_digit_ids_are_the_single_digit_tokens():
-    from rstitch.testbed.tokenizer import digit_ids, load_tokenizer
+    from rstitch.testbed.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
     assert [tok.decode([t]) for t in digit_ids(tok)] == [str(d) for d in range(10)]

@@ -1,24 +1,12 @@
-"""Unit tests of the testbed task and its exact step checker."""
+"""Unit tests of the testbed task: problems, the exact step checker, corruption."""
 
 import random
 
 import pytest
 
-from rstitch.testbed.task import (
-    JUDGE_INSTRUCTION,
-    JUDGE_PREFIX,
-    STYLES,
-    Difficulty,
-    check_steps,
-    corrupt_steps,
-    extract_boxed,
-    first_wrong_step,
-    generate_problems,
-    is_correct,
-    locate_errors,
-    make_problem,
-    split_steps,
-)
+from rstitch.testbed.checking import check_steps, extract_boxed, first_wrong_step, is_correct, locate_errors, split_steps
+from rstitch.testbed.corruption import corrupt_steps
+from rstitch.testbed.problems import STYLES, Difficulty, generate_problems, make_problem
 
 
 @pytest.fixture(scope="module")
@@ -195,8 +183,3 @@ def test_mixed_styles_and_fragments(example):
 def test_extract_boxed():
     assert extract_boxed("a \\boxed{12} b \\boxed{ 13 }") == "13"
     assert extract_boxed("no box") is None
-
-
-def test_judge_strings():
-    assert JUDGE_INSTRUCTION.endswith("Assign a score from 0 to 9.")
-    assert JUDGE_PREFIX == "I think the quality score is: "

@@ -36,7 +36,7 @@ def test_same_seeds_same_family(smoke_dir, tmp_path):
     from safetensors.torch import load_file
 
     again = smoke_run(tmp_path / "again")
-    for name in ("slm", "llm", "prm"):
+    for name in ("slm", "llm"):
         first, second = load_file(smoke_dir / name / "model.safetensors"), load_file(again / name / "model.safetensors")
         assert first.keys() == second.keys()
         assert all(torch.equal(first[k], second[k]) for k in first), name
@@ -46,18 +46,13 @@ def test_same_seeds_same_family(smoke_dir, tmp_path):
 
 def test_prm_phase_alone_reproduces_the_full_run(smoke_dir, tmp_path):
     """Each phase draws its own problem stream: `--only prm` on a run's SLM and LLM fits the
-    PRM that run fitted, bit for bit, so PRM recipes can be compared without retraining the LLM."""
+    PRM head that run fitted, bit for bit, so PRM recipes can be compared without retraining the LLM."""
     import shutil
-
-    from safetensors.torch import load_file
 
     rerun = tmp_path / "prm_only"
     for name in ("slm", "llm"):
         shutil.copytree(smoke_dir / name, rerun / name)
     smoke_run(rerun, "--only", "prm")
-    first, second = load_file(smoke_dir / "prm" / "model.safetensors"), load_file(rerun / "prm" / "model.safetensors")
-    assert first.keys() == second.keys()
-    assert all(torch.equal(first[k], second[k]) for k in first)
     assert (smoke_dir / "prm" / "prm_head.json").read_text() == (rerun / "prm" / "prm_head.json").read_text()
 
 
@@ -73,19 +68,21 @@ def test_outputs_load(smoke_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rstitch.rewards import load_prm
-    from rstitch.testbed.task import JUDGE_PREFIX, generate_problems
-    from rstitch.testbed.tokenizer import render_judge_prompt, render_prompt
+    from rstitch.methods.specreason import JUDGE_PREFIX, judge_prompt
+    from rstitch.testbed import STEP_SEPARATOR, generate_problems
+    from rstitch.testbed.tokenizer import render_prompt
 
     for name in ("tokenizer", "slm", "llm", "prm"):
         assert (smoke_dir / name / "tokenizer.json").exists()
-    for name in ("slm", "llm", "prm"):
+    for name in ("slm", "llm"):
         assert (smoke_dir / name / "config.json").exists()
         assert (smoke_dir / name / "model.safetensors").exists()
+    assert sorted(p.name for p in (smoke_dir / "prm").iterdir()) == ["prm_head.json"]  # it reads llm/
 
     tok = AutoTokenizer.from_pretrained(smoke_dir / "tokenizer")
     slm = AutoModelForCausalLM.from_pretrained(smoke_dir / "slm")
     llm = AutoModelForCausalLM.from_pretrained(smoke_dir / "llm")
-    prm = load_prm("testbed", path=str(smoke_dir / "prm"))
+    prm = load_prm("testbed", path=str(smoke_dir / "prm"), model=str(smoke_dir / "llm"))
     assert slm.config.vocab_size == llm.config.vocab_size == len(prm.tokenizer) == len(tok)
 
     q = generate_problems("test", 1)[0]
@@ -98,7 +95,7 @@ def test_outputs_load(smoke_dir):
             assert out.shape[1] == ids["input_ids"].shape[1] + 5 or tok.eos_token_id in out[0].tolist()
     scores = prm.score(q.problem, q.steps("concise"))
     assert len(scores) == len(q.steps("concise")) and all(0.0 <= x <= 1.0 for x in scores)
-    assert render_judge_prompt(tok, q.problem, ["a"]).endswith(JUDGE_PREFIX)
+    assert judge_prompt(tok, q.problem, ["a"], STEP_SEPARATOR).endswith(JUDGE_PREFIX)
     report = json.loads((smoke_dir / "train_report.json").read_text())
     assert "val" in report
 
@@ -108,7 +105,7 @@ def test_tokenizer_identical_across_models(smoke_dir):
 
     ref = (smoke_dir / "tokenizer" / "tokenizer.json").read_text()
     toks = {}
-    for name in ("tokenizer", "slm", "llm", "prm"):
+    for name in ("tokenizer", "slm", "llm"):
         assert (smoke_dir / name / "tokenizer.json").read_text() == ref
         toks[name] = AutoTokenizer.from_pretrained(smoke_dir / name)
     text = "Start with 47. Add 38.\n\n47 + 38 = 85\n\n\\boxed{85}"

@@ -14,6 +14,7 @@ pytest.importorskip("vllm")
 import torch  # noqa: E402
 
 from rstitch import runner  # noqa: E402
+from rstitch.engines.cache import get_pair  # noqa: E402
 from rstitch.cli.run import compose_config  # noqa: E402
 from rstitch.data.prompts import PromptFormat  # noqa: E402
 from rstitch.engines import Sampler, load_model, load_pair  # noqa: E402
@@ -22,7 +23,7 @@ from rstitch.errors import ConfigError  # noqa: E402
 from rstitch.methods import METHODS, DecodeContext, DecodeResult, build_method  # noqa: E402
 from rstitch.methods.base import LLM, SLM  # noqa: E402
 from rstitch.methods.rstitch_plus import RouterSwitch, routed_decode  # noqa: E402
-from rstitch.testbed import LLM_DIR, SLM_DIR, generate_problems  # noqa: E402
+from rstitch.testbed import ASSETS_DIR, LLM_DIR, SLM_DIR, generate_problems  # noqa: E402
 
 pytestmark = pytest.mark.slow  # vLLM engines, in their own venv
 
@@ -52,9 +53,9 @@ def compose(*overrides: str) -> dict:
 
 @pytest.fixture(scope="module")
 def pairs():
-    """(hf, vllm) testbed pairs, loaded through the runner's cache as `rstitch-run` loads them."""
+    """(hf, vllm) testbed pairs, loaded through the pair cache as `rstitch-run` loads them."""
     hf_cfg, vllm_cfg = compose(), compose(*VLLM_OPTIONS)
-    return runner.get_pair(hf_cfg["pair"], hf_cfg["engine"]), runner.get_pair(vllm_cfg["pair"], vllm_cfg["engine"])
+    return get_pair(hf_cfg["pair"], hf_cfg["engine"]), get_pair(vllm_cfg["pair"], vllm_cfg["engine"])
 
 
 def problem_prompt(tokenizer, seed: int) -> tuple[str, list[int]]:
@@ -94,7 +95,7 @@ def test_greedy_method_is_token_identical_on_both_engines(pairs, name):
 def routed(pair, seed: int) -> tuple[DecodeResult, list]:
     """R-Stitch+ with the testbed router at its training tau, recording every router decision."""
     problem, prompt = problem_prompt(pair.tokenizer, seed)
-    method = build_method("rstitch_plus")
+    method = build_method("rstitch_plus", router=str(ASSETS_DIR / "rstitch_router"))
     policy = RouterSwitch(method.router, method.tau, record=True)
     result, _ = routed_decode(prompt, DecodeContext(pair, Sampler(), BUDGET, problem=problem), policy)
     return result, policy.decisions

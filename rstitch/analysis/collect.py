@@ -2,7 +2,9 @@
 
 A run is a directory holding `summary.json` (and `samples.jsonl`). Runs are comparable when they
 share the comparison key (pair, engine, dataset options, prompt, budget, decoding, samples); the
-`comparison` column is a short hash of it, and `group` a readable label of the comparison.
+`comparison` column is a short hash of it, and `group` a readable label of the comparison: pair,
+dataset and budget, plus the settings that tell it apart from the other comparisons of that pair,
+dataset and budget (e.g. `dataset.limit=20`).
 """
 from __future__ import annotations
 
@@ -16,15 +18,13 @@ import pandas as pd
 import yaml
 
 from rstitch.errors import ConfigError
+from rstitch.methods import baseline_method, method_class, method_rank
 from rstitch.results.keys import comparison_key, is_sharded, short_hash
 from rstitch.results.store import SAMPLES_FILE, SUMMARY_FILE, iter_samples
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-BASELINE = "llm_only"
-# Methods listed first in tables, in this order; the others follow alphabetically.
-METHOD_ORDER = ("llm_only", "slm_only")
-# Token-level hybrids: the SLM writes a token unless the policy hands the position to the LLM.
-TOKEN_LEVEL = ("rstitch", "rstitch_plus", "random")
+# The method every speedup is measured against (`baseline = "target"` on its class: llm_only).
+BASELINE = baseline_method()
 
 RUN_METRICS = ("n_problems", "n_samples", "accuracy", "latency_s", "latency_median_s", "latency_estimate_s", "tokens",
                "tokens_slm", "tokens_llm", "llm_token_share", "discarded_tokens", "switches", "flops")
@@ -118,7 +118,7 @@ def acceptance_of(method: str, summary: Mapping[str, Any]) -> tuple[float | None
         return float(summary["acceptance_rate"]), "steps"
     if summary.get("spec_acceptance_rate") is not None:
         return float(summary["spec_acceptance_rate"]), "draft tokens"
-    if method in TOKEN_LEVEL + METHOD_ORDER and summary.get("llm_token_share") is not None:
+    if method_class(method).family == "token" and summary.get("llm_token_share") is not None:
         return 1.0 - float(summary["llm_token_share"]), "SLM token share"
     return None, None
 
@@ -138,7 +138,8 @@ def run_row(summary: Mapping[str, Any], config: Mapping[str, Any], run_dir: str 
         "pair": config["pair"]["name"], "dataset": config["dataset"]["name"], "method": method,
         "setting_full": setting_label(params), "method_id": short_hash(config["method"]),
         "budget": config.get("max_new_tokens"),
-        "comparison": short_hash(recorded_comparison_key(summary, config)), "run_dir": run_dir,
+        "comparison": short_hash(recorded_comparison_key(summary, config)),
+        "comparison_key": recorded_comparison_key(summary, config), "run_dir": run_dir,
         **{k: summary.get(k) for k in RUN_METRICS},
         "speedup_recorded": summary.get("speedup"),
         "acceptance": acceptance, "acceptance_kind": kind, "params": params,
@@ -163,7 +164,7 @@ def load_runs(paths: PathsLike) -> pd.DataFrame:
 
     Columns: pair, dataset, method, setting (the method's knobs), budget (max_new_tokens),
     comparison, group, run_dir, the run metrics of summary.json (accuracy, latency_s, tokens per
-    model, flops, ...), speedup (Lat(llm_only) / Lat(run) within the comparison; the recorded
+    model, flops, ...), speedup (Lat(BASELINE) / Lat(run) within the comparison; the recorded
     value when the LLM-only run is not among `paths`), acceptance and acceptance_kind, params
     (a dict) and one `method.<knob>` column per knob. Shard runs are left out: they are parts of
     a run (`rstitch-merge` combines them).
@@ -190,8 +191,9 @@ def _settings(frame: pd.DataFrame) -> pd.Series:
     return settings.where(~clash, settings + " [" + frame["method_id"] + "]")
 
 
-def method_rank(method: str) -> tuple[int, str]:
-    return (METHOD_ORDER.index(method), "") if method in METHOD_ORDER else (len(METHOD_ORDER), method)
+def is_baseline(method: str) -> bool:
+    """A single-model reference run (LLM-only, SLM-only), not a hybrid."""
+    return method_class(method).baseline is not None
 
 
 def _speedups(frame: pd.DataFrame) -> pd.Series:
@@ -200,20 +202,55 @@ def _speedups(frame: pd.DataFrame) -> pd.Series:
     return measured.where(measured.notna(), frame["speedup_recorded"]).astype(float)
 
 
+LABEL_BASE = ["pair", "dataset", "budget"]  # what every group label names
+MAX_LABEL_VALUE_CHARS = 24  # longer values (prompt texts) are shown by their hash
+_UNSET = "default"  # a key a comparison does not record (e.g. batch_size 1, on_overflow error)
+
+
 def _group_labels(frame: pd.DataFrame) -> pd.Series:
-    """`pair / dataset / budget N`, plus the comparison hash where one label would cover several
-    comparisons (e.g. two dataset limits)."""
+    """`pair / dataset / budget N`, plus the settings that tell its comparison apart where one
+    pair, dataset and budget hold several comparisons (e.g. `dataset.limit=20`)."""
     base = frame["pair"] + " / " + frame["dataset"] + " / budget " + frame["budget"].astype(str)
-    ambiguous = frame.groupby(base)["comparison"].transform("nunique") > 1
-    return base.where(~ambiguous, base + " [" + frame["comparison"] + "]")
+    settings = comparison_settings(frame)
+    return base.where(settings == "", base + ", " + settings)
 
 
 def dataset_labels(runs: pd.DataFrame) -> pd.Series:
-    """Dataset names as table columns: with the comparison hash when a (pair, dataset, budget)
-    holds several comparisons."""
-    keys = [runs["pair"], runs["dataset"], runs["budget"]]
-    ambiguous = runs.groupby(keys)["comparison"].transform("nunique") > 1
-    return runs["dataset"].where(~ambiguous, runs["dataset"] + " [" + runs["comparison"] + "]")
+    """Dataset names as table columns: with the settings that tell the comparisons apart when a
+    (pair, dataset, budget) holds several."""
+    settings = comparison_settings(runs)
+    return runs["dataset"].where(settings == "", runs["dataset"] + " " + settings)
+
+
+def comparison_settings(frame: pd.DataFrame) -> pd.Series:
+    """Per run, the comparison-key settings whose values differ among the comparisons of its
+    pair, dataset and budget, as `key=value` (dotted paths into the key); empty where there is
+    one comparison."""
+    out = pd.Series("", index=frame.index, dtype=object)
+    for _, block in frame.groupby(LABEL_BASE, sort=False, dropna=False):
+        keys = {c: flat_key(k) for c, k in zip(block["comparison"], block["comparison_key"])}
+        if len(keys) < 2:
+            continue
+        paths = sorted(set().union(*keys.values()))
+        differing = [p for p in paths if len({repr(k.get(p, _UNSET)) for k in keys.values()}) > 1]
+        labels = {c: " ".join(f"{p}={_label_value(k.get(p, _UNSET))}" for p in differing) for c, k in keys.items()}
+        out[block.index] = block["comparison"].map(labels)
+    return out
+
+
+def flat_key(node: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested key as {dotted path: leaf value}."""
+    if not isinstance(node, Mapping):
+        return {prefix: node}
+    flat: dict[str, Any] = {}
+    for key, value in node.items():
+        flat.update(flat_key(value, f"{prefix}{key}." if isinstance(value, Mapping) else f"{prefix}{key}"))
+    return flat
+
+
+def _label_value(value: Any) -> str:
+    text = str(_short(value))
+    return text if len(text) <= MAX_LABEL_VALUE_CHARS and text.isprintable() else f"#{short_hash(value)}"
 
 
 # --------------------------------------------------------------------------- samples

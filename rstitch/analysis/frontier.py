@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from rstitch.analysis.collect import BASELINE, METHOD_ORDER
+from rstitch.analysis.collect import BASELINE, is_baseline
 from rstitch.errors import ConfigError
 from rstitch.results.table import pareto_front
 
@@ -68,7 +68,7 @@ def curve_pairs(runs: pd.DataFrame) -> list[tuple[str, str]]:
     """The comparisons worth reporting: every method against LLM-only, and every two methods that
     both have a curve (two or more runs) in some group."""
     present = list(dict.fromkeys(runs["method"]))
-    pairs = [(m, BASELINE) for m in present if m not in METHOD_ORDER and BASELINE in present]
+    pairs = [(m, BASELINE) for m in present if not is_baseline(m) and BASELINE in present]
     curves = runs.groupby(["comparison", "method"]).size()
     for (comparison, method), count in curves.items():
         others = curves[comparison]

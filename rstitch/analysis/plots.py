@@ -17,11 +17,14 @@ from typing import Iterable
 
 import numpy as np
 import pandas as pd
+from matplotlib import colormaps
+from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from rstitch.analysis.collect import BASELINE, method_rank
+from rstitch.analysis.collect import BASELINE
+from rstitch.methods import METHODS, method_class, method_rank
 from rstitch.analysis.frontier import check_latency_column, mark_frontier
 
 LATENCY_LABELS = {
@@ -34,15 +37,21 @@ OUTCOME_COLORS = {"both correct": "#2ca02c", "only this method correct": "#1f77b
 RANDOM = "random"
 
 
-MARKERS = "osD^vP*X"
+# tab20's ten dark shades, then its ten light ones: twenty distinct colours.
+PALETTE = tuple(to_hex(c) for c in colormaps["tab20"].colors[0::2] + colormaps["tab20"].colors[1::2])
+MARKERS = "osD^vP*XphH<>d8"
 
 
-def method_styles(methods: Iterable[str]) -> dict[str, tuple[str, str]]:
-    """A (colour, marker) per method, by table order among `methods` (pass every method of the
-    runs, so that one method looks the same in all figures of a report); the marker keeps
-    coinciding points of two methods visible."""
-    ordered = sorted(set(methods), key=method_rank)
-    return {m: (f"C{i % 10}", MARKERS[i % len(MARKERS)]) for i, m in enumerate(ordered)}
+def method_style(method: str) -> tuple[str, str]:
+    """The (colour, marker) of `method`, by its place among all registered methods, so that it
+    looks the same in every figure and report whichever other methods are plotted; markers are
+    drawn hollow, so that two methods' coinciding points stay visible."""
+    index = sorted(METHODS, key=method_rank).index(method_class(method).name)
+    return PALETTE[index % len(PALETTE)], MARKERS[index % len(MARKERS)]
+
+
+def _marker_kwargs(color: str, marker: str, size: float = 7.0) -> dict:
+    return {"marker": marker, "color": color, "ms": size, "mfc": "none", "mew": 1.6}
 
 
 def _figure(width: float = 7.0, height: float = 4.2) -> tuple[Figure, object]:
@@ -77,16 +86,14 @@ def accuracy_latency_figure(runs: pd.DataFrame, group: str, latency: str = "late
     if "on_frontier" not in points:
         points = mark_frontier(points, latency)
     check_latency_column(points, latency)
-    styles = method_styles(runs["method"])
     fig, ax = _figure()
     for method, mine in sorted(points.groupby("method"), key=lambda item: method_rank(item[0])):
         mine = mine.sort_values(latency)
         if method == RANDOM:
             ax.scatter(mine[latency], mine["accuracy"] * 100, marker="x", s=40, color="grey", label="random routing", zorder=3)
         else:
-            color, marker = styles[method]
-            ax.plot(mine[latency], mine["accuracy"] * 100, ls="-" if len(mine) > 1 else "", marker=marker, color=color,
-                    label=method, ms=6, alpha=0.85, zorder=3)
+            ax.plot(mine[latency], mine["accuracy"] * 100, ls="-" if len(mine) > 1 else "", label=method, alpha=0.85,
+                    zorder=3, **_marker_kwargs(*method_style(method)))
     front = points[points["on_frontier"]].sort_values(latency)
     ax.step(front[latency], front["accuracy"] * 100, "k--", where="post", lw=1, alpha=0.6, zorder=2)
     ax.scatter(front[latency], front["accuracy"] * 100, s=160, facecolors="none", edgecolors="black", lw=1.2,
@@ -107,13 +114,11 @@ def accuracy_acceptance_figure(runs: pd.DataFrame, group: str) -> Figure:
     """Accuracy vs the share of the small model's proposals kept, one line per method (the legend
     says what each counts: drafted steps, draft tokens, or the SLM's token share)."""
     points = runs[(runs["group"] == group) & runs["acceptance"].notna()]
-    styles = method_styles(runs["method"])
     fig, ax = _figure()
     for method, mine in sorted(points.groupby("method"), key=lambda item: method_rank(item[0])):
         mine = mine.sort_values("acceptance")
-        color, marker = styles[method]
-        ax.plot(mine["acceptance"] * 100, mine["accuracy"] * 100, ls="-" if len(mine) > 1 else "", marker=marker,
-                color=color, label=f"{method} ({mine['acceptance_kind'].iloc[0]})", ms=6, alpha=0.85)
+        ax.plot(mine["acceptance"] * 100, mine["accuracy"] * 100, ls="-" if len(mine) > 1 else "",
+                label=f"{method} ({mine['acceptance_kind'].iloc[0]})", alpha=0.85, **_marker_kwargs(*method_style(method)))
     ax.set_xlabel("acceptance rate (%): small-model proposals kept")
     ax.set_xlim(-3, 103)
     _accuracy_axis(ax, points["accuracy"])
@@ -199,19 +204,17 @@ def entropy_figure(tokens: pd.DataFrame, title: str, thresholds: Iterable[float]
     return fig
 
 
-def speedup_consistency_figure(points: pd.DataFrame, runs: pd.DataFrame, methods: Iterable[str] | None = None) -> Figure:
+def speedup_consistency_figure(points: pd.DataFrame, runs: pd.DataFrame) -> Figure:
     """From `speedup_vs_consistency`: each problem as a small dot, each run (pooled consistency,
-    run speedup) as a large marker, per speculative method (styled among `methods`, default the
-    methods plotted)."""
-    styles = method_styles(runs["method"] if methods is None else methods)
+    run speedup) as a large hollow marker, per speculative method."""
     fig, ax = _figure()
     for method, mine in sorted(points.groupby("method"), key=lambda item: method_rank(item[0])):
-        color, marker = styles[method]
+        color, marker = method_style(method)
         ax.scatter(mine["consistency"] * 100, mine["speedup"], s=14, alpha=0.5, color=color, marker=marker)
     for method, mine in sorted(runs.groupby("method"), key=lambda item: method_rank(item[0])):
-        color, marker = styles[method]
-        ax.scatter(mine["consistency"] * 100, mine["speedup"], s=110, color=color, marker=marker, edgecolors="black",
-                   alpha=0.85, label=f"{method} (run)", zorder=3)
+        color, marker = method_style(method)
+        ax.scatter(mine["consistency"] * 100, mine["speedup"], s=110, facecolors="none", edgecolors=color, marker=marker,
+                   linewidths=1.8, label=f"{method} (run)", zorder=3)
     ax.axhline(1.0, color="black", lw=0.8, ls=":")
     ax.set_xlabel("token consistency (%): SLM greedy token = LLM token")
     ax.set_ylabel(f"speedup over {BASELINE} (×)")

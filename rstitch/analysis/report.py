@@ -14,9 +14,10 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from rstitch.analysis import plots, tables, traces
-from rstitch.analysis.collect import BASELINE, METHOD_ORDER, load_samples, paired_with_baseline
+from rstitch.analysis.collect import BASELINE, is_baseline, load_samples, paired_with_baseline
 from rstitch.analysis.frontier import curve_pairs, mark_frontier, matched_speedup_summary
 from rstitch.errors import ConfigError
+from rstitch.methods import BASELINE_ROLES, METHODS, baseline_method
 
 FORMATS = (".html", ".md")
 
@@ -101,7 +102,7 @@ def _acceptance_section(runs: pd.DataFrame) -> Section:
     section = Section("Accuracy vs acceptance rate",
                       "Acceptance counts drafted steps kept (step-level methods), draft tokens kept "
                       "(speculative decoding), or the SLM's share of the output tokens (token-level hybrids).")
-    hybrids = runs[~runs["method"].isin(METHOD_ORDER) & runs["acceptance"].notna()]
+    hybrids = runs[~runs["method"].map(is_baseline) & runs["acceptance"].notna()]
     for group in hybrids["group"].unique():
         section.figures.append(ReportFigure(f"accuracy_acceptance_{slug(group)}", f"Accuracy vs acceptance: {group}",
                                             plots.accuracy_acceptance_figure(runs, group)))
@@ -132,15 +133,13 @@ def _sample_speedup_section(runs: pd.DataFrame, paired: pd.DataFrame) -> Section
     return section
 
 
-ENTROPY_TRACES = ("slm_only", "llm_only")  # the single-model runs whose traces the SLM scores
-
-
 def _entropy_section(runs: pd.DataFrame, max_samples: int | None) -> Section:
     section = Section("Entropy of correct and incorrect traces",
                       "The traces of the single-model runs scored by the SLM: normalized entropy H / log V at each "
                       "output position; dotted lines are the R-Stitch thresholds of the group's runs.")
     stats = []
-    for (group, method), block in runs[runs["method"].isin(ENTROPY_TRACES)].groupby(["group", "method"], sort=False):
+    single = runs[runs["method"].map(is_baseline)]  # the single-model runs, whose traces the SLM scores
+    for (group, method), block in single.groupby(["group", "method"], sort=False):
         scored = traces.token_scores(block, "slm", max_samples)
         taus = entropy_thresholds(runs[runs["group"] == group])
         section.figures.append(ReportFigure(
@@ -150,7 +149,7 @@ def _entropy_section(runs: pd.DataFrame, max_samples: int | None) -> Section:
     if stats:
         section.tables.append(_entropy_table(stats))
     else:
-        section.text = f"Needs a {' or '.join(ENTROPY_TRACES)} run."
+        section.text = f"Needs a {' or '.join(baseline_method(r) for r in BASELINE_ROLES)} run."
     return section
 
 
@@ -189,12 +188,13 @@ def _consistency_section(runs: pd.DataFrame, paired: pd.DataFrame, max_samples: 
     speculative = runs[runs["acceptance_kind"] == "draft tokens"]
     with_baseline = runs[runs["comparison"].isin(speculative["comparison"])]
     if speculative.empty or not (with_baseline["method"] == BASELINE).any():
-        section.text = f"Needs a speculative run (specdec, easd) and the {BASELINE} run of its comparison."
+        speculative_methods = ", ".join(sorted(m for m, cls in METHODS.items() if cls.family == "speculative"))
+        section.text = f"Needs a speculative run ({speculative_methods}) and the {BASELINE} run of its comparison."
         return section
     consistency = traces.token_consistency(with_baseline, max_samples)
     points, run_points = traces.speedup_vs_consistency(runs, paired, consistency)
     section.figures.append(ReportFigure("speedup_consistency", "Speedup vs token consistency",
-                                        plots.speedup_consistency_figure(points, run_points, runs["method"])))
+                                        plots.speedup_consistency_figure(points, run_points)))
     return section
 
 

@@ -16,7 +16,8 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from rstitch.analysis.collect import BASELINE, dataset_labels, method_rank
+from rstitch.analysis.collect import BASELINE, dataset_labels
+from rstitch.methods import method_rank
 
 Formatter = Callable[[Any], tuple[str, str]]  # value -> (markdown, latex)
 
@@ -133,7 +134,7 @@ def _spans(columns: list[Column]) -> list[tuple[str | None, int, int]]:
 
 
 def _row_key(run: pd.Series) -> tuple:
-    """Tables list llm_only and slm_only first, then methods by name, knobs in ascending order."""
+    """Tables list the baselines first (LLM-only, SLM-only), then methods by name, knobs in ascending order."""
     params = tuple(sorted((k, (0, v) if isinstance(v, (int, float)) else (1, str(v))) for k, v in run["params"].items()))
     return method_rank(run["method"]), params
 
@@ -169,7 +170,7 @@ def accuracy_latency_tables(runs: pd.DataFrame, latency: str = "latency_s") -> l
         for d in datasets:
             columns += [Column("Acc (%)", "percent", d), Column("Lat (s)", "seconds", d), Column("Spd", "speedup", d)]
         table = Table(f"Accuracy, latency and speedup: {pair}, budget {budget} tokens", columns,
-                      note=f"Lat: mean {latency} per problem; Spd: Lat(llm_only) / Lat at the same comparison key.")
+                      note=f"Lat: mean {latency} per problem; Spd: Lat({BASELINE}) / Lat at the same comparison key.")
         for (method, setting), by_dataset in _method_rows(block):
             cells: list[Any] = [method, setting]
             for d in datasets:
@@ -200,7 +201,7 @@ def token_tables(runs: pd.DataFrame) -> list[Table]:
             columns += [Column("LLM tok", "tokens", d), Column("SLM tok", "tokens", d), Column("Total", "tokens", d),
                         Column("Red. (%)", "percent", d)]
         table = Table(f"Output tokens per problem: {pair}, budget {budget} tokens", columns,
-                      note="Red.: 1 - total / total of llm_only at the same comparison key.")
+                      note=f"Red.: 1 - total / total of {BASELINE} at the same comparison key.")
         baseline = block[block["method"] == BASELINE].set_index("comparison")["tokens"]
         for (method, setting), by_dataset in _method_rows(block):
             cells: list[Any] = [method, setting]

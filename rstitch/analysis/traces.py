@@ -28,7 +28,7 @@ def _run_inputs(run: pd.Series) -> tuple[Any, dict[str, list[int]]]:
     """The run's model pair (loaded once per configuration) and the prompt ids of its problems."""
     from rstitch.data import load_dataset_records
     from rstitch.data.prompts import PromptFormat
-    from rstitch.runner import get_pair
+    from rstitch.engines.cache import get_pair
 
     config = read_summary(run["run_dir"])["config"]
     warn_if_models_changed(config["pair"], Path(run["run_dir"]))

@@ -21,6 +21,7 @@ from rstitch.errors import ConfigError
 from rstitch.results.keys import is_sharded, run_key, run_tag, unsharded
 from rstitch.results.store import (RUN_KEY_FILE, SAMPLES_FILE, SUMMARY_FILE, SampleStore, iter_samples, sample_key,
                                    write_samples)
+from rstitch.results.summary import format_table, summarize_run
 
 MERGED_FROM_FILE = "merged_from.json"  # marks a run directory written by a merge (a re-merge may replace it)
 
@@ -143,7 +144,6 @@ def plan_merge(shards: list[Shard]) -> MergePlan:
 
 def write_merge(plan: MergePlan) -> dict[str, Any]:
     from rstitch.methods import build_method  # lazy: the method registry imports the engines
-    from rstitch.runner import summarize_run
 
     method = build_method(**plan.config["method"])
     with SampleStore(plan.target, run_key(plan.config)) as store:  # refuses a directory of another configuration
@@ -173,8 +173,11 @@ def find_shard_groups(roots: Sequence[str | Path]) -> list[list[Shard]]:
 
 
 def merge(groups: list[list[Shard]]) -> list[tuple[MergePlan, dict[str, Any]]]:
-    """Check every group, then write them, `llm_only` first so that the others find it for speedups."""
-    plans = sorted((plan_merge(g) for g in groups), key=lambda p: (p.method != "llm_only", str(p.target)))
+    """Check every group, then write them, the LLM-only baseline first so that the others find it
+    for speedups."""
+    from rstitch.methods import baseline_method
+
+    plans = sorted((plan_merge(g) for g in groups), key=lambda p: (p.method != baseline_method(), str(p.target)))
     return [(plan, write_merge(plan)) for plan in plans]
 
 
@@ -186,8 +189,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from rstitch.runner import format_table
-
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         groups = find_shard_groups(args.paths) if args.all else [[read_shard(p) for p in args.paths]]

@@ -112,7 +112,8 @@ def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def app(cfg: DictConfig) -> None:
-    from rstitch.runner import comparison_root, format_table, run
+    from rstitch.results.summary import format_table
+    from rstitch.runner import comparison_root, run
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     interrupted = False

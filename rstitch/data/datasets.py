@@ -398,7 +398,7 @@ def normalize_testbed(row: Row, record_id: str) -> Record:
 
 
 def generate_testbed(split: str, n: int, seed: int) -> list[Row]:
-    from rstitch.testbed.task import generate_problems  # lazy: the testbed is optional at import time
+    from rstitch.testbed import generate_problems  # lazy: the testbed is optional at import time
 
     return [problem.to_record() for problem in generate_problems(split, n, seed=seed)]
 

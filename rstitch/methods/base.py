@@ -1,6 +1,7 @@
 """What a decoding method is: given a prompt and a model pair, produce output tokens."""
 from __future__ import annotations
 
+import inspect
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -10,7 +11,14 @@ from rstitch.engines import ModelPair, Sampler
 from rstitch.errors import ConfigError
 
 SLM, LLM = 0, 1  # token sources
-MODEL_KEYS = ("slm", "llm")
+
+# What kind of hybrid a method is (docs/adding-a-method.md): `token`, the models hand over single
+# tokens (one model writes each position); `speculative`, the SLM drafts tokens the LLM verifies in
+# one forward; `step`, the unit is a reasoning step (drafted, judged or scored, regenerated).
+FAMILIES = ("token", "speculative", "step")
+# The single-model reference runs: `target`, the LLM alone (every speedup is measured against it,
+# tables list it first); `draft`, the SLM alone. A hybrid has no baseline role (None).
+BASELINE_ROLES = ("target", "draft")
 
 
 @dataclass
@@ -48,7 +56,8 @@ class Method(ABC):
     """A decoding strategy. Subclasses declare their parameters in __init__ and register a name."""
 
     name: ClassVar[str]
-    models_used: ClassVar[tuple[str, ...]] = MODEL_KEYS
+    family: ClassVar[str]  # one of FAMILIES; every registered method declares it
+    baseline: ClassVar[str | None] = None  # one of BASELINE_ROLES for a single-model reference
     reads_hidden_states: ClassVar[bool] = False  # asks sequences for last hidden states (not every engine has them)
 
     @abstractmethod
@@ -78,6 +87,7 @@ def register_method(name: str):
     def wrap(cls: type[Method]) -> type[Method]:
         if name in METHODS:
             raise ValueError(f"method '{name}' registered twice")
+        _check_metadata(name, cls)
         cls.name = name
         METHODS[name] = cls
         return cls
@@ -85,13 +95,64 @@ def register_method(name: str):
     return wrap
 
 
-def build_method(name: str, **params: Any) -> Method:
+def _check_metadata(name: str, cls: type[Method]) -> None:
+    """A programming error, raised at import: results would otherwise be grouped wrongly."""
+    if getattr(cls, "family", None) not in FAMILIES:
+        raise ValueError(f"method '{name}' must declare family as one of {', '.join(FAMILIES)}")
+    if cls.baseline is not None and cls.baseline not in BASELINE_ROLES:
+        raise ValueError(f"method '{name}': baseline must be None or one of {', '.join(BASELINE_ROLES)}")
+    taken = [other for other, c in METHODS.items() if cls.baseline is not None and c.baseline == cls.baseline]
+    if taken:
+        raise ValueError(f"method '{name}': baseline role '{cls.baseline}' is taken by '{taken[0]}'")
+
+
+def method_class(name: str) -> type[Method]:
+    """The registered class of `name` (its metadata: family, baseline role); result files name
+    their method, so an unknown name is a one-line error, not a silent default."""
     if name not in METHODS:
         raise ConfigError(f"unknown method '{name}'; valid: {', '.join(sorted(METHODS))}")
+    return METHODS[name]
+
+
+def baseline_method(role: str = "target") -> str:
+    """The name of the method with baseline role `role` (`target`: the one speedups are against)."""
+    found = [name for name, cls in METHODS.items() if cls.baseline == role]
+    if not found:
+        raise ConfigError(f"no registered method has baseline role '{role}'")
+    return found[0]
+
+
+def method_rank(name: str) -> tuple[int, str]:
+    """Table order: the baselines in BASELINE_ROLES order, then the other methods by name."""
+    role = method_class(name).baseline
+    return (BASELINE_ROLES.index(role), "") if role is not None else (len(BASELINE_ROLES), name)
+
+
+def build_method(name: str, **params: Any) -> Method:
+    cls = method_class(name)
     try:
-        return METHODS[name](**params)
+        check_parameters(cls, params)
     except TypeError as err:
         raise ConfigError(f"method '{name}': {err}") from None
+    return cls(**params)  # a TypeError raised in here is a bug of the method: it propagates as one
+
+
+def check_parameters(cls: type, params: dict[str, Any]) -> None:
+    """Raise TypeError for a missing or unknown parameter of `cls(**params)`, by signature. Options
+    passed on by `**options` to the base class's __init__ (step-level methods) are checked there."""
+    inspect.signature(cls).bind(**params)
+    allowed: set[str] = set()
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        parameters = list(inspect.signature(klass.__init__).parameters.values())[1:]  # without self
+        allowed |= {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            break
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise TypeError(f"unknown parameter{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                        f"valid: {', '.join(sorted(allowed))}")
 
 
 def require_number(method: str, key: str, value: Any, low: float | None = None, high: float | None = None,

@@ -106,6 +106,8 @@ def _require_bool(key: str, value: Any) -> bool:
 
 @register_method("easd")
 class EASD(Method):
+    family = "speculative"
+
     def __init__(
         self,
         k: int = 5,

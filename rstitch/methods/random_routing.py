@@ -29,6 +29,8 @@ class _Coin:
 
 @register_method("random")
 class RandomRouting(Method):
+    family = "token"
+
     def __init__(self, p: float = 0.5, seed: int = 0):
         self.p = require_number("random", "p", p, 0.0, 1.0)
         self.seed = require_int("random", "seed", seed, low=0)

@@ -29,6 +29,8 @@ class EntropySwitch:
 
 @register_method("rstitch")
 class RStitch(Method):
+    family = "token"
+
     def __init__(self, tau: float = 0.02):
         # Any finite tau: tau < 0 sends every token to the LLM, tau >= 1 keeps the SLM throughout.
         self.tau = require_number("rstitch", "tau", tau)

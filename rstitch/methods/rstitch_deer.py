@@ -121,6 +121,8 @@ class _CarrySwitch:
 
 @register_method(NAME)
 class RStitchDeer(Method):
+    family = "token"
+
     def __init__(self, tau: float = 0.02, early_exit: bool = True, exit_threshold: float = 0.95,
                  confidence: str = "mean", trial_model: str = "llm", transitions: Seq[str] = ("Wait",),
                  answer_prompt: str = "\n**Final Answer**\n\\boxed", trial_max_tokens: int = 20,

@@ -31,9 +31,6 @@ from rstitch.methods.token_switch import switch_decode
 from rstitch.metrics.latency_model import ForwardTrace, LatencyModel, estimate_latency, load_pair_latency
 from rstitch.routers.rstitch_router import RStitchRouter, load_router, router_metadata
 
-TESTBED_ASSETS = Path(__file__).resolve().parents[1] / "testbed" / "assets"
-DEFAULT_ROUTER = TESTBED_ASSETS / "rstitch_router"
-DEFAULT_LATENCY_DIR = TESTBED_ASSETS / "latency"
 PAPER_TAU = 0.001
 
 
@@ -123,20 +120,24 @@ def check_router_fits(router: RStitchRouter, ctx: DecodeContext) -> None:
 
 @register_method("rstitch_plus")
 class RStitchPlus(Method):
+    family = "token"
     reads_hidden_states = True  # the router reads the SLM's last hidden state
+
     def __init__(self, tau: float | None = None, router: str | RStitchRouter | None = None, sample_router: bool = False,
                  seed: int = 0, latency_dir: str | None = None):
         trained_tau = None
         if isinstance(router, RStitchRouter):
             self.router = router
-        else:
-            self.router = _load_router(router or DEFAULT_ROUTER)
-            trained_tau = router_metadata(router or DEFAULT_ROUTER).get("config", {}).get("tau")
+        elif router:
+            self.router = _load_router(router)
+            trained_tau = router_metadata(router).get("config", {}).get("tau")
+        else:  # the testbed's router comes from the config too (conf/method/rstitch_plus.yaml)
+            raise ConfigError("method.router of 'rstitch_plus' is not set: a router directory from scripts/train_router.py")
         # A router is trained for one gate: by default decode at the tau it was trained at.
         self.tau = require_number("rstitch_plus", "tau", tau if tau is not None else trained_tau or PAPER_TAU)
         self.sample_router = bool(sample_router)
         self.seed = require_int("rstitch_plus", "seed", seed, low=0)
-        self.latency_dir = Path(latency_dir) if latency_dir else DEFAULT_LATENCY_DIR
+        self.latency_dir = Path(latency_dir) if latency_dir else None  # None: no trace latency estimate
         self._latency: dict[int, Mapping[str, LatencyModel] | None] = {}
 
     def decode(self, prompt_ids: list[int], ctx: DecodeContext) -> DecodeResult:
@@ -150,7 +151,7 @@ class RStitchPlus(Method):
     def _latency_models(self, ctx: DecodeContext) -> Mapping[str, LatencyModel] | None:
         key = id(ctx.pair)
         if key not in self._latency:
-            self._latency[key] = load_pair_latency(self.latency_dir, ctx.pair)
+            self._latency[key] = load_pair_latency(self.latency_dir, ctx.pair) if self.latency_dir else None
         return self._latency[key]
 
     def summarize(self, samples: list[dict[str, Any]]) -> dict[str, Any]:

@@ -24,7 +24,8 @@ class _Fixed:
 
 @register_method("llm_only")
 class LLMOnly(Method):
-    models_used = ("llm",)
+    family = "token"
+    baseline = "target"
 
     def decode(self, prompt_ids: list[int], ctx: DecodeContext) -> DecodeResult:
         return switch_decode(prompt_ids, ctx, _Fixed(LLM))
@@ -32,7 +33,8 @@ class LLMOnly(Method):
 
 @register_method("slm_only")
 class SLMOnly(Method):
-    models_used = ("slm",)
+    family = "token"
+    baseline = "draft"
 
     def decode(self, prompt_ids: list[int], ctx: DecodeContext) -> DecodeResult:
         return switch_decode(prompt_ids, ctx, _Fixed(SLM))

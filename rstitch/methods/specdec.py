@@ -190,6 +190,8 @@ class SpeculativeDecoder:
 class SpecDec(Method):
     """Lossless speculative decoding with a fixed draft length k."""
 
+    family = "speculative"
+
     def __init__(self, k: int = 5):
         self.k = require_int("specdec", "k", k)
 

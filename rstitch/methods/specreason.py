@@ -21,12 +21,21 @@ from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, register
 from rstitch.methods.spec_stats import SpecStats
 from rstitch.methods.specdec import SpeculativeDecoder, check_vocabularies
 from rstitch.methods.steps import DraftVerifyMethod, ModelSequences, Step, StepDecoder, StepRun, Verdict
-from rstitch.testbed.task import JUDGE_INSTRUCTION, JUDGE_PREFIX
 
 SCORE_MODES = ("greedy", "expected")
+# The judge's question (SpecReason's) and the start of its answer; the testbed's LLM is trained on
+# exactly this prompt (scripts/train_testbed.py), so it is rendered here only, by `judge_prompt`.
+JUDGE_INSTRUCTION = (
+    "Evaluate the last reasoning step solely based on factual correctness and logical validity. "
+    "Ignore style, phrasing, or overall usefulness—only judge whether the step is objectively "
+    "correct and logically follows from prior steps. Assign a score from 0 to 9."
+)
+JUDGE_PREFIX = "I think the quality score is: "
 
 
-def judge_prompt(tokenizer, problem: str, steps: list[str], separator: str) -> str:
+def judge_prompt(tokenizer: Any, problem: str, steps: list[str], separator: str) -> str:
+    """The conversation [user: problem, assistant: `steps` joined by `separator`, user:
+    JUDGE_INSTRUCTION] with the generation prompt, then JUDGE_PREFIX; the judge answers one digit."""
     messages = [
         {"role": "user", "content": problem},
         {"role": "assistant", "content": separator.join(steps)},
@@ -35,11 +44,16 @@ def judge_prompt(tokenizer, problem: str, steps: list[str], separator: str) -> s
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) + JUDGE_PREFIX
 
 
-def digit_token_ids(runner: ModelRunner) -> list[int]:
-    ids = [runner.tokenizer.encode(str(d), add_special_tokens=False) for d in range(10)]
+def digit_ids(tokenizer: Any, name: str = "the model") -> list[int]:
+    """Token ids of the judge's answers "0".."9", each checked to be a single token."""
+    ids = [tokenizer.encode(str(d), add_special_tokens=False) for d in range(10)]
     if any(len(i) != 1 for i in ids):
-        raise ConfigError(f"SpecReason needs single-token digits; the tokenizer of '{runner.name}' splits some")
+        raise ConfigError(f"SpecReason needs single-token digits; the tokenizer of '{name}' splits some")
     return [i[0] for i in ids]
+
+
+def digit_token_ids(runner: ModelRunner) -> list[int]:
+    return digit_ids(runner.tokenizer, runner.name)
 
 
 def digit_score(logits: torch.Tensor, digit_ids: list[int], mode: str) -> float:

@@ -306,6 +306,8 @@ class StepRun:
 class StepMethod(Method):
     """Base of step-level methods: step options, optional PRM / router, the decode loop."""
 
+    family = "step"
+
     def __init__(self, separator: str = "\n\n", max_step_tokens: int = 1024, max_steps: int = 512, max_repeats: int = 5):
         self.step_config = StepConfig.checked(self.name, separator, max_step_tokens, max_steps, max_repeats)
         self._prm_spec: ProcessRewardModel | dict | None = None

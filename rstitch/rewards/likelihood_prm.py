@@ -159,26 +159,31 @@ def fit_head(features: torch.Tensor, labels: torch.Tensor, head: LikelihoodHead,
 
 
 def save_prm(directory: str | Path, model, tokenizer, head: LikelihoodHead) -> None:
-    """A likelihood PRM directory: the causal LM, its tokenizer and the head."""
+    """A self-contained likelihood PRM directory: the causal LM, its tokenizer and the head (a PRM
+    over a model saved elsewhere needs only `head.save(directory)`)."""
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
     head.save(directory)
 
 
 class TestbedPRM(ProcessRewardModel):
-    """The testbed PRM (registry name ``testbed``): a likelihood PRM directory, the shipped one by
-    default. Like the other transformer PRMs it reuses the KV cache of the prefix shared with the
-    previous call, so scoring a growing solution costs each step's own tokens."""
+    """The testbed PRM (registry name ``testbed``): a likelihood PRM directory `path` (its head,
+    `prm_head.json`) and the causal LM it reads, `model` (by default the one saved in `path`). The
+    shipped one (`path` None) is the testbed LLM's weights read by `assets/prm`'s head. Like the
+    other transformer PRMs it reuses the KV cache of the prefix shared with the previous call, so
+    scoring a growing solution costs each step's own tokens."""
 
     __test__ = False  # not a pytest class
 
-    def __init__(self, path: str | None = None, device: str = "cpu", dtype: str = "float32", separator: str = "\n\n"):
+    def __init__(self, path: str | None = None, model: str | None = None, device: str = "cpu", dtype: str = "float32",
+                 separator: str = "\n\n"):
         super().__init__()
         from rstitch.rewards.hf_prm import _load
-        from rstitch.testbed import PRM_DIR
+        from rstitch.testbed import LLM_DIR, PRM_DIR
 
-        path = path or str(PRM_DIR)
-        model, self.tokenizer = _load(path, "AutoModelForCausalLM", device, dtype)
+        if not path:
+            path, model = str(PRM_DIR), model or str(LLM_DIR)
+        model, self.tokenizer = _load(model or path, "AutoModelForCausalLM", device, dtype)
         self.head = LikelihoodHead.load(path)
         self.values = CheckedValues(self.head, self.tokenizer)
         self.scorer = PrefixCachedHead(model.model, CheckedLogProbs(model.lm_head, self.values).eval(), self.cost)

@@ -1,7 +1,7 @@
 """The exact step checker of the testbed as a PRM: 1.0 for a correct step, 0.0 otherwise.
 
 Only testbed problems can be checked: the problem text is parsed back into its start value and
-operations (the inverse of `rstitch.testbed.task.problem_text`), then `check_steps` judges the
+operations (the inverse of `rstitch.testbed.problems.problem_text`), then `check_steps` judges the
 steps against the true running values.
 """
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Sequence
 
 from rstitch.errors import ConfigError
 from rstitch.rewards.base import ProcessRewardModel
-from rstitch.testbed.task import TestbedProblem, check_steps, make_problem, problem_text
+from rstitch.testbed.checking import check_steps
+from rstitch.testbed.problems import TestbedProblem, make_problem, problem_text
 
 _PROBLEM_RE = re.compile(r"^Start with (\d+)\. (.+)\. What is the result\?$")
 _OPERATION_RE = re.compile(r"^(add|subtract|multiply by) (\d+)$")

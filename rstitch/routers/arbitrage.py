@@ -36,19 +36,14 @@ def encode_router_input(tokenizer, problem: str, history: Sequence[tuple[int, st
     return ids
 
 
-def default_router_path() -> str:
-    from rstitch.testbed import ASSETS_DIR
-
-    return str(ASSETS_DIR / "arbitrage_router")
-
-
 class ArbitrageRouter:
     def __init__(self, path: str | None = None, device: str = "cpu", dtype: str = "float32", separator: str = "\n\n"):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         from rstitch.rewards.hf_prm import DTYPES
 
-        path = path or default_router_path()
+        if not path:  # the testbed's router comes from the config too (conf/method/arbitrage.yaml)
+            raise ConfigError("no Arbitrage router path: set method.router.path (train one with scripts/train_arbitrage_router.py)")
         if not os.path.isdir(path) and os.path.isabs(path):
             raise ConfigError(f"Arbitrage router not found at {path}; train it with scripts/train_arbitrage_router.py")
         if dtype not in DTYPES:

@@ -1,23 +1,13 @@
 """Offline CPU-scale testbed: a synthetic arithmetic reasoning task and a
-family of tiny models (SLM, LLM, PRM) sharing one tokenizer."""
+family of tiny models (SLM, LLM, PRM) sharing one tokenizer: problems.py
+(generation, solutions, splits), checking.py (the exact step checker),
+corruption.py (wrong solutions), tokenizer.py."""
 
 from pathlib import Path
 
-from .task import (
-    JUDGE_INSTRUCTION,
-    JUDGE_PREFIX,
-    STEP_SEPARATOR,
-    Difficulty,
-    TestbedProblem,
-    check_steps,
-    corrupt_steps,
-    extract_boxed,
-    first_wrong_step,
-    generate_problems,
-    is_correct,
-    make_problem,
-    split_steps,
-)
+from .checking import check_steps, extract_boxed, first_wrong_step, is_correct, split_steps
+from .corruption import corrupt_steps
+from .problems import STEP_SEPARATOR, Difficulty, TestbedProblem, generate_problems, make_problem
 
 ASSETS_DIR = Path(__file__).parent / "assets"
 TOKENIZER_DIR = ASSETS_DIR / "tokenizer"
@@ -31,8 +21,6 @@ __all__ = [
     "SLM_DIR",
     "LLM_DIR",
     "PRM_DIR",
-    "JUDGE_INSTRUCTION",
-    "JUDGE_PREFIX",
     "STEP_SEPARATOR",
     "Difficulty",
     "TestbedProblem",

@@ -23,7 +23,10 @@ from typing import Iterable
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from .task import JUDGE_INSTRUCTION, JUDGE_PREFIX, STYLES, corrupt_steps, generate_problems
+from rstitch.methods.specreason import JUDGE_INSTRUCTION, JUDGE_PREFIX
+
+from .corruption import corrupt_steps
+from .problems import STEP_SEPARATOR, STYLES, generate_problems
 
 EOS_TOKEN = "<|endoftext|>"
 BOS_TOKEN = EOS_TOKEN
@@ -54,7 +57,7 @@ def tokenizer_corpus(n_problems: int = 3000, seed: int = 0) -> list[str]:
         texts.append(p.problem)
         for style in STYLES:
             texts.append(p.solution(style))
-        texts.append("\n\n".join(corrupt_steps(p, rng.choice(STYLES), rng)))
+        texts.append(STEP_SEPARATOR.join(corrupt_steps(p, rng.choice(STYLES), rng)))
     return texts
 
 
@@ -118,26 +121,6 @@ def render_prompt(tokenizer, problem: str) -> str:
     )
 
 
-def render_judge_prompt(tokenizer, problem: str, steps: list[str]) -> str:
-    """SpecReason judge prompt: the conversation [problem, steps so far, judge
-    instruction] with the generation prompt, then ``JUDGE_PREFIX``; the model
-    continues with one digit 0-9."""
-    msgs = [
-        {"role": "user", "content": problem},
-        {"role": "assistant", "content": "\n\n".join(steps)},
-        {"role": "user", "content": JUDGE_INSTRUCTION},
-    ]
-    return tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) + JUDGE_PREFIX
-
-
 def prm_text(problem: str, steps: list[str]) -> str:
     """PRM input (Skywork-PRM / RSD convention): problem, newline, each step followed by "\\n\\n"."""
     return problem + "\n" + "".join(step + "\n\n" for step in steps)
-
-
-def digit_ids(tokenizer) -> list[int]:
-    """Token ids of the digits "0".."9" (the judge's answers), each checked to be a single token."""
-    ids = [tokenizer.encode(str(d), add_special_tokens=False) for d in range(10)]
-    if any(len(x) != 1 for x in ids):
-        raise ValueError("tokenizer does not write each digit 0..9 as a single token")
-    return [x[0] for x in ids]

@@ -1,0 +1,27 @@
+"""Loaded model pairs, reused across the jobs of a sweep and the analyses of one process."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rstitch.engines import ModelPair, load_pair
+
+_PAIRS: dict[str, ModelPair] = {}
+
+
+def get_pair(pair_cfg: dict[str, Any], engine_cfg: dict[str, Any]) -> ModelPair:
+    """The pair of a run config's `pair` and `engine` groups, loaded once and then reused."""
+    cache_key = json.dumps([pair_cfg, engine_cfg], sort_keys=True)
+    if cache_key not in _PAIRS:
+        _PAIRS.clear()  # one pair at a time: a sweep over pairs must not keep every pair in (GPU) memory
+        options = {k: v for k, v in engine_cfg.items() if k != "name"}
+        _PAIRS[cache_key] = load_pair(
+            pair_cfg["slm"], pair_cfg["llm"], engine=engine_cfg["name"],
+            dtype=pair_cfg.get("dtype", "float32"), device=pair_cfg.get("device", "cpu"), **options,
+        )
+    return _PAIRS[cache_key]
+
+
+def clear_pairs() -> None:
+    """Drop the loaded pair (e.g. before loading another engine's in a benchmark)."""
+    _PAIRS.clear()

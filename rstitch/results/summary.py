@@ -1,0 +1,57 @@
+"""summary.json of a run: the common metrics, the method's own and the speedups, and the console
+table of it (`rstitch-run`, `rstitch-merge`)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rstitch.results.keys import comparison_key, run_tag
+from rstitch.results.metrics import find_speedups, summarize_samples
+from rstitch.results.store import find_summaries
+
+if TYPE_CHECKING:  # results are read without the methods (and their engines) loaded
+    from rstitch.methods import Method
+
+
+def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, Any]], results_root: str | Path) -> dict[str, Any]:
+    """summary.json of a run (or of merged shards): the common metrics, the method's own, and the
+    speedup over the LLM-only (`baseline: target`) run with the same comparison key under `results_root`."""
+    common = {
+        "method": method.name,
+        "pair": cfg["pair"]["name"],
+        "dataset": cfg["dataset"]["name"],
+        "run_tag": run_tag(cfg),
+        **summarize_samples(samples),
+        "batch_size": cfg.get("batch_size", 1),
+        "latency_estimated": any(s.get("latency_estimated") for s in samples),
+        "comparison_key": comparison_key(cfg),
+        "config": cfg,
+        "speedup": None,
+        "speedup_tokens_per_s": None,
+    }
+    own = method.summarize(samples)
+    clash = sorted(set(own) & set(common))
+    if clash:  # a method's key must not silently replace a common metric
+        raise ValueError(f"method '{method.name}' summarizes keys of the common summary: {', '.join(clash)}")
+    summary = {**common, **own}
+    if method.baseline == "target":
+        summary.update(speedup=1.0, speedup_tokens_per_s=1.0)
+    else:
+        summary.update(find_speedups(summary, find_summaries(results_root)))
+    return summary
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """The run's point as a two-line console table (header, values; `-` where a value is missing)."""
+    cols = [
+        ("method", summary["method"], "{}"), ("tag", summary["run_tag"], "{}"), ("n", summary["n_samples"], "{}"),
+        ("accuracy", summary["accuracy"], "{:.3f}"), ("latency_s", summary["latency_s"], "{:.3f}"),
+        ("tokens", summary["tokens"], "{:.1f}"), ("slm_tok", summary["tokens_slm"], "{:.1f}"),
+        ("llm_tok", summary["tokens_llm"], "{:.1f}"), ("switches", summary["switches"], "{:.1f}"),
+        ("speedup", summary.get("speedup"), "{:.2f}"), ("tok/s_speedup", summary.get("speedup_tokens_per_s"), "{:.2f}"),
+    ]
+    cells = [(h, "-" if v is None else f.format(v)) for h, v, f in cols]
+    widths = [max(len(h), len(c)) for h, c in cells]
+    header = "  ".join(h.rjust(w) for (h, _), w in zip(cells, widths))
+    line = "  ".join(c.rjust(w) for (_, c), w in zip(cells, widths))
+    return f"{header}\n{line}"

@@ -1,0 +1,206 @@
+"""The testbed's exact step checker: which steps of a solution are correct, where the first
+error is, and the final answer of a solution (tolerant to mixtures of the two solution styles)."""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from .problems import STEP_SEPARATOR, TestbedProblem, apply_op
+
+_INT = r"-?\d+"
+_EXPR = rf"{_INT}(?:\s*[-+*/×x]\s*{_INT})*"
+_CHAIN_RE = re.compile(rf"{_EXPR}(?:\s*=\s*{_EXPR})+")
+_BOXED_RE = re.compile(r"\\boxed\{\s*([^{}]*?)\s*\}")
+_BIN_RE = re.compile(rf"^\s*({_INT})\s*([-+*/×x])\s*({_INT})\s*$")
+_NUM_RE = re.compile(r"\d+")
+
+
+def eval_expr(expr: str) -> int | None:
+    """Integer value of ``a op b op c ...`` with the usual precedence; None if invalid."""
+    expr = expr.replace("×", "*").replace("x", "*")
+    tokens = re.findall(rf"{_INT}|[-+*/]", expr.replace(" ", ""))
+    # re-tokenize so that binary minus is an operator, not a sign
+    toks: list[str] = []
+    for t in tokens:
+        if toks and toks[-1] not in "+-*/" and t.startswith("-") and len(t) > 1:
+            toks += ["-", t[1:]]
+        else:
+            toks.append(t)
+    if not toks or len(toks) % 2 == 0:
+        return None
+    try:
+        terms: list[int] = []
+        signs: list[int] = []
+        cur = int(toks[0])
+        sign = 1
+        i = 1
+        while i < len(toks):
+            op, val = toks[i], int(toks[i + 1])
+            if op == "*":
+                cur *= val
+            elif op == "/":
+                cur = apply_op(cur, "/", val)
+            else:
+                terms.append(cur)
+                signs.append(sign)
+                cur, sign = val, (1 if op == "+" else -1)
+            i += 2
+        terms.append(cur)
+        signs.append(sign)
+    except (ValueError, IndexError):
+        return None
+    return sum(s * t for s, t in zip(signs, terms))
+
+
+def _parse_binary(expr: str) -> tuple[int, str, int] | None:
+    m = _BIN_RE.match(expr)
+    if not m:
+        return None
+    op = {"×": "*", "x": "*"}.get(m.group(2), m.group(2))
+    return int(m.group(1)), op, int(m.group(3))
+
+
+def check_steps(problem: TestbedProblem, steps: Sequence[str]) -> list[bool]:
+    """For each step, whether it is correct.
+
+    Steps come from ``text.split("\\n\\n")``; both styles and mixtures of them
+    are accepted. The checker tracks the *true* running value and the index of
+    the next operation of the problem. Each step is judged against the true
+    running value, so after a wrong step every step that builds on the wrong
+    value is wrong too. Rules for one step:
+
+    * Equations are chains ``E0 = E1 = ... = En`` of integer expressions
+      (``47 + 38 = 47 + 30 + 8 = 77 + 8 = 85``). Every chain must be
+      arithmetically right (all expressions equal).
+    * A chain whose first expression is ``a op b`` with (op, b) equal to the
+      next operation of the problem is an attempt at that operation: it is
+      right iff also ``a`` is the true running value; either way the
+      operation counts as done and the true running value advances.
+    * A check (a chain right after the word "Check", like ``Check: 85 - 38 =
+      47``) must start from a value already established: the true running
+      value before or after this step's operation, or a result stated earlier
+      in this step.
+    * Any other chain is right only if it restates an operation already done
+      (``47 + 38 = 85`` again); e.g. ``47 + 39 = 86`` for "add 38" is wrong.
+      A check is never an attempt, and a step makes at most one attempt
+      unless a later chain starts exactly from the true running value.
+    * ``\\boxed{x}`` is right iff x equals the gold answer and no operation of
+      the problem is left undone.
+    * A step with neither equation nor box (``We start with 47.``,
+      ``Adding 38:``) is right iff every number it states is the true running
+      value, the operand of the next operation, or the start value.
+    """
+    ops = list(problem.ops)
+    true_vals = problem.values
+    k = 0  # index of the next operation
+    out: list[bool] = []
+    for step in steps:
+        ok = True
+        known = {true_vals[k]}
+        chains = list(_CHAIN_RE.finditer(step))
+        boxes = list(_BOXED_RE.finditer(step))
+        # text outside equations and boxes
+        rest = _BOXED_RE.sub(" ", _CHAIN_RE.sub(" ", step))
+        attempted = False
+        for m in chains:
+            exprs = [e.strip() for e in m.group(0).split("=")]
+            vals = [eval_expr(e) for e in exprs]
+            arith_ok = None not in vals and len(set(vals)) == 1
+            first = _parse_binary(exprs[0])
+            is_check = "check" in step[max(0, m.start() - 12) : m.start()].lower()
+            if (
+                first is not None
+                and not is_check
+                and k < len(ops)
+                and (first[1], first[2]) == ops[k]
+                and (not attempted or first[0] == true_vals[k])
+            ):
+                attempted = True
+                # attempt at the next operation
+                ok &= arith_ok and first[0] == true_vals[k]
+                k += 1
+                known.add(true_vals[k])
+            elif is_check:
+                head = eval_expr(exprs[0].split(" ")[0]) if exprs[0] else None
+                ok &= arith_ok and head in known | {true_vals[k]}
+            else:
+                # only a restatement of an operation already done is allowed
+                done = {(true_vals[i], op, b) for i, (op, b) in enumerate(ops[:k])}
+                ok &= arith_ok and first is not None and first in done
+            if arith_ok and vals:
+                known.update(v for v in vals if v is not None)
+        for m in boxes:
+            ok &= m.group(1).strip() == problem.answer and k == len(ops)
+        if not chains and not boxes:
+            allowed = {true_vals[k], problem.start}
+            if k < len(ops):
+                allowed.add(ops[k][1])
+            ok &= all(int(x) in allowed for x in _NUM_RE.findall(rest))
+        out.append(bool(ok))
+    return out
+
+
+def first_wrong_step(problem: TestbedProblem, steps: Sequence[str]) -> int | None:
+    """Index of the first wrong step, or None if all steps are correct."""
+    for i, good in enumerate(check_steps(problem, steps)):
+        if not good:
+            return i
+    return None
+
+
+def locate_errors(problem: TestbedProblem, steps: Sequence[str]) -> list[tuple[int, int] | None]:
+    """Where each wrong step goes wrong: per step, None if it is correct, else ``(good, bad)``
+    character offsets: ``step[:good]`` is still correct and ``step[:bad]`` is already wrong.
+
+    A prefix of a step can be judged on its own only where an expression ends, so the cuts
+    are the ends of expressions (the first number of each chain, before each "=", the end
+    of each chain and each box);
+    the error lies between the last correct cut and the first wrong one (the step's end when
+    every cut before it is correct). These are the dense labels of the testbed PRM: they show
+    the token where a step goes wrong, not only the step.
+    """
+    located: list[tuple[int, int] | None] = []
+    for k, (step, ok) in enumerate(zip(steps, check_steps(problem, steps))):
+        if ok:
+            located.append(None)
+            continue
+        good, bad = 0, len(step)
+        for cut in _expression_ends(step):
+            if not check_steps(problem, [*steps[:k], step[:cut]])[-1]:
+                bad = cut
+                break
+            good = cut
+        located.append((good, bad))
+    return located
+
+
+def _expression_ends(step: str) -> list[int]:
+    """Offsets (exclusive, before the step's end) where a whole expression of `step` ends."""
+    ends: set[int] = set()
+    for m in _CHAIN_RE.finditer(step):
+        chain = m.group(0)
+        ends.add(m.start() + _NUM_RE.search(chain).end())  # the value a chain starts from
+        ends.update(m.start() + len(chain[:i].rstrip()) for i, c in enumerate(chain) if c == "=")
+        ends.add(m.end())
+    ends.update(m.end() for m in _BOXED_RE.finditer(step))
+    return sorted(e for e in ends if 0 < e < len(step))
+
+
+def split_steps(text: str) -> list[str]:
+    """Steps of a solution text (``text.split("\\n\\n")``, empty trailing parts dropped)."""
+    parts = text.split(STEP_SEPARATOR)
+    while parts and not parts[-1].strip():
+        parts.pop()
+    return parts
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} in ``text``, stripped; None if absent."""
+    found = _BOXED_RE.findall(text)
+    return found[-1].strip() if found else None
+
+
+def is_correct(problem: TestbedProblem, text: str) -> bool:
+    """Final-answer grading: the last \\boxed{} equals the gold answer."""
+    return extract_boxed(text) == problem.answer

@@ -1,0 +1,126 @@
+"""Wrong solutions of testbed problems: one injected error (a slip, a wrong carry, a broken link
+between steps, a misread operand or value, a wrong answer) that later steps carry forward; the
+judge, PRM and router training data."""
+
+from __future__ import annotations
+
+import random
+
+from .checking import eval_expr
+from .problems import INVERSE, MAX_VALUE, OP_GERUNDS, TestbedProblem, apply_op, equation_chain
+
+CORRUPTION_KINDS = ("slip", "carry", "link", "operand", "value", "answer")  # drawn when no kind is given
+
+
+def corrupt_steps(
+    problem: TestbedProblem, style: str, rng: random.Random, kind: str | None = None
+) -> list[str]:
+    """A solution with one injected error that later steps carry forward.
+
+    kind: "slip" (one digit of a result changed), "carry" (result off by 10 or
+    100: a missed or extra carry), "link" (a slip inside the chain, on the partial
+    result the chain goes on from), "operand" (wrong operand used), "value"
+    (wrong running value copied), "answer" (wrong boxed answer) or "misread"
+    (the operation or operand of another step of the problem applied, a mistake the
+    trained LLM makes; chosen only when asked for, so that drawing a random kind
+    stays as it was). The error is propagated: later steps compute correctly
+    from the wrong value, as a model that slipped would. Labels come from
+    :func:`check_steps`.
+    """
+    kind = kind or rng.choice(CORRUPTION_KINDS)
+    if kind not in (known := (*CORRUPTION_KINDS, "misread")):
+        raise ValueError(f"unknown corruption kind {kind!r}; choose from {known}")
+    n = len(problem.ops)
+    j = rng.randrange(n)  # operation where the error happens
+    vals = [problem.start]
+    lines_ops: list[tuple[int, str, int, list[str]]] = []  # (a, op, b, chain) as written
+    cur = problem.start
+    for i, (op, b) in enumerate(problem.ops):
+        a, bb = cur, b
+        if i == j and kind == "value":
+            a = _perturb(cur, rng)
+        if i == j and kind == "operand":
+            bb = _perturb(b, rng, lo=1 if op != "*" else 2, hi=9 if op == "*" else MAX_VALUE)
+        if i == j and kind == "misread":
+            op, bb = _misread(problem.ops, i, a, rng)
+        c = apply_op(a, op, bb) if (op != "-" or a >= bb) else abs(a - bb)
+        if i == j and kind in ("slip", "carry"):
+            c = _perturb(c, rng, carry=(kind == "carry"))
+        true_c = _safe(a, op, bb)
+        if true_c is not None and 0 <= true_c and (op != "*" or a < 100):
+            chain = equation_chain(a, op, bb)
+            chain[-1] = str(c)  # a slip of the result lands on the last link
+            if i == j and kind == "link":
+                chain, c = _slip_inside(chain, rng)
+        else:
+            chain = [f"{a} {op} {bb}", str(c)]
+        lines_ops.append((a, op, bb, chain))
+        cur = c
+        vals.append(cur)
+    final = cur
+    if kind == "answer":
+        final = _perturb(cur, rng)
+    steps: list[str] = []
+    if style == "verbose":
+        steps.append(f"We start with {problem.start}.")
+    for a, op, b, chain in lines_ops:
+        c = int(chain[-1])
+        if style == "concise":
+            steps.append(" = ".join(chain))
+        else:
+            steps.append(f"{OP_GERUNDS[op]} {b}: {' = '.join(chain)}. Check: {c} {INVERSE[op]} {b} = {a}.")
+    box = f"\\boxed{{{final}}}"
+    steps.append(box if style == "concise" else f"So the answer is {box}.")
+    return steps
+
+
+def _misread(ops: list[tuple[str, int]], i: int, value: int, rng: random.Random) -> tuple[str, int]:
+    """Operation i read wrongly: another step's operation and/or operand (the LLM repeats the
+    previous one or jumps ahead), or, in a one-step problem, the other of + and -."""
+    op, b = ops[i]
+    options = {(o, x) for k, (o2, x2) in enumerate(ops) if k != i for o, x in ((o2, x2), (op, x2), (o2, b))}
+    options |= {("-" if op == "+" else "+", b)} if op != "*" else set()
+    valid = sorted(
+        (o, x) for o, x in options
+        if (o, x) != (op, b) and (o != "*" or (2 <= x <= 9 and value < 100))
+        and 0 <= apply_op(value, o, x) <= MAX_VALUE
+    )
+    if not valid:
+        return op, _perturb(b, rng, lo=1 if op != "*" else 2, hi=9 if op == "*" else MAX_VALUE)
+    return rng.choice(valid)
+
+
+def _slip_inside(chain: list[str], rng: random.Random) -> tuple[list[str], int]:
+    """The chain with a slip on its partial result (``77 + 8`` -> ``78 + 8``), computed on
+    from there; a chain without a partial result gets the slip on its result."""
+    if len(chain) < 4:
+        c = _perturb(int(chain[-1]), rng)
+        return [*chain[:-1], str(c)], c
+    left, op, right = chain[2].split(" ")
+    left = str(_perturb(int(left), rng, hi=MAX_VALUE))
+    c = eval_expr(f"{left} {op} {right}")
+    if c is None or not 0 <= c <= MAX_VALUE:
+        c = _perturb(int(chain[-1]), rng)
+        return [*chain[:-1], str(c)], c
+    return [chain[0], chain[1], f"{left} {op} {right}", str(c)], c
+
+
+def _safe(a: int, op: str, b: int) -> int | None:
+    try:
+        return apply_op(a, op, b)
+    except ValueError:
+        return None
+
+
+def _perturb(x: int, rng: random.Random, lo: int = 0, hi: int = MAX_VALUE, carry: bool = False) -> int:
+    for _ in range(50):
+        if carry:
+            y = x + rng.choice([-10, 10, -100, 100, -1, 1])
+        else:
+            digits = list(str(x))
+            i = rng.randrange(len(digits))
+            digits[i] = str((int(digits[i]) + rng.choice([1, 2, 3, 7, 8, 9])) % 10)
+            y = int("".join(digits))
+        if y != x and lo <= y <= hi:
+            return y
+    return x + 1 if x + 1 <= hi else x - 1

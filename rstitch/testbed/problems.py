@@ -1,0 +1,285 @@
+"""Synthetic multi-step arithmetic word problems: the offline testbed task.
+
+A problem starts from an integer and applies 1-6 operations (add, subtract,
+multiply by a one-digit number), e.g.
+
+    Start with 47. Add 38, then multiply by 6, then subtract 129. What is the result?
+
+Every intermediate value stays in [0, 1000); a multiplication is always a
+two-digit (or one-digit) number times a one-digit number.
+
+Two solution styles share the step separator "\\n\\n" and end in \\boxed{answer}:
+
+* ``concise`` (small-model style): one equation chain per step, splitting the
+  operand (or, for a product, the multiplicand) into tens and ones::
+
+      47 + 38 = 47 + 30 + 8 = 77 + 8 = 85\\n\\n85 * 6 = 80 * 6 + 5 * 6 = 480 + 30 = 510
+      \\n\\n...\\n\\n\\boxed{381}
+
+* ``verbose`` (large-model style): the same chains, with an opening
+  restatement, a header per step, a check, and a closing sentence::
+
+      We start with 47.\\n\\nAdding 38: 47 + 38 = 47 + 30 + 8 = 77 + 8 = 85.
+      Check: 85 - 38 = 47.\\n\\n...\\n\\nSo the answer is \\boxed{381}.
+
+Splits are disjoint by construction: a problem belongs to the split selected
+by a stable hash of its canonical form (start value and operations), so the
+same problem text can never appear in two splits.
+
+The exact step checker is in ``checking.py``, the injected errors of wrong
+solutions in ``corruption.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, field
+from typing import Sequence
+
+STEP_SEPARATOR = "\n\n"
+SPLITS = ("train", "validation", "test")
+STYLES = ("concise", "verbose")
+MAX_VALUE = 999  # every running value stays in [0, MAX_VALUE]
+
+# Split assignment by hash bucket (out of 100): 80% train, 10% validation, 10% test.
+_SPLIT_BUCKETS = {"train": range(0, 80), "validation": range(80, 90), "test": range(90, 100)}
+
+_OP_WORDS = {"+": "add", "-": "subtract", "*": "multiply by"}
+OP_GERUNDS = {"+": "Adding", "-": "Subtracting", "*": "Multiplying by"}
+INVERSE = {"+": "-", "-": "+", "*": "/"}
+
+
+# --------------------------------------------------------------------------- difficulty
+
+
+@dataclass(frozen=True)
+class Difficulty:
+    """Difficulty knob of the generator.
+
+    min_ops/max_ops: number of operations (uniform in the range).
+    max_start: largest start value. max_operand: largest add/subtract operand.
+    p_mul: probability of a multiplication when one is possible
+    (running value < 100); the multiplier is uniform in [2, max_multiplier].
+    """
+
+    min_ops: int = 1
+    max_ops: int = 6
+    max_start: int = 50
+    max_operand: int = 50
+    max_multiplier: int = 9
+    p_mul: float = 0.35
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_ops <= self.max_ops:
+            raise ValueError(f"need 1 <= min_ops <= max_ops, got {self.min_ops}, {self.max_ops}")
+        if not 1 <= self.max_start <= MAX_VALUE or not 1 <= self.max_operand <= MAX_VALUE:
+            raise ValueError("max_start and max_operand must be in [1, 999]")
+        if not 2 <= self.max_multiplier <= 9:
+            raise ValueError("max_multiplier must be in [2, 9]")
+
+
+DIFFICULTIES = {
+    "easy": Difficulty(min_ops=1, max_ops=3, max_start=50, max_operand=30, max_multiplier=5),
+    "medium": Difficulty(),
+    "hard": Difficulty(min_ops=4, max_ops=6, max_start=99, max_operand=99, p_mul=0.45),
+}
+DEFAULT_DIFFICULTY = DIFFICULTIES["medium"]
+
+
+def _resolve_difficulty(difficulty: Difficulty | str | dict | None) -> Difficulty:
+    if difficulty is None:
+        return DEFAULT_DIFFICULTY
+    if isinstance(difficulty, Difficulty):
+        return difficulty
+    if isinstance(difficulty, str):
+        if difficulty not in DIFFICULTIES:
+            raise ValueError(f"unknown difficulty {difficulty!r}; choose from {sorted(DIFFICULTIES)}")
+        return DIFFICULTIES[difficulty]
+    if isinstance(difficulty, dict):
+        return Difficulty(**difficulty)
+    raise TypeError(f"difficulty must be a Difficulty, a name or a dict, got {type(difficulty)}")
+
+
+# --------------------------------------------------------------------------- arithmetic
+
+
+def apply_op(value: int, op: str, operand: int) -> int:
+    if op == "+":
+        return value + operand
+    if op == "-":
+        return value - operand
+    if op == "*":
+        return value * operand
+    if op == "/":
+        if operand == 0 or value % operand:
+            raise ValueError("inexact division")
+        return value // operand
+    raise ValueError(f"unknown op {op!r}")
+
+
+def equation_chain(a: int, op: str, b: int) -> list[str]:
+    """Expressions of the verbose chain ``a op b = ... = c`` (tens first, then ones)."""
+    c = apply_op(a, op, b)
+    if op in "+-":
+        tens, ones = b - b % 10, b % 10
+        if tens == 0 or ones == 0:
+            return [f"{a} {op} {b}", str(c)]
+        mid = apply_op(a, op, tens)
+        return [f"{a} {op} {b}", f"{a} {op} {tens} {op} {ones}", f"{mid} {op} {ones}", str(c)]
+    # multiplication: two-digit by one-digit
+    tens, ones = a - a % 10, a % 10
+    if tens == 0 or ones == 0:
+        return [f"{a} * {b}", str(c)]
+    return [f"{a} * {b}", f"{tens} * {b} + {ones} * {b}", f"{tens * b} + {ones * b}", str(c)]
+
+
+# --------------------------------------------------------------------------- problems
+
+
+@dataclass
+class TestbedProblem:
+    """One problem: ``start`` followed by ``ops`` = [(op, operand), ...], op in "+-*"."""
+
+    __test__ = False  # not a pytest test class
+
+    id: str
+    problem: str
+    answer: str
+    ops: list[tuple[str, int]]
+    start: int
+    split: str = ""
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def values(self) -> list[int]:
+        """Running values: [start, after op 1, ..., after last op]."""
+        vals = [self.start]
+        for op, b in self.ops:
+            vals.append(apply_op(vals[-1], op, b))
+        return vals
+
+    def steps(self, style: str = "concise") -> list[str]:
+        vals = self.values
+        if style == "concise":
+            out = [" = ".join(equation_chain(vals[i], op, b)) for i, (op, b) in enumerate(self.ops)]
+            return out + [f"\\boxed{{{self.answer}}}"]
+        if style == "verbose":
+            out = [f"We start with {self.start}."]
+            for i, (op, b) in enumerate(self.ops):
+                a, c = vals[i], vals[i + 1]
+                chain = " = ".join(equation_chain(a, op, b))
+                check = f"{c} {INVERSE[op]} {b} = {a}"
+                out.append(f"{OP_GERUNDS[op]} {b}: {chain}. Check: {check}.")
+            return out + [f"So the answer is \\boxed{{{self.answer}}}."]
+        raise ValueError(f"unknown style {style!r}; choose from {STYLES}")
+
+    def solution(self, style: str = "concise") -> str:
+        return STEP_SEPARATOR.join(self.steps(style))
+
+    def to_record(self) -> dict:
+        return {
+            "id": self.id,
+            "problem": self.problem,
+            "answer": self.answer,
+            "metadata": {
+                "source": "rstitch-testbed",
+                "split": self.split,
+                "start": self.start,
+                "ops": [[op, b] for op, b in self.ops],
+                "num_ops": len(self.ops),
+                **self.metadata,
+            },
+        }
+
+
+def canonical_form(start: int, ops: Sequence[tuple[str, int]]) -> str:
+    return f"{start}" + "".join(f"{op}{b}" for op, b in ops)
+
+
+def _stable_hash(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+def split_of(start: int, ops: Sequence[tuple[str, int]]) -> str:
+    bucket = _stable_hash(canonical_form(start, ops)) % 100
+    for name, rng in _SPLIT_BUCKETS.items():
+        if bucket in rng:
+            return name
+    raise AssertionError("unreachable")
+
+
+def problem_text(start: int, ops: Sequence[tuple[str, int]]) -> str:
+    phrases = [f"{_OP_WORDS[op]} {b}" for op, b in ops]
+    phrases[0] = phrases[0][0].upper() + phrases[0][1:]
+    return f"Start with {start}. " + ", then ".join(phrases) + ". What is the result?"
+
+
+def make_problem(start: int, ops: Sequence[tuple[str, int]], split: str | None = None) -> TestbedProblem:
+    ops = [(str(op), int(b)) for op, b in ops]
+    canon = canonical_form(start, ops)
+    p = TestbedProblem(
+        id="tb-" + hashlib.sha256(canon.encode()).hexdigest()[:12],
+        problem=problem_text(start, ops),
+        answer="",
+        ops=ops,
+        start=int(start),
+        split=split or split_of(start, ops),
+    )
+    vals = p.values
+    if any(v < 0 or v > MAX_VALUE for v in vals):
+        raise ValueError(f"running values out of range: {vals}")
+    p.answer = str(vals[-1])
+    return p
+
+
+def _sample_ops(rng: random.Random, d: Difficulty) -> tuple[int, list[tuple[str, int]]]:
+    start = rng.randint(1, d.max_start)
+    n = rng.randint(d.min_ops, d.max_ops)
+    value, ops = start, []
+    for _ in range(n):
+        choices = []
+        if value < 100 and rng.random() < d.p_mul:
+            op, b = "*", rng.randint(2, d.max_multiplier)
+        else:
+            if value + 1 <= MAX_VALUE:
+                choices.append("+")
+            if value >= 1:
+                choices.append("-")
+            op = rng.choice(choices)
+            hi = min(d.max_operand, MAX_VALUE - value) if op == "+" else min(d.max_operand, value)
+            b = rng.randint(1, hi)
+        ops.append((op, b))
+        value = apply_op(value, op, b)
+    return start, ops
+
+
+def generate_problems(
+    split: str,
+    n: int,
+    seed: int = 0,
+    difficulty: Difficulty | str | dict | None = None,
+) -> list[TestbedProblem]:
+    """``n`` distinct problems of ``split`` ("train" | "validation" | "test").
+
+    Deterministic in (split, n, seed, difficulty); the first k problems of a call
+    with n >= k equal those of a call with n = k.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose from {SPLITS}")
+    d = _resolve_difficulty(difficulty)
+    rng = random.Random(_stable_hash(f"rstitch-testbed/{split}/{seed}"))
+    out: list[TestbedProblem] = []
+    seen: set[str] = set()
+    attempts = 0
+    while len(out) < n:
+        attempts += 1
+        if attempts > 200 * n + 10_000:
+            raise RuntimeError(f"could not generate {n} distinct {split} problems with {d}")
+        start, ops = _sample_ops(rng, d)
+        canon = canonical_form(start, ops)
+        if canon in seen or split_of(start, ops) != split:
+            continue
+        seen.add(canon)
+        out.append(make_problem(start, ops, split))
+    return out
