@@ -6,8 +6,9 @@ every evaluated benchmark: the testbed's validation split (the testbed evaluates
 or `--dataset limo`, GAIR/LIMO (817 problems), the calibration set of the EASD paper. An
 evaluated benchmark (a conf/dataset name) is refused: calibrating on it tunes tau_H on the test
 data. The value is stored under the
-pair's name in rstitch/methods/easd_calibration.json together with the model names, which is
-how `method=easd method.tau_h=auto` finds it at run time.
+pair's name, together with the model names, in the user's calibration file (--out; by default
+$RSTITCH_CACHE/easd_calibration.json, RSTITCH_CACHE defaulting to ~/.cache/rstitch), which is where
+`method=easd method.tau_h=auto` looks at run time (`method.calibration` names another file).
 
     python scripts/calibrate_easd.py                         # conf/pair/testbed.yaml, testbed validation split
     python scripts/calibrate_easd.py --pair qwen2.5_math_1.5b_7b --dataset limo --n 64 --prompt qwen_math_cot
@@ -25,13 +26,13 @@ import torch
 import yaml
 from tqdm import tqdm
 
+from rstitch.configs import CONF_DIR
 from rstitch.data.prompts import PromptFormat
 from rstitch.engines import ModelPair, load_pair
-from rstitch.methods.easd import CALIBRATION_FILE, store_calibration
+from rstitch.methods.easd import store_calibration, user_calibration_file
 from rstitch.methods.spec_stats import greedy_entropies, mean_of_top_fraction
 from rstitch.testbed import generate_problems
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 CALIBRATION_SETS = {"limo": "GAIR/LIMO"}  # --dataset name -> hub id (train split; field "question")
 
 
@@ -105,7 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n", type=int, default=64, help="number of validation prompts")
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--top-fraction", type=float, default=0.05, help="p of eq. 9")
-    parser.add_argument("--out", default=str(CALIBRATION_FILE))
+    parser.add_argument("--out", default=str(user_calibration_file()),
+                        help="the calibration file to add the entry to (default: %(default)s; method.calibration reads it)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args(argv)
     if args.threads:

@@ -15,11 +15,11 @@ from typing import Any, Iterable, Mapping
 import pandas as pd
 import yaml
 
+from rstitch.configs import CONF_DIR
 from rstitch.errors import ConfigError
 from rstitch.results.keys import comparison_key, is_sharded, short_hash
 from rstitch.results.store import SAMPLES_FILE, SUMMARY_FILE, iter_samples
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 BASELINE = "llm_only"
 # Methods listed first in tables, in this order; the others follow alphabetically.
 METHOD_ORDER = ("llm_only", "slm_only")

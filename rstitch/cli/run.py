@@ -11,10 +11,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from rstitch.configs import CONF_DIR
 from rstitch.errors import ConfigError
 from rstitch.results.keys import run_tag
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 def _testbed_asset(name: str) -> str:
