@@ -21,6 +21,8 @@ from rstitch.methods import DecodeContext, DecodeResult, Method, build_method
 from rstitch.methods.base import EXTRA_FLOPS, model_flops
 from rstitch.metrics.latency_model import load_pair_latency
 from rstitch.results import SampleStore, find_speedups, find_summaries, summarize_samples
+from rstitch.results.baseline import baseline_config, wants_baseline_run
+from rstitch.results.metrics import baseline_method
 from rstitch.results.keys import comparison_key, run_key, run_tag
 
 _PAIRS: dict[str, ModelPair] = {}  # loaded pairs, reused across the jobs of a sweep
@@ -273,7 +275,7 @@ def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, A
     if clash:  # a method's key must not silently replace a common metric
         raise ValueError(f"method '{method.name}' summarizes keys of the common summary: {', '.join(clash)}")
     summary = {**common, **own}
-    if method.name == "llm_only":
+    if method.name == baseline_method():
         summary.update(speedup=1.0, speedup_tokens_per_s=1.0)
     else:
         summary.update(find_speedups(summary, find_summaries(results_root)))
@@ -285,24 +287,35 @@ def comparison_root(results_root: str | Path, cfg: dict[str, Any]) -> Path:
     return Path(results_root) / cfg["pair"]["name"] / cfg["dataset"]["name"]
 
 
+def run_baseline(cfg: dict[str, Any], results_root: str | Path, logger=None) -> dict[str, Any] | None:
+    """With `baseline=auto`, the baseline (`llm_only`) run of `cfg`'s comparison key, run or
+    resumed (a finished one decodes nothing) before the method, so that its speedup is filled;
+    None when not asked for or when `cfg` is the baseline."""
+    if not wants_baseline_run(cfg):
+        return None
+    base = baseline_config(cfg)
+    return run(base, Path(results_root) / base["method"]["name"] / run_tag(base), logger=logger, results_root=results_root)
+
+
 def run_config(cfg: dict[str, Any], logger=None) -> dict[str, Any]:
-    """Run a composed config (see `cli.run.compose_config`) into its standard run directory."""
+    """Run a composed config (see `cli.run.compose_config`) into its standard run directory,
+    after its baseline when `baseline=auto`."""
     cfg = dict(cfg)
     cfg.pop("logger", None)
     root = comparison_root(cfg.pop("results_root"), cfg)
+    run_baseline(cfg, root, logger=logger)
     return run(cfg, root / cfg["method"]["name"] / run_tag(cfg), logger=logger, results_root=root)
 
 
-def format_table(summary: dict[str, Any]) -> str:
-    cols = [
-        ("method", summary["method"], "{}"), ("tag", summary["run_tag"], "{}"), ("n", summary["n_samples"], "{}"),
-        ("accuracy", summary["accuracy"], "{:.3f}"), ("latency_s", summary["latency_s"], "{:.3f}"),
-        ("tokens", summary["tokens"], "{:.1f}"), ("slm_tok", summary["tokens_slm"], "{:.1f}"),
-        ("llm_tok", summary["tokens_llm"], "{:.1f}"), ("switches", summary["switches"], "{:.1f}"),
-        ("speedup", summary.get("speedup"), "{:.2f}"), ("tok/s_speedup", summary.get("speedup_tokens_per_s"), "{:.2f}"),
-    ]
-    cells = [(h, "-" if v is None else f.format(v)) for h, v, f in cols]
-    widths = [max(len(h), len(c)) for h, c in cells]
-    header = "  ".join(h.rjust(w) for (h, _), w in zip(cells, widths))
-    line = "  ".join(c.rjust(w) for (_, c), w in zip(cells, widths))
-    return f"{header}\n{line}"
+TABLE_COLUMNS = (("method", "method", "{}"), ("tag", "run_tag", "{}"), ("n", "n_samples", "{}"),
+                 ("accuracy", "accuracy", "{:.3f}"), ("latency_s", "latency_s", "{:.3f}"), ("tokens", "tokens", "{:.1f}"),
+                 ("slm_tok", "tokens_slm", "{:.1f}"), ("llm_tok", "tokens_llm", "{:.1f}"), ("switches", "switches", "{:.1f}"),
+                 ("speedup", "speedup", "{:.2f}"), ("tok/s_speedup", "speedup_tokens_per_s", "{:.2f}"))
+
+
+def format_table(*summaries: dict[str, Any]) -> str:
+    """One row per run summary, right-aligned; a missing value is "-"."""
+    rows = [[("-" if s.get(key) is None else fmt.format(s[key])) for _, key, fmt in TABLE_COLUMNS] for s in summaries]
+    headers = [header for header, _, _ in TABLE_COLUMNS]
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows)]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(line, widths)) for line in [headers, *rows])

@@ -112,14 +112,17 @@ def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def app(cfg: DictConfig) -> None:
-    from rstitch.runner import comparison_root, format_table, run
+    from rstitch.results.baseline import missing_baseline_note
+    from rstitch.runner import comparison_root, format_table, run, run_baseline
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     interrupted = False
     try:
         resolved = _run_config(cfg)
         logger = instantiate(resolved.pop("logger"))
-        summary = run(resolved, run_dir, logger=logger, results_root=comparison_root(resolved.pop("results_root"), resolved))
+        root = comparison_root(resolved.pop("results_root"), resolved)
+        baseline = run_baseline(resolved, root, logger=logger)  # baseline=auto: run or resume it first
+        summary = run(resolved, run_dir, logger=logger, results_root=root)
     except ConfigError as err:
         discard_if_empty(run_dir)
         fail(str(err))
@@ -130,7 +133,11 @@ def app(cfg: DictConfig) -> None:
         print(f"\nrstitch-run: interrupted: {saved_samples(run_dir)} samples saved in {run_dir}; "
               "rerun the same command to resume", file=sys.stderr)
         sys.exit(130)
-    print(format_table(summary))
+    # Last on the console, after the loggers' output: the table, why a speedup is missing, where the results are.
+    print(format_table(*filter(None, [baseline, summary])))
+    note = missing_baseline_note(summary, root, HydraConfig.get().overrides.task)
+    if note:
+        print(note)
     print(f"results: {run_dir}")
 
 

@@ -40,6 +40,11 @@ def summarize_samples(samples: Iterable[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+def baseline_method() -> str:
+    """The method every speedup is measured against: the one place that names it."""
+    return "llm_only"
+
+
 def comparison_key_matches(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return a.get("comparison_key") == b.get("comparison_key")
 
@@ -55,7 +60,7 @@ def find_speedups(summary: dict[str, Any], others: Iterable[dict[str, Any]]) -> 
     speedup EASD and speculative decoding papers report. They differ when the outputs' lengths differ."""
     out: dict[str, float | None] = {"speedup": None, "speedup_tokens_per_s": None}
     for other in others:
-        if other.get("method") == "llm_only" and comparison_key_matches(summary, other):
+        if other.get("method") == baseline_method() and comparison_key_matches(summary, other):
             if other.get("latency_s") and summary.get("latency_s"):
                 out["speedup"] = other["latency_s"] / summary["latency_s"]
             if other.get("tokens_per_s") and summary.get("tokens_per_s"):
