@@ -120,7 +120,8 @@ def test_olympiadbench_joins_final_answers_and_keeps_the_list():
     assert records[1].metadata["is_multiple_answer"] is True
     assert "image_1" not in records[0].metadata  # empty image slots are dropped
     # graded as math (the record's own "Numerical" would name no grader and fail every sample)
-    assert [(r.metadata["answer_type"], r.metadata["olympiadbench_answer_type"]) for r in records[:2]] == [("math", "Numerical")] * 2
+    kinds = [(r.metadata["answer_type"], r.metadata["olympiadbench_answer_type"]) for r in records[:2]]
+    assert kinds == [("math", "Numerical")] * 2
     assert records[2].problem.startswith("Throughout, lengths are measured in centimetres.\n\nA circle")
 
 
@@ -152,7 +153,8 @@ def test_olympiadbench_error_becomes_a_tolerance_that_grading_honours(tmp_path):
     from rstitch.grading import grade_sample
 
     path = write_olympiad_rows(tmp_path / "ob.jsonl", {"id": 2592, "final_answer": ["$4.2$"], "error": "0.1"},
-                               {"id": 7, "final_answer": ["$1$, $3$"], "error": ",2e-1"}, {"id": 8, "final_answer": ["$5$"], "error": ""})
+                               {"id": 7, "final_answer": ["$1$, $3$"], "error": ",2e-1"},
+                               {"id": 8, "final_answer": ["$5$"], "error": ""})
     records = load_dataset_records("olympiadbench", path=str(path))
     assert [r.metadata.get("tolerance") for r in records] == [[0.1], [None, 0.2], None]
     assert grade_sample("\\boxed{4.16}", records[0].answer, metadata=records[0].metadata)["correct"] is True

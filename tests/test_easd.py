@@ -181,6 +181,9 @@ def test_auto_tau_reads_the_calibration_of_the_pair(tiny_runners, tmp_path):
     easd.store_calibration("other", {**entry, "slm": "elsewhere", "tau_h": 9.0}, user_file)
     assert build_method("easd", tau_h="auto", calibration=str(user_file)).penalty_for(tiny_runners).tau_h == 1.25
     assert set(json.loads(user_file.read_text())) == {"tiny", "other"}
+    user_file.write_text("{not json")
+    with pytest.raises(ConfigError, match=r"calibration\.json is not JSON"):
+        build_method("easd", tau_h="auto", calibration=str(user_file)).penalty_for(tiny_runners)
 
 
 def test_the_packaged_calibration_is_read_after_the_users(tiny_runners, tmp_path, monkeypatch):

@@ -82,7 +82,8 @@ def test_a_missing_speedup_says_why_and_how_to_make_the_baseline(tmp_path):
                                  "  rstitch-run method=llm_only dataset.limit=2 'prompt.system=a b'",
                                  "or rerun with baseline=auto, which runs it first"]
     write_summary(tmp_path, "far", method="llm_only", comparison_key={**key, "dataset": {"limit": 5}, "max_new_tokens": 64})
-    write_summary(tmp_path, "near", method="llm_only", comparison_key={**key, "dataset": {"limit": 5}, "engine": {"num_threads": 2}})
+    near = {**key, "dataset": {"limit": 5}, "engine": {"num_threads": 2}}
+    write_summary(tmp_path, "near", method="llm_only", comparison_key=near)
     note = missing_baseline_note(run, tmp_path, overrides)
     assert "has this run's comparison key (the nearest differs in: dataset.limit, engine.num_threads)" in note
     assert missing_baseline_note({**run, "speedup": 1.5}, tmp_path, overrides) is None

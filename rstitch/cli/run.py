@@ -16,7 +16,6 @@ from rstitch.errors import ConfigError
 from rstitch.results.keys import run_tag
 
 
-
 def _testbed_asset(name: str) -> str:
     from rstitch.testbed import ASSETS_DIR
 

@@ -30,7 +30,8 @@ class WandbLogger(NullLogger):
     TABLE_COLUMNS = ("id", "sample_index", "correct", "latency_s", "tokens", "tokens_slm", "tokens_llm", "switches", "answer", "gold")
 
     def __init__(self, project: str = "rstitch", entity: str | None = None, mode: str = "auto",
-                 group: str | None = None, tags: list[str] | None = None, dir: str | None = None, quiet: bool = True):
+                 group: str | None = None, tags: list[str] | None = None, dir: str | None = None,
+                 quiet: bool = True):
         self.project, self.entity, self.group, self.tags, self.dir = project, entity, group, tags, dir
         self.quiet = quiet
         if mode == "auto":
@@ -47,7 +48,8 @@ class WandbLogger(NullLogger):
             dir=self.dir, reinit="finish_previous", settings=self.settings(),
         )
 
-    def settings(self):
+    def settings(self) -> Any:
+        """W&B's settings of every run this logger starts (the sweep summary's too)."""
         import wandb
 
         return wandb.Settings(quiet=self.quiet)

@@ -75,7 +75,12 @@ def user_calibration_file() -> Path:
 
 
 def read_calibration(path: Path) -> dict[str, dict[str, Any]]:
-    return json.loads(path.read_text()) if path.exists() else {}
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"EASD calibration file {path} is not JSON ({err.msg}, line {err.lineno})") from None
 
 
 def store_calibration(pair_name: str, entry: dict[str, Any], path: Path) -> Path:
