@@ -21,6 +21,7 @@ from rstitch.methods import DecodeContext, DecodeResult, Method, build_method
 from rstitch.methods.base import EXTRA_FLOPS, model_flops
 from rstitch.metrics.latency_model import load_pair_latency
 from rstitch.results import SampleStore
+from rstitch.results.baseline import baseline_config, wants_baseline_run
 from rstitch.results.keys import run_key, run_tag
 from rstitch.results.summary import summarize_run
 
@@ -245,9 +246,21 @@ def comparison_root(results_root: str | Path, cfg: dict[str, Any]) -> Path:
     return Path(results_root) / cfg["pair"]["name"] / cfg["dataset"]["name"]
 
 
+def run_baseline(cfg: dict[str, Any], results_root: str | Path, logger=None) -> dict[str, Any] | None:
+    """With `baseline=auto`, the baseline (`llm_only`) run of `cfg`'s comparison key, run or
+    resumed (a finished one decodes nothing) before the method, so that its speedup is filled;
+    None when not asked for or when `cfg` is the baseline."""
+    if not wants_baseline_run(cfg):
+        return None
+    base = baseline_config(cfg)
+    return run(base, Path(results_root) / base["method"]["name"] / run_tag(base), logger=logger, results_root=results_root)
+
+
 def run_config(cfg: dict[str, Any], logger=None) -> dict[str, Any]:
-    """Run a composed config (see `cli.run.compose_config`) into its standard run directory."""
+    """Run a composed config (see `cli.run.compose_config`) into its standard run directory,
+    after its baseline when `baseline=auto`."""
     cfg = dict(cfg)
     cfg.pop("logger", None)
     root = comparison_root(cfg.pop("results_root"), cfg)
+    run_baseline(cfg, root, logger=logger)
     return run(cfg, root / cfg["method"]["name"] / run_tag(cfg), logger=logger, results_root=root)

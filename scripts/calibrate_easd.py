@@ -6,8 +6,9 @@ every evaluated benchmark: the testbed's validation split (the testbed evaluates
 or `--dataset limo`, GAIR/LIMO (817 problems), the calibration set of the EASD paper. An
 evaluated benchmark (a conf/dataset name) is refused: calibrating on it tunes tau_H on the test
 data. The value is stored under the
-pair's name in rstitch/methods/easd_calibration.json together with the model names, which is
-how `method=easd method.tau_h=auto` finds it at run time.
+pair's name, together with the model names, in the user's calibration file (--out; by default
+$RSTITCH_CACHE/easd_calibration.json, RSTITCH_CACHE defaulting to ~/.cache/rstitch), which is where
+`method=easd method.tau_h=auto` looks at run time (`method.calibration` names another file).
 
     python scripts/calibrate_easd.py                         # conf/pair/testbed.yaml, testbed validation split
     python scripts/calibrate_easd.py --pair qwen2.5_math_1.5b_7b --dataset limo --n 64 --prompt qwen_math_cot
@@ -24,7 +25,7 @@ import torch
 from rstitch.config_groups import group_choices, pair_config, prompt_format
 from rstitch.engines import load_pair
 from rstitch.errors import ConfigError
-from rstitch.methods.easd import CALIBRATION_FILE, store_calibration
+from rstitch.methods.easd import store_calibration, user_calibration_file
 from rstitch.methods.easd_calibration import CALIBRATION_SETS, calibrate, check_calibration_set, dataset_prompts, validation_prompts
 
 
@@ -40,7 +41,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n", type=int, default=64, help="number of validation prompts")
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--top-fraction", type=float, default=0.05, help="p of eq. 9")
-    parser.add_argument("--out", default=str(CALIBRATION_FILE))
+    parser.add_argument("--out", default=str(user_calibration_file()),
+                        help="the calibration file to add the entry to (default: %(default)s; method.calibration reads it)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args(argv)
     if args.threads:

@@ -50,7 +50,11 @@ def test_run_writes_samples_and_summary_and_resumes(tmp_path, tiny_pair, problem
         assert s["cost"]["slm"]["forward_calls"] > 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["n_samples"] == 4 and 0 <= summary["accuracy"] <= 1
-    assert summary["speedup"] is None  # no llm_only run yet
+    assert summary["speedup"] is None  # no llm_only run yet, and the console says why and what to run
+    note = proc.stdout.split("speedup -: ", 1)[1]
+    assert note.startswith(f"no llm_only run under {tmp_path / 'runs' / 'tiny' / 'math500'} yet; make it with")
+    baseline_command = note.splitlines()[1].split()
+    assert baseline_command[:2] == ["rstitch-run", "method=llm_only"] and "method.tau=0.3" not in baseline_command
 
     # A kill mid-write leaves a cut line; the rerun repairs it and redoes only that sample.
     text = (run_dir / "samples.jsonl").read_text().splitlines(keepends=True)
@@ -61,11 +65,13 @@ def test_run_writes_samples_and_summary_and_resumes(tmp_path, tiny_pair, problem
     assert again[:2] == samples[:2]
     assert again[2]["output_token_ids"] == samples[2]["output_token_ids"]  # same seed, same tokens
 
-    # The LLM-only run of the same pair, data and budget gives the speedup.
-    rstitch_run(tmp_path, *pair_overrides(tiny_pair), "dataset=math500", f"dataset.path={problems_file}", "method=llm_only")
-    rstitch_run(tmp_path, *base)
+    # The printed command makes the LLM-only run of the same pair, data and budget: it gives the speedup.
+    made = subprocess.run([sys.executable, "-m", "rstitch.cli.run", *baseline_command[1:]], capture_output=True, text=True,
+                          env={**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}, cwd=tmp_path, timeout=600)
+    assert made.returncode == 0, made.stderr[-3000:]
+    proc = rstitch_run(tmp_path, *base)
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["speedup"] is not None and summary["speedup"] > 0
+    assert summary["speedup"] is not None and summary["speedup"] > 0 and "speedup -:" not in proc.stdout
 
 
 @pytest.mark.slow
@@ -123,7 +129,10 @@ def test_wandb_offline_run_holds_the_pareto_point(tmp_path, tiny_pair, problems_
                        "dataset.limit=2", "logger=wandb")
     offline_runs = list((tmp_path / "runs" / "wandb").glob("offline-run-*"))
     assert len(offline_runs) == 1, proc.stdout[-2000:]
-    assert "accuracy" in proc.stdout and "latency_s" in proc.stdout
+    # W&B's run history and summary stay off the console (quiet), and our table comes last.
+    assert "Run summary" not in proc.stdout + proc.stderr and "Run history" not in proc.stdout + proc.stderr
+    lines = proc.stdout.rstrip().splitlines()
+    assert lines[-1].startswith("results: ") and lines[0].split()[:4] == ["method", "tag", "n", "accuracy"]
 
 
 def test_prm_group_feeds_the_prm_methods_and_their_run_key():

@@ -119,6 +119,9 @@ def test_olympiadbench_joins_final_answers_and_keeps_the_list():
     assert records[1].metadata["final_answer"] == ["$2$", "$3$"]
     assert records[1].metadata["is_multiple_answer"] is True
     assert "image_1" not in records[0].metadata  # empty image slots are dropped
+    # graded as math (the record's own "Numerical" would name no grader and fail every sample)
+    kinds = [(r.metadata["answer_type"], r.metadata["olympiadbench_answer_type"]) for r in records[:2]]
+    assert kinds == [("math", "Numerical")] * 2
     assert records[2].problem.startswith("Throughout, lengths are measured in centimetres.\n\nA circle")
 
 
@@ -126,6 +129,44 @@ def test_olympiadbench_accepts_a_list_written_as_a_python_literal(tmp_path):
     path = tmp_path / "ob.jsonl"
     path.write_text(json.dumps({"id": 1, "question": "q", "final_answer": "['$1$', '$-2$']"}) + "\n")
     assert load_dataset_records("olympiadbench", path=str(path))[0].answer == "1, -2"
+
+
+def write_olympiad_rows(path: Path, *rows: dict) -> Path:
+    """Rows in the Hothan/OlympiadBench format: final_answer a list of $...$ strings, error a
+    tolerance string or None."""
+    base = {"question": "q", "context": None, "error": None, "is_multiple_answer": False, "unit": None,
+            "answer_type": "Numerical"}
+    path.write_text("".join(json.dumps({**base, **row}) + "\n" for row in rows))
+    return path
+
+
+def test_olympiadbench_multi_part_answers_lose_every_dollar(tmp_path):
+    path = write_olympiad_rows(tmp_path / "ob.jsonl",
+                               {"id": 1, "final_answer": ["$x=1$, $y=-2$"], "is_multiple_answer": True},
+                               {"id": 2, "final_answer": ["$$\\frac{1}{2}$$", "$3$"], "is_multiple_answer": True},
+                               {"id": 3, "final_answer": ["costs \\$5"]})
+    answers = [r.answer for r in load_dataset_records("olympiadbench", path=str(path))]
+    assert answers == ["x=1, y=-2", "\\frac{1}{2}, 3", "costs \\$5"]  # an escaped \\$ is not a delimiter
+
+
+def test_olympiadbench_error_becomes_a_tolerance_that_grading_honours(tmp_path):
+    from rstitch.grading import grade_sample
+
+    path = write_olympiad_rows(tmp_path / "ob.jsonl", {"id": 2592, "final_answer": ["$4.2$"], "error": "0.1"},
+                               {"id": 7, "final_answer": ["$1$, $3$"], "error": ",2e-1"},
+                               {"id": 8, "final_answer": ["$5$"], "error": ""})
+    records = load_dataset_records("olympiadbench", path=str(path))
+    assert [r.metadata.get("tolerance") for r in records] == [[0.1], [None, 0.2], None]
+    assert grade_sample("\\boxed{4.16}", records[0].answer, metadata=records[0].metadata)["correct"] is True
+    assert grade_sample("\\boxed{1, 3.15}", records[1].answer, metadata=records[1].metadata)["correct"] is True
+    assert grade_sample("\\boxed{1.1, 3}", records[1].answer, metadata=records[1].metadata)["correct"] is False
+
+
+def test_olympiadbench_unreadable_error_is_one_error_line(tmp_path):
+    path = write_olympiad_rows(tmp_path / "ob.jsonl", {"id": 5, "final_answer": ["$1$"], "error": "about 0.1"})
+    with pytest.raises(ConfigError, match=r"olympiadbench record 5: error 'about 0.1' is not a tolerance") as err:
+        load_dataset_records("olympiadbench", path=str(path))
+    assert "\n" not in str(err.value)
 
 
 def test_gpqa_renders_shuffled_options_and_the_correct_letter():

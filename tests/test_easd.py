@@ -171,17 +171,43 @@ def test_greedy_entropies_follow_the_greedy_trace(tiny_runners):
     assert entropies == pytest.approx([d.entropy for d in scored], abs=1e-3)
 
 
-def test_auto_tau_reads_the_calibration_of_the_pair(tiny_runners, tmp_path, monkeypatch):
-    monkeypatch.setattr(easd, "CALIBRATION_FILE", tmp_path / "calibration.json")
-    method = build_method("easd", tau_h="auto")
+def test_auto_tau_reads_the_calibration_of_the_pair(tiny_runners, tmp_path):
+    user_file = tmp_path / "cache" / "calibration.json"
+    method = build_method("easd", tau_h="auto", calibration=str(user_file))
     with pytest.raises(ConfigError) as err:
         method.penalty_for(tiny_runners)
-    assert "\n" not in str(err.value) and "calibrate_easd" in str(err.value)
+    assert "\n" not in str(err.value) and "calibrate_easd" in str(err.value) and str(user_file) in str(err.value)
     entry = {"tau_h": 1.25, "slm": tiny_runners.slm.name, "llm": tiny_runners.llm.name}
-    easd.store_calibration("tiny", entry)
-    easd.store_calibration("other", {**entry, "slm": "elsewhere", "tau_h": 9.0})
-    assert build_method("easd", tau_h="auto").penalty_for(tiny_runners).tau_h == 1.25
-    assert set(json.loads((tmp_path / "calibration.json").read_text())) == {"tiny", "other"}
+    easd.store_calibration("tiny", entry, user_file)  # creates the folder
+    easd.store_calibration("other", {**entry, "slm": "elsewhere", "tau_h": 9.0}, user_file)
+    assert build_method("easd", tau_h="auto", calibration=str(user_file)).penalty_for(tiny_runners).tau_h == 1.25
+    assert set(json.loads(user_file.read_text())) == {"tiny", "other"}
+    user_file.write_text("{not json")
+    with pytest.raises(ConfigError, match=r"calibration\.json is not JSON"):
+        build_method("easd", tau_h="auto", calibration=str(user_file)).penalty_for(tiny_runners)
+
+
+def test_the_packaged_calibration_is_read_after_the_users(tiny_runners, tmp_path, monkeypatch):
+    """The testbed's entry ships with the package (read-only); a user's entry for the same pair wins."""
+    packaged = tmp_path / "packaged.json"
+    entry = {"slm": tiny_runners.slm.name, "llm": tiny_runners.llm.name}
+    easd.store_calibration("tiny", {**entry, "tau_h": 0.5}, packaged)
+    monkeypatch.setattr(easd, "PACKAGED_CALIBRATION", packaged)
+    missing = tmp_path / "none.json"
+    assert build_method("easd", tau_h="auto", calibration=str(missing)).penalty_for(tiny_runners).tau_h == 0.5
+    easd.store_calibration("tiny", {**entry, "tau_h": 2.0}, missing)
+    assert build_method("easd", tau_h="auto", calibration=str(missing)).penalty_for(tiny_runners).tau_h == 2.0
+    assert json.loads(packaged.read_text())["tiny"]["tau_h"] == 0.5  # never written
+
+
+def test_the_calibration_file_is_read_through_the_config(monkeypatch, tmp_path):
+    from rstitch.cli.run import compose_config
+
+    monkeypatch.setenv("RSTITCH_CACHE", str(tmp_path))
+    assert compose_config(["method=easd"])["method"]["calibration"] == f"{tmp_path}/easd_calibration.json"
+    monkeypatch.delenv("RSTITCH_CACHE")
+    assert compose_config(["method=easd"])["method"]["calibration"] == "~/.cache/rstitch/easd_calibration.json"
+    assert easd.user_calibration_file() == Path.home() / ".cache" / "rstitch" / "easd_calibration.json"
 
 
 @pytest.mark.slow

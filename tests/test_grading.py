@@ -156,6 +156,37 @@ def test_grade(response, gold, expected):
     assert grade(response, gold) is expected
 
 
+@pytest.mark.parametrize(
+    "response, gold, tolerance, expected",
+    [
+        ("\\boxed{4.16}", "4.2", [0.1], True),      # OlympiadBench record 2592: gold 4.2, error 0.1
+        ("\\boxed{4.16}", "4.2", None, False),      # without the tolerance it is wrong
+        ("\\boxed{4.35}", "4.2", [0.1], False),     # 0.15 away
+        ("\\boxed{4.301}", "4.2", [0.1], True),     # the judge's 1% slack: 0.101
+        ("\\boxed{1.02, 2.9}", "1, 3", [0.05, 0.2], True),
+        ("\\boxed{2.9, 1.02}", "1, 3", [0.05, 0.2], True),   # parts pair up in any order
+        ("\\boxed{1.02, 2.9}", "1, 3", [0.05, None], False),  # an empty entry: that part is exact
+        ("\\boxed{1.02}", "1, 3", [0.05], False),   # a part missing
+        ("\\boxed{\\frac{21}{5}}", "4.2", [0.1], True),  # equivalent forms still count
+        ("\\boxed{x}", "4.2", [0.1], False),
+    ],
+)
+def test_grade_honours_a_tolerance(response, gold, tolerance, expected):
+    assert grade(response, gold, tolerance=tolerance) is expected
+
+
+def test_grade_sample_reads_the_tolerance_of_a_record():
+    metadata = {"tolerance": [0.1], "answer_type": None}
+    assert verify.grade_sample("so \\boxed{4.16}", "4.2", metadata=metadata)["correct"] is True
+    assert verify.grade_sample("so \\boxed{4.16}", "4.2", metadata={})["correct"] is False
+
+
+def test_split_parts_keeps_commas_inside_brackets_and_numbers():
+    assert verify.split_parts("(1, 2), [3,4], \\{5,6\\}") == ["(1, 2)", "[3,4]", "\\{5,6\\}"]
+    assert verify.split_parts("1,000") == ["1,000"]
+    assert verify.split_parts("$2, 3$") == ["2", "3"]
+
+
 def test_grade_multiple_choice():
     assert grade("Therefore the answer is (C).", "C", multiple_choice=True)
     assert grade("\\boxed{c}", "C", multiple_choice=True) is False  # lower case is not an option label

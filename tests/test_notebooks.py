@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
 import test_analysis
 from test_analysis import SWEEP_POINTS
@@ -39,16 +40,16 @@ def monkeypatch_module():
         yield patch
 
 
-def run_notebook(name: str, results: Path, kernel: str, monkeypatch) -> nbformat.NotebookNode:
-    monkeypatch.setenv("RSTITCH_RESULTS", str(results))
-    monkeypatch.setenv("RSTITCH_MAX_SAMPLES", "2")
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    monkeypatch.delenv("RSTITCH_WANDB_PROJECT", raising=False)
-    notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
-    client = NotebookClient(notebook, kernel_name=kernel, timeout=300,
-                            resources={"metadata": {"path": str(NOTEBOOKS)}})
-    client.execute()  # raises CellExecutionError, with the cell and traceback, on any failing cell
-    return notebook
+def run_notebook(name: str, results: Path, kernel: str, out_dir: Path) -> nbformat.NotebookNode:
+    """The command of docs/analysis.md, `jupyter nbconvert --to notebook --execute`, with the
+    kernel of this interpreter and the output written to `out_dir`."""
+    env = {**os.environ, "RSTITCH_RESULTS": str(results), "RSTITCH_MAX_SAMPLES": "2", "OMP_NUM_THREADS": "1"}
+    env.pop("RSTITCH_WANDB_PROJECT", None)
+    command = [sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute", str(NOTEBOOKS / name),
+               "--output-dir", str(out_dir), f"--ExecutePreprocessor.kernel_name={kernel}", "--ExecutePreprocessor.timeout=300"]
+    proc = subprocess.run(command, cwd=NOTEBOOKS, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]  # a failing cell: its traceback
+    return nbformat.read(out_dir / name, as_version=4)  # in another folder nbconvert keeps the name
 
 
 def outputs(notebook: nbformat.NotebookNode) -> tuple[int, str]:
@@ -62,8 +63,8 @@ def outputs(notebook: nbformat.NotebookNode) -> tuple[int, str]:
     return images, "\n".join(text)
 
 
-def test_pareto_notebook(analysis_sweep, kernel_of_this_interpreter, monkeypatch):
-    notebook = run_notebook("pareto.ipynb", analysis_sweep, kernel_of_this_interpreter, monkeypatch)
+def test_pareto_notebook(analysis_sweep, kernel_of_this_interpreter, tmp_path):
+    notebook = run_notebook("pareto.ipynb", analysis_sweep, kernel_of_this_interpreter, tmp_path)
     images, text = outputs(notebook)
     # One frontier and one acceptance figure (one group), and a per-problem figure per method but llm_only.
     methods = {p[0] for p in SWEEP_POINTS} - {"method=llm_only"}
@@ -73,8 +74,8 @@ def test_pareto_notebook(analysis_sweep, kernel_of_this_interpreter, monkeypatch
         assert table in text
 
 
-def test_entropy_notebook(analysis_sweep, kernel_of_this_interpreter, monkeypatch):
-    notebook = run_notebook("entropy.ipynb", analysis_sweep, kernel_of_this_interpreter, monkeypatch)
+def test_entropy_notebook(analysis_sweep, kernel_of_this_interpreter, tmp_path):
+    notebook = run_notebook("entropy.ipynb", analysis_sweep, kernel_of_this_interpreter, tmp_path)
     images, text = outputs(notebook)
     assert images == 2 + 1  # entropy of slm_only and llm_only traces; speedup vs consistency
     assert "mean_entropy" in text and "consistency" in text and "SLM" in text and "LLM" in text

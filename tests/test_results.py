@@ -4,8 +4,10 @@ import pytest
 
 from rstitch.errors import ConfigError
 from rstitch.results import SampleStore, find_speedup, find_speedups, load_summaries, pareto_front, summarize_samples
+from rstitch.results.baseline import missing_baseline_note
 from rstitch.results.keys import comparison_key, run_tag
 from rstitch.results.weights import fingerprint, method_weights
+from rstitch.runner import format_table
 
 
 def sample(i, correct=True, latency=1.0, tokens=10):
@@ -63,6 +65,37 @@ def test_summary_and_speedup():
     llm = {"method": "llm_only", "latency_s": 5.0, "comparison_key": key}
     assert find_speedup({"latency_s": 2.0, "comparison_key": key}, [llm]) == 2.5
     assert find_speedup({"latency_s": 2.0, "comparison_key": {"pair": "y"}}, [llm]) is None
+
+
+def write_summary(root, name: str, **summary) -> None:
+    run_dir = root / name
+    run_dir.mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+
+
+def test_a_missing_speedup_says_why_and_how_to_make_the_baseline(tmp_path):
+    key = {"dataset": {"limit": 2}, "engine": {"num_threads": 1}, "max_new_tokens": 32}
+    run = {"method": "rstitch", "speedup": None, "comparison_key": key}
+    overrides = ["dataset.limit=2", "method=rstitch", "method.tau=0.1", "+method.x=1", "baseline=null", "prompt.system=a b"]
+    note = missing_baseline_note(run, tmp_path, overrides)
+    assert note.splitlines() == [f"speedup -: no llm_only run under {tmp_path} yet; make it with",
+                                 "  rstitch-run method=llm_only dataset.limit=2 'prompt.system=a b'",
+                                 "or rerun with baseline=auto, which runs it first"]
+    write_summary(tmp_path, "far", method="llm_only", comparison_key={**key, "dataset": {"limit": 5}, "max_new_tokens": 64})
+    near = {**key, "dataset": {"limit": 5}, "engine": {"num_threads": 2}}
+    write_summary(tmp_path, "near", method="llm_only", comparison_key=near)
+    note = missing_baseline_note(run, tmp_path, overrides)
+    assert "has this run's comparison key (the nearest differs in: dataset.limit, engine.num_threads)" in note
+    assert missing_baseline_note({**run, "speedup": 1.5}, tmp_path, overrides) is None
+    assert missing_baseline_note({**run, "method": "llm_only"}, tmp_path, overrides) is None
+
+
+def test_format_table_has_one_row_per_run():
+    rows = [{"method": "llm_only", "run_tag": "ab12", "n_samples": 2, "accuracy": 0.5, "latency_s": 1.0, "speedup": 1.0},
+            {"method": "rstitch", "run_tag": "tau=0.1_cd34", "n_samples": 2, "accuracy": 0.25, "latency_s": 0.5}]
+    lines = format_table(*rows).splitlines()
+    assert len(lines) == 3 and len({len(line) for line in lines}) == 1  # aligned
+    assert lines[1].split()[:5] == ["llm_only", "ab12", "2", "0.500", "1.000"] and lines[2].split()[-2:] == ["-", "-"]
 
 
 def test_tokens_per_s_speedup_is_reported_beside_the_latency_ratio():

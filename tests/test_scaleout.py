@@ -278,6 +278,11 @@ def test_two_point_sweep_through_submitit_local(tmp_path, tiny_pair):
     proc = run_cli("-m", "hydra/launcher=local", *tiny_overrides(tiny_pair, problems, root, budget=8),
                    "engine.num_threads=1", "method.tau=0.1,0.9", cwd=tmp_path)
     assert "Submitit 'local' sweep output dir" in proc.stderr + proc.stdout
+    # The jobs' own output goes to .submitit/; the sweep's table is printed on the console, last.
+    *_, sweep_line, note = proc.stdout.rstrip().splitlines()
+    assert sweep_line == f"sweep: 2 runs under {root}" and note.startswith("speedup -: no llm_only run")
+    assert "tau=0.1_" in proc.stdout and "tau=0.9_" in proc.stdout
+    assert not (root / ".submitit" / "%j").exists()  # no directory named after the unformatted job id
     dirs = run_dirs(root, "rstitch")
     assert [d.name.split("_")[0] for d in dirs] == ["tau=0.1", "tau=0.9"]
     assert all(json.loads((d / "summary.json").read_text())["n_samples"] == 2 for d in dirs)
@@ -299,6 +304,30 @@ def test_every_sweep_point_uses_the_one_shared_baseline(tmp_path, tiny_pair):
         assert point["comparison_key"] == baselines["llm_only"]["comparison_key"]
         assert point["speedup"] == pytest.approx(baselines["llm_only"]["latency_s"] / point["latency_s"])
     assert baselines["slm_only"]["speedup"] == pytest.approx(baselines["llm_only"]["latency_s"] / baselines["slm_only"]["latency_s"])
+
+
+def test_baseline_auto_runs_the_matching_baseline_first_and_reuses_it(tmp_path, tiny_pair):
+    problems = write_problems(tmp_path / "problems.jsonl", 2)
+    root = tmp_path / "runs"
+    point = run_in_process(tiny_pair, problems, root, "method=rstitch", "method.tau=0.5", "baseline=auto")
+    [llm_dir] = run_dirs(root, "llm_only")
+    baseline = json.loads((llm_dir / "summary.json").read_text())
+    assert baseline["comparison_key"] == point["comparison_key"] and baseline["n_samples"] == 2
+    assert point["speedup"] == pytest.approx(baseline["latency_s"] / point["latency_s"])
+    before = (llm_dir / "samples.jsonl").read_bytes()
+    other = run_in_process(tiny_pair, problems, root, "method=random", "method.p=0.5", "baseline=auto")
+    assert (llm_dir / "samples.jsonl").read_bytes() == before and other["speedup"] is not None  # reused, not decoded again
+    assert run_dirs(root, "llm_only") == [llm_dir]
+
+
+def test_baseline_is_no_part_of_the_run_key(tmp_path, tiny_pair):
+    problems = write_problems(tmp_path / "problems.jsonl", 2)
+    plain = compose_config(tiny_overrides(tiny_pair, problems, tmp_path))
+    auto = compose_config([*tiny_overrides(tiny_pair, problems, tmp_path), "baseline=auto"])
+    assert plain["baseline"] is None and auto["baseline"] == "auto"
+    assert run_key(auto) == run_key(plain) and run_tag(auto) == run_tag(plain)
+    with pytest.raises(ConfigError, match=r"^baseline must be null or auto, got 'yes'$"):
+        run_config(compose_config([*tiny_overrides(tiny_pair, problems, tmp_path), "baseline=yes"]))
 
 
 # --------------------------------------------------------------------------- experiment presets

@@ -17,12 +17,12 @@ from typing import Any, Iterable, Mapping
 import pandas as pd
 import yaml
 
+from rstitch.configs import CONF_DIR
 from rstitch.errors import ConfigError
 from rstitch.methods import baseline_method, method_class, method_rank
 from rstitch.results.keys import comparison_key, is_sharded, short_hash
 from rstitch.results.store import SAMPLES_FILE, SUMMARY_FILE, iter_samples
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 # The method every speedup is measured against (`baseline = "target"` on its class: llm_only).
 BASELINE = baseline_method()
 

@@ -18,7 +18,8 @@ from typing import Any, Sequence
 
 from rstitch.data import load_dataset_records
 from rstitch.errors import ConfigError
-from rstitch.results.keys import is_sharded, run_key, run_tag, unsharded
+from rstitch.results.keys import is_sharded, key_differences, run_key, run_tag, unsharded
+from rstitch.results.metrics import baseline_method
 from rstitch.results.store import (RUN_KEY_FILE, SAMPLES_FILE, SUMMARY_FILE, SampleStore, iter_samples, sample_key,
                                    write_samples)
 from rstitch.results.summary import format_table, summarize_run
@@ -75,21 +76,11 @@ def _without_shard_index(key: dict[str, Any]) -> dict[str, Any]:
     return {**key, "dataset": {k: v for k, v in key["dataset"].items() if k != "shard"}}
 
 
-def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
-    """Dotted paths of the leaves where two configs differ."""
-    if not (isinstance(a, dict) and isinstance(b, dict)):
-        return [] if a == b else [prefix.rstrip(".") or "value"]
-    out: list[str] = []
-    for k in sorted(set(a) | set(b)):
-        out += _differences(a.get(k), b.get(k), f"{prefix}{k}.")
-    return out
-
-
 def check_one_configuration(shards: list[Shard]) -> None:
     """The same run key apart from `dataset.shard`; each of the n shards exactly once."""
     first = shards[0]
     for shard in shards[1:]:
-        changed = _differences(_without_shard_index(first.key), _without_shard_index(shard.key))
+        changed = key_differences(_without_shard_index(first.key), _without_shard_index(shard.key))
         if changed:
             raise ConfigError(f"{shard.dir} and {first.dir} are not shards of one configuration "
                               f"(differ in: {', '.join(changed)})")
@@ -175,8 +166,6 @@ def find_shard_groups(roots: Sequence[str | Path]) -> list[list[Shard]]:
 def merge(groups: list[list[Shard]]) -> list[tuple[MergePlan, dict[str, Any]]]:
     """Check every group, then write them, the LLM-only baseline first so that the others find it
     for speedups."""
-    from rstitch.methods import baseline_method
-
     plans = sorted((plan_merge(g) for g in groups), key=lambda p: (p.method != baseline_method(), str(p.target)))
     return [(plan, write_merge(plan)) for plan in plans]
 

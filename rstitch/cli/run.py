@@ -11,10 +11,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from rstitch.configs import CONF_DIR
 from rstitch.errors import ConfigError
 from rstitch.results.keys import run_tag
-
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 def _testbed_asset(name: str) -> str:
@@ -112,15 +111,18 @@ def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def app(cfg: DictConfig) -> None:
+    from rstitch.results.baseline import missing_baseline_note
     from rstitch.results.summary import format_table
-    from rstitch.runner import comparison_root, run
+    from rstitch.runner import comparison_root, run, run_baseline
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     interrupted = False
     try:
         resolved = _run_config(cfg)
         logger = instantiate(resolved.pop("logger"))
-        summary = run(resolved, run_dir, logger=logger, results_root=comparison_root(resolved.pop("results_root"), resolved))
+        root = comparison_root(resolved.pop("results_root"), resolved)
+        baseline = run_baseline(resolved, root, logger=logger)  # baseline=auto: run or resume it first
+        summary = run(resolved, run_dir, logger=logger, results_root=root)
     except ConfigError as err:
         discard_if_empty(run_dir)
         fail(str(err))
@@ -131,7 +133,11 @@ def app(cfg: DictConfig) -> None:
         print(f"\nrstitch-run: interrupted: {saved_samples(run_dir)} samples saved in {run_dir}; "
               "rerun the same command to resume", file=sys.stderr)
         sys.exit(130)
-    print(format_table(summary))
+    # Last on the console, after the loggers' output: the table, why a speedup is missing, where the results are.
+    print(format_table(*filter(None, [baseline, summary])))
+    note = missing_baseline_note(summary, root, HydraConfig.get().overrides.task)
+    if note:
+        print(note)
     print(f"results: {run_dir}")
 
 

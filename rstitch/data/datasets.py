@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import random
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -334,13 +335,38 @@ def normalize_minerva(row: Row, record_id: str) -> Record:
 
 def normalize_olympiadbench(row: Row, record_id: str) -> Record:
     """Gold = the ``final_answer`` list, without $...$, joined with ", " (the list as given is
-    kept in metadata); a shared ``context`` paragraph is put before the question."""
+    kept in metadata); a shared ``context`` paragraph is put before the question. The ``error``
+    field (an absolute tolerance, or one per answer part: "0.1", "1e-3,0.2") becomes
+    ``metadata["tolerance"]``, which grading honours; its ``answer_type`` becomes
+    ``olympiadbench_answer_type``."""
     answers = _as_list(row.get("final_answer"))
     context = _first_text(row, "context")
     question = _first_text(row, "question", "problem")
     problem = f"{context}\n\n{question}" if context else question
-    metadata = {k: v for k, v in _rest(row, "question", "id").items() if v is not None}
+    metadata = {k: v for k, v in _rest(row, "question", "id", "answer_type").items() if v is not None}
+    # Its own answer_type ("Numerical", "Expression", ...) is kept apart: the grader's key says math.
+    metadata.update(answer_type="math", olympiadbench_answer_type=row.get("answer_type"))
+    tolerance = _tolerances(row.get("error"), record_id)
+    if tolerance:
+        metadata["tolerance"] = tolerance
     return Record(record_id, problem, ", ".join(answers), metadata)
+
+
+def _tolerances(error: Any, record_id: str) -> list[float | None]:
+    """OlympiadBench's ``error``: one tolerance for every answer part, or one per part separated
+    by commas, where an empty entry means that part is exact. None or "" means no tolerance."""
+    if error is None or isinstance(error, bool):
+        return []
+    if isinstance(error, (int, float)):
+        return [float(error)]
+    entries = [entry.strip() for entry in str(error).split(",")]
+    if not any(entries):
+        return []
+    try:
+        return [float(entry) if entry else None for entry in entries]
+    except ValueError:
+        raise ConfigError(f"olympiadbench record {record_id}: error {error!r} is not a tolerance "
+                          "(a number, or numbers separated by commas)") from None
 
 
 def _as_list(value: Any) -> list[str]:
@@ -355,12 +381,13 @@ def _as_list(value: Any) -> list[str]:
     return [_without_dollars(str(item)) for item in value if item is not None and str(item).strip()]
 
 
+_MATH_DOLLARS = re.compile(r"(?<!\\)\$+")  # $ and $$ math delimiters, not an escaped \$
+
+
 def _without_dollars(answer: str) -> str:
-    """"$8\\pi$" -> "8\\pi", so that joined answers read "2, 3" rather than "$2$, $3$"."""
-    text = answer.strip()
-    while len(text) >= 2 and text.startswith("$") and text.endswith("$"):
-        text = text[1:-1].strip()
-    return text
+    """"$8\\pi$" -> "8\\pi", and a multi-part "$x=1$, $y=2$" -> "x=1, y=2": every unescaped
+    dollar sign of an answer is a math delimiter."""
+    return _MATH_DOLLARS.sub("", answer).strip()
 
 
 GPQA_LETTERS = "ABCD"

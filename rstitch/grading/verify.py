@@ -21,7 +21,7 @@ import threading
 import time
 from decimal import Decimal
 from pathlib import Path
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rstitch.grading.extract import extract_answer
@@ -35,17 +35,65 @@ MAX_EXPONENT_DIGITS = 15  # Decimal cannot hold larger exponents; such strings a
 MAX_SYMPY_EXPONENT = 300  # beyond a float's range math-verify would build the whole power (1e1000000000)
 
 
-def grade(response: str, gold: str, multiple_choice: bool = False, timeout_s: float = 5.0) -> bool:
+def grade(response: str, gold: str, multiple_choice: bool = False, timeout_s: float = 5.0,
+          tolerance: Sequence[float | None] | None = None) -> bool:
     """True iff the final answer in ``response`` is equivalent to ``gold``.
 
-    A comparison that takes longer than ``timeout_s`` counts as wrong.
+    A comparison that takes longer than ``timeout_s`` counts as wrong. ``tolerance`` (a record's
+    ``metadata["tolerance"]``, OlympiadBench's ``error``) also accepts numbers within it of the
+    gold's: see ``within_tolerance``.
     """
     predicted = extract_answer(response, multiple_choice=multiple_choice)
     if predicted is None:
         return False
     if multiple_choice:
         return predicted.strip().upper() == _gold_letter(gold)
+    if tolerance and within_tolerance(predicted, gold, tolerance):
+        return True
     return is_equivalent(predicted, gold, timeout_s=timeout_s)
+
+
+TOLERANCE_SLACK = 1.01  # OlympiadBench's judge accepts |gold - answer| <= error * 1.01 (float rounding)
+
+
+def within_tolerance(predicted: str, gold: str, tolerance: Sequence[float | None]) -> bool:
+    """OlympiadBench's numeric tolerance: the answer's comma-separated parts pair up with the
+    gold's (in any order), and each pair is two numbers at most its part's tolerance apart.
+    ``tolerance`` has one entry for every part, or one per part (None: that part is exact)."""
+    gold_parts, predicted_parts = split_parts(gold), split_parts(predicted)
+    if len(gold_parts) != len(predicted_parts):
+        return False
+    limits = list(tolerance) * len(gold_parts) if len(tolerance) == 1 else list(tolerance)
+    if len(limits) != len(gold_parts):
+        return False
+    unused = [_as_number(normalize_answer(part)) for part in predicted_parts]
+    for part, limit in zip(gold_parts, limits):
+        reference = _as_number(normalize_answer(part))
+        if reference is None:
+            return False
+        slack = Decimal(str(limit or 0)) * Decimal(str(TOLERANCE_SLACK))
+        match = next((i for i, value in enumerate(unused) if value is not None and abs(value - reference) <= slack), None)
+        if match is None:
+            return False
+        unused[match] = None
+    return True
+
+
+def split_parts(answer: str) -> list[str]:
+    """The comma-separated parts of an answer, commas inside brackets or braces kept
+    ("(1, 2), 3" has two parts)."""
+    parts, depth, start = [], 0, 0
+    text = _strip_delimiters(answer.strip())
+    if _THOUSANDS_RE.match(text):  # "1,000" is one number
+        return [text]
+    for index, char in enumerate(text):
+        depth += char in "([{"
+        depth -= char in ")]}"
+        if char == "," and depth == 0:
+            parts.append(text[start:index].strip())
+            start = index + 1
+    parts.append(text[start:].strip())
+    return parts
 
 
 ANSWER_TYPES = ("math", "multiple_choice", "code", "zebra_grid", "python_literal")
@@ -61,8 +109,9 @@ def grade_sample(response: str, gold: str, multiple_choice: bool = False, timeou
         if answer_type not in ("math", "multiple_choice"):
             return _grade_structured(response, gold, answer_type, metadata or {})
         choice = answer_type == "multiple_choice"
+        tolerance = (metadata or {}).get("tolerance")
         return {"answer": extract_answer(response, multiple_choice=choice),
-                "correct": grade(response, gold, multiple_choice=choice, timeout_s=timeout_s)}
+                "correct": grade(response, gold, multiple_choice=choice, timeout_s=timeout_s, tolerance=tolerance)}
     except Exception as err:  # noqa: BLE001 - recorded on the sample and counted in the summary
         reason = f"{type(err).__name__}: {err}"[:500]
         logger.warning("grading failed; sample counted as wrong (%s)", reason)

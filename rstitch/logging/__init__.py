@@ -23,14 +23,17 @@ class WandbLogger(NullLogger):
     """One W&B run per configuration: its summary holds the Pareto point; a table holds samples.
 
     The run id derives from the run key, so a resumed run continues the same W&B run. Without an
-    API key (and no explicit mode) it logs offline.
+    API key (and no explicit mode) it logs offline. `quiet` (W&B's setting) leaves out W&B's run
+    history and summary on the console, which would otherwise bury the result table.
     """
 
     TABLE_COLUMNS = ("id", "sample_index", "correct", "latency_s", "tokens", "tokens_slm", "tokens_llm", "switches", "answer", "gold")
 
     def __init__(self, project: str = "rstitch", entity: str | None = None, mode: str = "auto",
-                 group: str | None = None, tags: list[str] | None = None, dir: str | None = None):
+                 group: str | None = None, tags: list[str] | None = None, dir: str | None = None,
+                 quiet: bool = True):
         self.project, self.entity, self.group, self.tags, self.dir = project, entity, group, tags, dir
+        self.quiet = quiet
         if mode == "auto":
             mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
         self.mode = mode
@@ -42,8 +45,14 @@ class WandbLogger(NullLogger):
         self.run = wandb.init(
             project=self.project, entity=self.entity, mode=self.mode, group=self.group, tags=self.tags,
             name=name, config=config, id=hashlib.sha1(run_id.encode()).hexdigest()[:16], resume="allow",
-            dir=self.dir, reinit="finish_previous",
+            dir=self.dir, reinit="finish_previous", settings=self.settings(),
         )
+
+    def settings(self) -> Any:
+        """W&B's settings of every run this logger starts (the sweep summary's too)."""
+        import wandb
+
+        return wandb.Settings(quiet=self.quiet)
 
     def log_sample(self, record: dict[str, Any]) -> None:
         self.run.log({"sample/correct": float(record["correct"]), "sample/latency_s": record["latency_s"],

@@ -2,14 +2,17 @@
 (a table, the Pareto frontier flagged per comparison group), a native scatter plot of accuracy vs
 latency, and the accuracy-latency figures.
 
-`SweepSummary` is a Hydra callback (conf/config.yaml, `hydra.callbacks`). It acts only when the
-multirun logs to W&B (`logger=wandb`); the jobs' run directories come from `on_job_end`, or,
-when a launcher runs the jobs in other processes (submitit), from the runs under the sweep
-directory whose summary was written after the multirun started.
+`SweepSummary` is a Hydra callback (conf/config.yaml, `hydra.callbacks`). After every multirun it
+prints one table of the sweep's runs, last on the console (with the submitit launchers the jobs'
+own output goes to `.submitit/`, so this is the only result shown); with `logger=wandb` it logs
+the W&B summary first. The jobs' run directories come from `on_job_end`, or, when a launcher runs
+the jobs in other processes (submitit), from the runs under the sweep directory whose summary was
+written after the multirun started.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -44,15 +47,30 @@ class SweepSummary(Callback):
 
         from rstitch.logging import WandbLogger
 
-        logger = instantiate(config.logger)
-        if not isinstance(logger, WandbLogger):
-            return
         sweep_dir = Path(config.hydra.sweep.dir)
         run_dirs = self.run_dirs or finished_since(sweep_dir, self.started)
-        try:
-            log_sweep_summary(run_dirs, logger, name=f"sweep/{sweep_dir.name}")
-        except ConfigError as err:  # the jobs' results stand; only the summary is missing
-            print(f"rstitch-run: warning: no W&B sweep summary: {err}", file=sys.stderr)
+        logger = instantiate(config.logger)
+        if isinstance(logger, WandbLogger):
+            try:
+                log_sweep_summary(run_dirs, logger, name=f"sweep/{sweep_dir.name}")
+            except ConfigError as err:  # the jobs' results stand; only the summary is missing
+                print(f"rstitch-run: warning: no W&B sweep summary: {err}", file=sys.stderr)
+        print(sweep_table(run_dirs, sweep_dir), flush=True)
+
+
+def sweep_table(run_dirs: list[Path], sweep_dir: Path) -> str:
+    """The result table of a multirun's runs, and what to do about missing speedups."""
+    from rstitch.results.metrics import baseline_method
+    from rstitch.runner import format_table
+
+    summaries = [json.loads((d / SUMMARY_FILE).read_text()) for d in run_dirs]
+    if not summaries:
+        return f"sweep: no run finished under {sweep_dir}"
+    lines = [format_table(*summaries), f"sweep: {len(summaries)} runs under {sweep_dir}"]
+    if any(s.get("speedup") is None and s.get("method") != baseline_method() for s in summaries):
+        lines.append(f"speedup -: no {baseline_method()} run with the same comparison key (each run's output says why); "
+                     "rerun with baseline=auto, which runs it first")
+    return "\n".join(lines)
 
 
 def finished_since(root: Path, start: float) -> list[Path]:
@@ -75,7 +93,8 @@ def log_sweep_summary(run_dirs: list[Path], logger: Any, name: str) -> str:
     run_id = hashlib.sha1("\n".join(sorted(map(str, runs["run_dir"]))).encode()).hexdigest()[:16]
     run = wandb.init(project=logger.project, entity=logger.entity, mode=logger.mode, group=logger.group,
                      tags=logger.tags, dir=logger.dir, name=name, id=run_id, job_type="sweep-summary",
-                     resume="allow", reinit="finish_previous", config={"run_dirs": list(points["run_dir"])})
+                     resume="allow", reinit="finish_previous", config={"run_dirs": list(points["run_dir"])},
+                     settings=logger.settings())
     payload: dict[str, Any] = {
         "sweep/points": table,
         "sweep/accuracy_vs_latency": wandb.plot.scatter(table, "latency_s", "accuracy", title="accuracy vs latency (s)"),

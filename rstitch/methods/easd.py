@@ -9,8 +9,10 @@ text fixes tau_O = 0.8 as "at least four out of the top-5 tokens coincide": we f
 meaning (with n = 5 the strict sign would need all five). Both models being unsure yet agreeing on the candidates is where a
 plausible-but-wrong draft token slips through the ratio test.
 
-tau_H is calibrated per pair (eqs. 8-10, scripts/calibrate_easd.py) and stored in
-easd_calibration.json next to this module; `tau_h: auto` reads it. The ablations of the paper's
+tau_H is calibrated per pair (eqs. 8-10, scripts/calibrate_easd.py) and stored in the user's
+calibration file (`method.calibration`, by default $RSTITCH_CACHE/easd_calibration.json);
+`tau_h: auto` reads the pair's entry there, else in easd_calibration.json next to this module
+(shipped with the package: the testbed pair's). The ablations of the paper's
 Table 2 drop the overlap condition (`use_overlap: false`), the draft-entropy condition
 (`use_draft_entropy: false`), or both.
 """
@@ -19,17 +21,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
 from rstitch.engines import ModelPair, Sampler, TokenDistribution
+from rstitch.engines.packaged import cache_root
 from rstitch.errors import ConfigError
 from rstitch.methods.base import DecodeContext, DecodeResult, Method, register_method, require_int, require_number
 from rstitch.methods.spec_stats import summarize_spec
 from rstitch.methods.specdec import SpeculativeDecoder
 
-CALIBRATION_FILE = Path(__file__).with_name("easd_calibration.json")
+PACKAGED_CALIBRATION = Path(__file__).with_name("easd_calibration.json")  # read-only: the testbed pair's entry
 OVERLAP_TOLERANCE = 1e-9  # k / n against a decimal tau_O: 4 / 5 must count as 0.8
 
 
@@ -65,28 +68,40 @@ class EntropyPenalty:
 
 
 # --- calibration storage ------------------------------------------------------------------
-def read_calibration(path: Path | None = None) -> dict[str, dict[str, Any]]:
-    path = CALIBRATION_FILE if path is None else path
-    return json.loads(path.read_text()) if path.exists() else {}
+def user_calibration_file() -> Path:
+    """Where scripts/calibrate_easd.py writes by default, as conf/method/easd.yaml's `calibration`
+    names it: $RSTITCH_CACHE (default ~/.cache/rstitch)/easd_calibration.json."""
+    return cache_root() / "easd_calibration.json"
 
 
-def store_calibration(pair_name: str, entry: dict[str, Any], path: Path | None = None) -> Path:
+def read_calibration(path: Path) -> dict[str, dict[str, Any]]:
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"EASD calibration file {path} is not JSON ({err.msg}, line {err.lineno})") from None
+
+
+def store_calibration(pair_name: str, entry: dict[str, Any], path: Path) -> Path:
     """Write (or replace) the entry of `pair_name`; `entry` names its models under 'slm'/'llm'."""
-    path = CALIBRATION_FILE if path is None else path
     table = read_calibration(path)
     table[pair_name] = entry
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(table, indent=2, sort_keys=True) + "\n")
     return path
 
 
-def calibrated_tau_h(pair: ModelPair, path: Path | None = None) -> float:
-    """The stored tau_H of the entry whose models are this pair's (matched by model name)."""
-    for entry in read_calibration(path).values():
-        if entry.get("slm") == pair.slm.name and entry.get("llm") == pair.llm.name:
-            return float(entry["tau_h"])
+def calibrated_tau_h(pair: ModelPair, files: Sequence[Path] = (PACKAGED_CALIBRATION,)) -> float:
+    """The stored tau_H of the first entry, in `files` order, whose models are this pair's
+    (matched by model name)."""
+    for path in files:
+        for entry in read_calibration(path).values():
+            if entry.get("slm") == pair.slm.name and entry.get("llm") == pair.llm.name:
+                return float(entry["tau_h"])
     raise ConfigError(
-        f"method.tau_h of 'easd' is 'auto' but {CALIBRATION_FILE.name} has no entry for SLM '{pair.slm.name}' "
-        f"and LLM '{pair.llm.name}'; run scripts/calibrate_easd.py or set method.tau_h=<nats>"
+        f"method.tau_h of 'easd' is 'auto' but no calibration for SLM '{pair.slm.name}' and LLM '{pair.llm.name}' "
+        f"is in {' or '.join(map(str, files))}; run scripts/calibrate_easd.py (it writes {files[0]}) or set method.tau_h=<nats>"
     )
 
 
@@ -116,6 +131,7 @@ class EASD(Method):
         tau_o: float = 0.8,
         use_overlap: bool = True,
         use_draft_entropy: bool = True,
+        calibration: str | None = None,
     ):
         self.k = require_int("easd", "k", k)
         self.tau_h = _require_tau_h(tau_h)
@@ -123,12 +139,17 @@ class EASD(Method):
         self.tau_o = require_number("easd", "tau_o", tau_o, 0.0, 1.0)
         self.use_overlap = _require_bool("use_overlap", use_overlap)
         self.use_draft_entropy = _require_bool("use_draft_entropy", use_draft_entropy)
+        if calibration is not None and not isinstance(calibration, str):
+            raise ConfigError(f"method.calibration of 'easd' must be a file path or null, got {calibration!r}")
+        # tau_h: auto looks in the user's calibration file first, then in the one shipped with the package.
+        user = [Path(calibration).expanduser()] if calibration else []
+        self.calibration_files = [*user, PACKAGED_CALIBRATION]
         self._penalties: dict[tuple[str, str], EntropyPenalty] = {}  # per pair, read once
 
     def penalty_for(self, pair: ModelPair) -> EntropyPenalty:
         key = (pair.slm.name, pair.llm.name)
         if key not in self._penalties:
-            tau_h = calibrated_tau_h(pair) if self.tau_h == "auto" else self.tau_h
+            tau_h = calibrated_tau_h(pair, self.calibration_files) if self.tau_h == "auto" else self.tau_h
             self._penalties[key] = EntropyPenalty(tau_h, self.top_n, self.tau_o, self.use_overlap, self.use_draft_entropy)
         return self._penalties[key]
 

@@ -64,6 +64,16 @@ def comparison_key(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def key_differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted paths of the leaves where two keys (or configs) differ: `dataset.limit`."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return [] if a == b else [prefix.rstrip(".") or "value"]
+    out: list[str] = []
+    for k in sorted(set(a) | set(b)):
+        out += key_differences(a.get(k), b.get(k), f"{prefix}{k}.")
+    return out
+
+
 def run_key(cfg: dict[str, Any]) -> dict[str, Any]:
     return {**comparison_key(cfg), "method": portable(cfg["method"]), "method_weights": method_weights(cfg["method"])}
 

@@ -40,6 +40,14 @@ def summarize_samples(samples: Iterable[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+def baseline_method() -> str:
+    """The method every speedup is measured against, read from the methods' metadata (the class
+    whose `baseline` role is "target")."""
+    from rstitch.methods import baseline_method as target_baseline  # lazy: the registry imports the engines
+
+    return target_baseline()
+
+
 def comparison_key_matches(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return a.get("comparison_key") == b.get("comparison_key")
 
@@ -53,8 +61,6 @@ def find_speedups(summary: dict[str, Any], others: Iterable[dict[str, Any]]) -> 
     """Against the matching LLM-only run: `speedup`, the latency ratio Lat(llm_only) / Lat(method),
     and `speedup_tokens_per_s`, the throughput ratio (tokens/s of the method over LLM-only's), the
     speedup EASD and speculative decoding papers report. They differ when the outputs' lengths differ."""
-    from rstitch.methods import baseline_method  # lazy: the method registry imports the engines
-
     out: dict[str, float | None] = {"speedup": None, "speedup_tokens_per_s": None}
     baseline = baseline_method()
     for other in others:

@@ -1,0 +1,20 @@
+"""Where the Hydra configs live: `conf/` at the top of a source checkout (and so of an editable
+install), or `rstitch/conf/` inside an installed wheel, where setup.py ships the same files."""
+from __future__ import annotations
+
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def find_conf_dir() -> Path:
+    """The packaged copy first: beside an installed package, `../conf` would be site-packages/conf,
+    which is not ours."""
+    for candidate in (_PACKAGE / "conf", _PACKAGE.parent / "conf"):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    raise RuntimeError(f"rstitch's configs are missing: neither {_PACKAGE / 'conf'} nor {_PACKAGE.parent / 'conf'} "
+                       "holds config.yaml; reinstall the package")
+
+
+CONF_DIR = find_conf_dir()

@@ -1,0 +1,70 @@
+"""The baseline of a run's speedup: why a speedup is missing, the command that makes the baseline,
+and the configuration `baseline=auto` runs (or resumes) before the method."""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from rstitch.errors import ConfigError
+from rstitch.results.keys import key_differences
+from rstitch.results.metrics import baseline_method
+from rstitch.results.store import find_summaries
+
+BASELINE_CHOICES = (None, "auto")  # the top-level `baseline` knob; it is not part of any run key
+
+
+def wants_baseline_run(cfg: dict[str, Any]) -> bool:
+    """True when `baseline=auto` asks for the baseline run before this one (not for the baseline itself)."""
+    choice = cfg.get("baseline")
+    if choice not in BASELINE_CHOICES:
+        raise ConfigError(f"baseline must be null or auto, got {choice!r}")
+    return choice == "auto" and cfg["method"]["name"] != baseline_method()
+
+
+def baseline_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """`cfg` with the baseline method, as `rstitch-run method=<baseline>` with the same other
+    settings composes it: same comparison key, so the same run directory and the same problems."""
+    from omegaconf import OmegaConf
+
+    from rstitch.configs import CONF_DIR
+
+    method = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "method" / f"{baseline_method()}.yaml"), resolve=True)
+    return {**cfg, "method": method}
+
+
+def is_method_override(override: str) -> bool:
+    """`method=...`, `method.tau=...` (also with + or ~) and `baseline=...`: the settings a
+    baseline run does not share with the run."""
+    key = override.lstrip("+~").split("=", 1)[0]
+    return key in ("method", "baseline") or key.startswith("method.")
+
+
+def baseline_command(overrides: Sequence[str]) -> str:
+    """The `rstitch-run` line that makes the baseline of a run given by its command-line overrides."""
+    kept = [shlex.quote(o) for o in overrides if not is_method_override(o)]
+    return " ".join(["rstitch-run", f"method={baseline_method()}", *kept])
+
+
+def nearest_differences(summary: dict[str, Any], baselines: Iterable[dict[str, Any]]) -> list[str] | None:
+    """The comparison-key settings in which the closest baseline run differs from `summary`
+    (empty: one matches), or None when there is no baseline run at all."""
+    found = [key_differences(summary.get("comparison_key"), other.get("comparison_key")) for other in baselines]
+    return min(found, key=len) if found else None
+
+
+def missing_baseline_note(summary: dict[str, Any], comparison_root: str | Path, overrides: Sequence[str]) -> str | None:
+    """Why `speedup` is empty and how to fill it, or None when it is not."""
+    if summary.get("speedup") is not None or summary.get("method") == baseline_method():
+        return None
+    name = baseline_method()
+    baselines = [s for s in find_summaries(comparison_root) if s.get("method") == name]
+    differences = nearest_differences(summary, baselines)
+    if differences is None:
+        why = f"no {name} run under {comparison_root} yet"
+    elif differences:
+        why = (f"no {name} run under {comparison_root} has this run's comparison key "
+               f"(the nearest differs in: {', '.join(differences)})")
+    else:
+        why = f"the matching {name} run under {comparison_root} has no latency (no samples)"
+    return f"speedup -: {why}; make it with\n  {baseline_command(overrides)}\nor rerun with baseline=auto, which runs it first"
