@@ -61,7 +61,7 @@ class SweepSummary(Callback):
 def sweep_table(run_dirs: list[Path], sweep_dir: Path) -> str:
     """The result table of a multirun's runs, and what to do about missing speedups."""
     from rstitch.results.metrics import baseline_method
-    from rstitch.runner import format_table
+    from rstitch.results.summary import format_table
 
     summaries = [json.loads((d / SUMMARY_FILE).read_text()) for d in run_dirs]
     if not summaries:

@@ -41,17 +41,15 @@ def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, A
     return summary
 
 
-def format_table(summary: dict[str, Any]) -> str:
-    """The run's point as a two-line console table (header, values; `-` where a value is missing)."""
-    cols = [
-        ("method", summary["method"], "{}"), ("tag", summary["run_tag"], "{}"), ("n", summary["n_samples"], "{}"),
-        ("accuracy", summary["accuracy"], "{:.3f}"), ("latency_s", summary["latency_s"], "{:.3f}"),
-        ("tokens", summary["tokens"], "{:.1f}"), ("slm_tok", summary["tokens_slm"], "{:.1f}"),
-        ("llm_tok", summary["tokens_llm"], "{:.1f}"), ("switches", summary["switches"], "{:.1f}"),
-        ("speedup", summary.get("speedup"), "{:.2f}"), ("tok/s_speedup", summary.get("speedup_tokens_per_s"), "{:.2f}"),
-    ]
-    cells = [(h, "-" if v is None else f.format(v)) for h, v, f in cols]
-    widths = [max(len(h), len(c)) for h, c in cells]
-    header = "  ".join(h.rjust(w) for (h, _), w in zip(cells, widths))
-    line = "  ".join(c.rjust(w) for (_, c), w in zip(cells, widths))
-    return f"{header}\n{line}"
+TABLE_COLUMNS = (("method", "method", "{}"), ("tag", "run_tag", "{}"), ("n", "n_samples", "{}"),
+                 ("accuracy", "accuracy", "{:.3f}"), ("latency_s", "latency_s", "{:.3f}"), ("tokens", "tokens", "{:.1f}"),
+                 ("slm_tok", "tokens_slm", "{:.1f}"), ("llm_tok", "tokens_llm", "{:.1f}"), ("switches", "switches", "{:.1f}"),
+                 ("speedup", "speedup", "{:.2f}"), ("tok/s_speedup", "speedup_tokens_per_s", "{:.2f}"))
+
+
+def format_table(*summaries: dict[str, Any]) -> str:
+    """One row per run summary, right-aligned; a missing value is "-"."""
+    rows = [[("-" if s.get(key) is None else fmt.format(s[key])) for _, key, fmt in TABLE_COLUMNS] for s in summaries]
+    headers = [header for header, _, _ in TABLE_COLUMNS]
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows)]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(line, widths)) for line in [headers, *rows])
