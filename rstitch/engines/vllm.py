@@ -86,6 +86,7 @@ class VLLMSequence(Sequence):
         self._rows: torch.Tensor | None = None
         self._hidden: torch.Tensor | None = None
         self._lookahead = 1
+        self._dropped_at: int | None = None  # the position a dropped run's last forward computed
 
     # --- backend hooks -----------------------------------------------------------------
     def _forward(self, new_ids: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -157,13 +158,17 @@ class VLLMSequence(Sequence):
         # position, whose forward processed every token (its distribution is not kept).
         self.n_cached = len(self.tokens) - (0 if result.dropped else 1)
         self._window_logits = self._window_hidden = None
+        # The loop would hold that position's distribution in its window: a run asked again
+        # at the same position (nothing appended) books no forward for it, as the loop's.
+        self._dropped_at = len(self.tokens) if result.dropped else None
         return result
 
     def _book_run(self, n_forwards: int, seconds: float) -> None:
         """The forwards of the base loop: the pending tokens (or the last one again, unless its
         distribution is still in the window), then one decode step per further distribution."""
         forwards: list[tuple[int, int]] = []
-        if not (self.n_pending == 0 and self._window_covers(len(self.tokens) - 1)):
+        held = self._window_covers(len(self.tokens) - 1) or self._dropped_at == len(self.tokens)
+        if not (self.n_pending == 0 and held):
             pending = max(self.n_pending, 1)
             forwards.append((pending, len(self.tokens) - pending))
         forwards += [(1, len(self.tokens) + i) for i in range(n_forwards - 1)]
@@ -181,6 +186,10 @@ class RunRequest:
     rule: SwitchRule
     stop: list[str]
     eos: set[int]
+
+    @property
+    def runner(self) -> "VLLMModelRunner":  # the model whose round it waits for (engines/batching.py)
+        return self.seq.runner
 
 
 class _Scoring:
