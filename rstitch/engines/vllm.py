@@ -253,7 +253,9 @@ class _Run:
             self._finish(new, "eos")
         elif completion.finish_reason == "stop" and isinstance(completion.stop_reason, str):
             self._finish(new, "stop")
-        elif completion.finish_reason == "stop" and len(new) < left:  # the model's own sentinel: go on
+        elif completion.finish_reason == "stop" and len(new) < left:
+            # The model's own sentinel (only rules that can end use it): go on in a new request.
+            # Stop strings are matched within a request; no caller combines them with such a rule.
             self.out += new
             self._next()
         else:
