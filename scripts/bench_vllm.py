@@ -1,5 +1,6 @@
 """engine=vllm against engine=hf on the testbed: load time, per-token latency, request counts per
-method (the overhead of the per-forward request design, what the lookahead saves, and the
+method (requests per generated token: one per run of tokens for R-Stitch and the single-model
+baselines, one per forward for the other token-level methods; what the lookahead saves, and the
 hidden-state requests of rstitch_plus), and the entropy error of top-k logprobs against the full
 vocabulary.
 
@@ -18,7 +19,7 @@ import time
 import torch
 
 from rstitch.data.prompts import PromptFormat
-from rstitch.engines import ModelPair, Sampler, load_pair
+from rstitch.engines import ModelPair, Sampler, SwitchRule, load_pair
 from rstitch.engines.vllm import complete_topk
 from rstitch.methods import DecodeContext, build_method
 from rstitch.testbed import ASSETS_DIR, LLM_DIR, SLM_DIR, generate_problems
@@ -50,7 +51,7 @@ def time_methods(pairs: dict[str, ModelPair], methods: list[str], n_problems: in
     vllm = pairs["vllm"]
     items = prompts(vllm.tokenizer, n_problems)
     print(f"\n{'method':18s} {'tokens':>6s} {'hf ms/tok':>9s} {'vllm ms/tok':>11s} {'ratio':>5s} "
-          f"{'forwards':>8s} {'requests':>8s} {'served':>6s} {'unused':>6s} {'hidden':>6s} {'same':>4s}")
+          f"{'forwards':>8s} {'requests':>8s} {'req/tok':>7s} {'served':>6s} {'unused':>6s} {'hidden':>6s} {'same':>4s}")
     for name in methods:
         decode(vllm, name, *items[0], budget=16)  # warm-up
         decode(pairs["hf"], name, *items[0], budget=16)
@@ -70,7 +71,8 @@ def time_methods(pairs: dict[str, ModelPair], methods: list[str], n_problems: in
         tokens = sum(len(t) for t in outputs["vllm"])
         hf_ms, vllm_ms = (1000 * seconds[e] / tokens for e in ("hf", "vllm"))
         print(f"{name:18s} {tokens:6d} {hf_ms:9.2f} {vllm_ms:11.2f} {vllm_ms / hf_ms:5.1f} {forwards() - calls_before:8d} "
-              f"{requests:8d} {served:6d} {max(ahead - served, 0):6d} {pooled:6d} {str(outputs['hf'] == outputs['vllm']):>4s}")
+              f"{requests:8d} {requests / tokens:7.3f} {served:6d} {max(ahead - served, 0):6d} {pooled:6d} "
+              f"{str(outputs['hf'] == outputs['vllm']):>4s}")
 
 
 def best_ms(work, repeats: int = 20) -> float:
@@ -101,7 +103,7 @@ def forward_costs(pairs: dict[str, ModelPair], n_tokens: int = 16) -> None:
             seq.rollback(1)
 
         one, chunk = (vllm.scoring_params(n, 1, read_cache=True) for n in (1, n_tokens))
-        native = vllm.generation_params(n_tokens, Sampler(), (), set())
+        native = vllm.run_params(n_tokens, Sampler(), (), set(), SwitchRule.never(), vllm.new_tag())
         request = best_ms(lambda: vllm.run(prompt, one))
         ahead = (best_ms(lambda: vllm.run(prompt, chunk)) - request) / (n_tokens - 1)
         generate = (best_ms(lambda: vllm.run(prompt, native)) - request) / (n_tokens - 1)

@@ -17,7 +17,7 @@ from rstitch import runner  # noqa: E402
 from rstitch.engines.cache import get_pair  # noqa: E402
 from rstitch.cli.run import compose_config  # noqa: E402
 from rstitch.data.prompts import PromptFormat  # noqa: E402
-from rstitch.engines import Sampler, load_model, load_pair  # noqa: E402
+from rstitch.engines import Sampler, SwitchRule, load_model, load_pair  # noqa: E402
 from rstitch.engines.vllm import complete_topk  # noqa: E402
 from rstitch.errors import ConfigError  # noqa: E402
 from rstitch.methods import METHODS, DecodeContext, DecodeResult, build_method  # noqa: E402
@@ -254,6 +254,100 @@ def test_topk_completion_keeps_listed_tokens_and_total_mass():
     rest[ids] = False
     assert torch.allclose(row[rest], row[rest][0].expand(45))  # the leftover mass, evenly
     assert torch.equal(complete_topk(torch.arange(50), exact, 50), exact)
+
+
+# --- runs of tokens: one request per run, batched rounds --------------------------------------
+def requests_of(pair) -> int:
+    return sum(m.requests for m in pair.models().values())
+
+
+@pytest.mark.parametrize("seed", PROBLEM_SEEDS)
+def test_rstitch_sends_one_request_per_run_of_tokens(pairs, seed):
+    _, vllm = pairs
+    before = requests_of(vllm)
+    result = decode(vllm, "rstitch", seed)
+    made = requests_of(vllm) - before
+    # a run ends at each switch (the SLM's dropped token or the LLM's kept one): runs = switches + 1
+    assert made == result.switches + 1 and result.switches > 0
+    assert made < len(result.token_ids)
+
+
+@pytest.mark.parametrize("name", ["llm_only", "slm_only", "rsd"])
+def test_baselines_and_step_methods_decode_through_native_runs(pairs, name, monkeypatch):
+    """llm_only and the step-level methods take the same path on vLLM: runs of tokens
+    (`RunRequest`), never one scoring request per token."""
+    _, vllm = pairs
+    kinds = []
+    for model in vllm.models().values():
+        original = model.forward_batch
+        monkeypatch.setattr(model, "forward_batch",
+                            lambda requests, original=original: kinds.extend(type(r).__name__ for r in requests) or original(requests))
+    result = decode(vllm, name, PROBLEM_SEEDS[0])
+    assert kinds and set(kinds) == {"RunRequest"}
+    if name != "rsd":
+        assert len(kinds) == 1 and len(result.token_ids) > 1  # the whole sample in one request
+
+
+RULES = [SwitchRule(0.02, stop_above=True, keep_last=False), SwitchRule(0.0005, stop_above=False, keep_last=True),
+         SwitchRule(0.02, stop_above=False, keep_last=True)]
+
+
+def run_books(pair, key: str, prompt: list[int], rule, budget: int) -> tuple:
+    seq = getattr(pair, key).new_sequence(prompt)
+    runs = []
+    books = cost_of(pair, lambda _: runs.extend(seq.decode_until(budget, Sampler(), rule) for _ in range(3)))
+    return [(r.token_ids, r.finish_reason, r.dropped) for r in runs], books, seq.n_cached, seq.tokens
+
+
+@pytest.mark.parametrize("budget", [1, 3, 40])
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("key", ["slm", "llm"])
+def test_decode_until_matches_the_token_loop_and_its_books(pairs, key, rule, budget):
+    """Three runs in a row (each starting where the last ended, a dropped position included),
+    at budgets where the crossing token is the last one the budget allows."""
+    hf, vllm = pairs
+    _, prompt = problem_prompt(hf.tokenizer, PROBLEM_SEEDS[1])
+    expected = run_books(hf, key, prompt, rule, budget)
+    assert run_books(vllm, key, prompt, rule, budget) == expected
+
+
+def test_a_sentinel_the_model_samples_itself_is_an_ordinary_token(pairs, monkeypatch):
+    """On a vocabulary without padding ids the sentinel is a real token: sampled by the model
+    (not forced by a crossing) it ends the request, and the run goes on in a new one."""
+    hf, vllm = pairs
+    _, prompt = problem_prompt(hf.tokenizer, PROBLEM_SEEDS[0])
+    rule = SwitchRule(0.5, stop_above=True, keep_last=False)  # the LLM is never that unsure
+    expected = hf.llm.new_sequence(prompt).decode_until(40, Sampler(), rule)
+    frequent = max(set(expected.token_ids), key=expected.token_ids.count)
+    monkeypatch.setattr(vllm.llm, "sentinel", frequent)
+    before = vllm.llm.requests
+    got = vllm.llm.new_sequence(prompt).decode_until(40, Sampler(), rule)
+    assert (got.token_ids, got.finish_reason) == (expected.token_ids, expected.finish_reason)
+    assert vllm.llm.requests - before == 1 + expected.token_ids.count(frequent) - (expected.token_ids[-1] == frequent)
+
+
+@pytest.mark.parametrize("method", ["rstitch", "llm_only", "rsd"])
+def test_batched_rounds_decode_what_hf_decodes_at_batch_1(tmp_path, method):
+    """batch_size 4 on vLLM: every round's requests of all samples in one `generate` call, and
+    the samples and their cost books equal batch 1's (which equal HF's: the tests above)."""
+    samples, calls = {}, {}
+    for batch in (4, 1):
+        cfg = compose(*VLLM_OPTIONS, f"method={method}", "dataset.limit=4", f"max_new_tokens={BUDGET}",
+                      f"batch_size={batch}", f"results_root={tmp_path}")
+        models = runner.get_pair(cfg["pair"], cfg["engine"]).models().values()  # the runner's pair
+        before = [(m.requests, m.generate_calls) for m in models]
+        runner.run(cfg, tmp_path / str(batch))
+        calls[batch] = [sum(getattr(m, k) for m in models) - sum(b[i] for b in before)
+                        for i, k in enumerate(("requests", "generate_calls"))]
+        lines = (tmp_path / str(batch) / "samples.jsonl").read_text().splitlines()
+        samples[batch] = {r["id"]: (r["output_token_ids"], r["token_sources"], r["cost"]) for r in map(json.loads, lines)}
+    for key, (tokens, sources, cost) in samples[1].items():
+        assert samples[4][key][:2] == (tokens, sources)
+        assert {m: {**c, "forward_time_s": 0} for m, c in samples[4][key][2].items()} == {
+            m: {**c, "forward_time_s": 0} for m, c in cost.items()}
+    assert len(samples[1]) == 4
+    requests, generate_calls = calls[4]
+    assert calls[1][0] == requests and generate_calls < requests  # the same requests, fewer calls: rounds
 
 
 def test_runner_writes_the_same_samples_on_both_engines(pairs, tmp_path):

@@ -8,8 +8,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from rstitch.engines.base import (CostCounter, Generation, ModelRunner, Sequence, TokenDistribution, check_hub_model,
-                                  resolve_model_path)
+from rstitch.engines.base import (CostCounter, Generation, ModelRunner, Sequence, SwitchRule, TokenDistribution,
+                                  check_hub_model, resolve_model_path)
 from rstitch.engines import packaged
 from rstitch.engines.sampling import Sampler
 from rstitch.errors import ConfigError
@@ -102,5 +102,5 @@ def check_same_tokenizer(a: ModelRunner, b: ModelRunner) -> None:
 
 __all__ = [
     "ENGINES", "CostCounter", "Generation", "ModelPair", "ModelRunner", "Sampler", "Sequence",
-    "TokenDistribution", "check_same_tokenizer", "load_model", "load_pair",
+    "SwitchRule", "TokenDistribution", "check_same_tokenizer", "load_model", "load_pair",
 ]

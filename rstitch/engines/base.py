@@ -122,7 +122,33 @@ class TokenDistribution:
 @dataclass
 class Generation:
     token_ids: list[int]
-    finish_reason: str  # "eos" | "stop" | "length"
+    finish_reason: str  # "eos" | "stop" | "length" | "switch" (a `SwitchRule` ended the run)
+    dropped: bool = False  # "switch" without keeping the crossing token: its position is left to the caller
+
+
+@dataclass(frozen=True)
+class SwitchRule:
+    """How long one model keeps writing in a token-level hybrid: while each token's normalized
+    entropy stays on one side of `tau`. The first token on the other side ends the run: kept as
+    the run's last token (`keep_last`), or dropped before it is sampled, its position left to the
+    other model. Declarative, so an engine can evaluate it inside its own decode loop (vLLM: a
+    logits processor) instead of one request per token. tau = inf with `stop_above` never ends."""
+
+    tau: float
+    stop_above: bool  # True: end at the first H > tau (R-Stitch's SLM); False: at the first H <= tau (its LLM)
+    keep_last: bool
+
+    @classmethod
+    def never(cls) -> "SwitchRule":
+        return cls(math.inf, stop_above=True, keep_last=True)
+
+    @property
+    def ends(self) -> bool:
+        """Whether any token can end the run."""
+        return not (self.stop_above and self.tau == math.inf)
+
+    def crosses(self, normalized_entropy: float) -> bool:
+        return normalized_entropy > self.tau if self.stop_above else normalized_entropy <= self.tau
 
 
 class Sequence(ABC):
@@ -195,17 +221,36 @@ class Sequence(ABC):
         eos_ids: Seq[int] | None = None,
     ) -> Generation:
         """Sample until EOS, a stop string in the generated text, or `max_new_tokens`."""
+        return self.decode_until(max_new_tokens, sampler, SwitchRule.never(), stop, eos_ids)
+
+    def decode_until(
+        self,
+        max_new_tokens: int,
+        sampler: Sampler,
+        rule: SwitchRule,
+        stop: Seq[str] = (),
+        eos_ids: Seq[int] | None = None,
+    ) -> Generation:
+        """Sample until EOS, a stop string, `max_new_tokens`, or the first token that crosses
+        `rule` (finish "switch"). The generated tokens are appended. This token loop is the
+        reference every backend's override must reproduce (tokens and cost books)."""
         eos = set(self.runner.eos_token_ids if eos_ids is None else eos_ids)
         watcher = StopWatcher(self.runner.tokenizer, stop)
         out: list[int] = []
         while len(out) < max_new_tokens:
-            token = sampler.sample(self.next_distribution())
+            dist = self.next_distribution()
+            crossed = rule.ends and rule.crosses(dist.normalized_entropy)
+            if crossed and not rule.keep_last:
+                return Generation(out, "switch", dropped=True)
+            token = sampler.sample(dist)
             self.append(token)
             out.append(token)
             if token in eos:
                 return Generation(out, "eos")
             if watcher.hit(token):
                 return Generation(out, "stop")
+            if crossed:
+                return Generation(out, "switch")
         return Generation(out, "length")
 
     def _ensure_processed(self, keep: int) -> None:
@@ -345,14 +390,27 @@ class ModelRunner(ABC):
 
         task = batching.current_task()
         if task is not None:
-            return task.submit(ForwardRequest(self, seq, new_ids, keep))
+            (logits, hidden), seconds = task.submit(ForwardRequest(self, seq, new_ids, keep))
+            return logits, hidden, seconds
         start = time.perf_counter()
         logits, hidden = seq._forward(new_ids, keep)
         return logits, hidden, self.elapsed_since(start)
 
+    def run_request(self, request: Any) -> tuple[Any, float]:
+        """A backend's own kind of request (e.g. vLLM's run of tokens) and its wall time: in a
+        batched run it waits for this model's next `forward_batch` with the other samples'."""
+        from rstitch.engines import batching
+
+        task = batching.current_task()
+        if task is not None:
+            return task.submit(request)
+        start = time.perf_counter()
+        [output] = self.forward_batch([request])
+        return output, self.elapsed_since(start)
+
     def forward_batch(self, requests: list["ForwardRequest"]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """The outputs of several sequences' forwards (logits [keep, V], hidden [keep, H] or
-        None). This default runs them one by one; a backend overrides it with one batched
+        None), or of a backend's own requests (`run_request`). This default runs them one by one; a backend overrides it with one batched
         forward whose rows equal these up to floating-point rounding."""
         return [r.seq._forward(r.new_ids, r.keep) for r in requests]
 

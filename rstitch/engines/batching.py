@@ -19,9 +19,8 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterable, Iterator
 
 import greenlet
-import torch
 
-from rstitch.engines.base import CostCounter, ForwardRequest, ModelRunner, live_counters
+from rstitch.engines.base import CostCounter, ModelRunner, live_counters
 
 _CURRENT: list["Task | None"] = [None]  # the sample running now (all run in the scheduler's thread)
 _SCALARS = tuple(f.name for f in fields(CostCounter) if f.name != "forward_shapes")
@@ -49,8 +48,8 @@ class Task:
 
     def __init__(self, key: Any, fn: Callable[[], Any], scheduler: "BatchScheduler"):
         self.key, self.fn, self.scheduler = key, fn, scheduler
-        self.request: ForwardRequest | None = None
-        self.output: tuple[torch.Tensor, torch.Tensor | None, float] | None = None
+        self.request: Any = None  # a ForwardRequest, or a backend's own request (`run_request`)
+        self.output: tuple[Any, float] | None = None  # its result and the batch's wall time
         self.value: Any = None
         self.error: BaseException | None = None
         self.done = False
@@ -74,7 +73,7 @@ class Task:
             self._locals[id(owner)] = (owner, factory())  # holding owner keeps its id unique
         return self._locals[id(owner)][1]
 
-    def submit(self, request: ForwardRequest) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+    def submit(self, request: Any) -> tuple[Any, float]:
         """Wait (switching back to the scheduler) until this request ran in a batch."""
         self.request, self.output = request, None
         self.coroutine.parent.switch()
@@ -154,8 +153,8 @@ class BatchScheduler:
             start = time.perf_counter()
             outputs = runner.forward_batch([t.request for t in tasks])
             seconds = runner.elapsed_since(start)
-            for task, (logits, hidden) in zip(tasks, outputs):
-                task.output = (logits, hidden, seconds)
+            for task, output in zip(tasks, outputs):
+                task.output = (output, seconds)
 
     def _abort(self, active: list[Task]) -> None:
         """Unwind the samples still waiting (after an error or an abandoned run); samples not

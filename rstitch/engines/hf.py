@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-import os
 import time
 import weakref
 from collections.abc import Sequence as Seq
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rstitch.engines.base import ForwardRequest, ModelRunner, Sequence, resolve_model_path, warn_remote_code
+from rstitch.engines.loading import eos_token_ids, load_tokenizer, model_load_errors, model_name, shared_vocab_size
 from rstitch.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -74,7 +74,6 @@ class HFModelRunner(ModelRunner):
         gguf_file: str | None = None,  # a GGUF file in `path`, dequantized to `dtype` at every load
     ):
         super().__init__()
-        from transformers import AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         if dtype not in DTYPES:
@@ -86,23 +85,21 @@ class HFModelRunner(ModelRunner):
         if num_threads:  # small models on a shared CPU run far faster on one thread than on two
             torch.set_num_threads(int(num_threads))
         hf_logging.disable_progress_bar()  # per-shard bars would bury the run's own output
-        self.name = name or os.path.basename(path.rstrip("/"))
+        self.name = model_name(path, name)
         self.device = torch.device(device)
         self.dtype = dtype
-        try:
+        with model_load_errors(path):
             # gguf_file: the tokenizer is rebuilt from the GGUF vocabulary at every load (slow);
             # packaged models are converted once instead (engines/packaged.py)
-            self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(
-                path, trust_remote_code=trust_remote_code, revision=revision, **({"gguf_file": gguf_file} if gguf_file else {}))
+            self.tokenizer = load_tokenizer(path, tokenizer, trust_remote_code=trust_remote_code, revision=revision,
+                                            gguf_file=gguf_file)
             self.model = load_causal_lm(path, dtype, device, trust_remote_code=trust_remote_code, revision=revision,
                                         use_safetensors=use_safetensors, gguf_file=gguf_file,
                                         attn_implementation=attn_implementation)
-        except OSError as err:  # hub id unreachable offline, or a directory without (safetensors) weights
-            raise ConfigError(f"cannot load model '{path}': {str(err).splitlines()[0]}") from None
-        self.vocab_size = min(len(self.tokenizer), self.model.config.vocab_size)
+        self.vocab_size = shared_vocab_size(self.tokenizer, self.model.config.vocab_size)
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
         self.hidden_size = self.model.config.hidden_size
-        self.eos_token_ids = _eos_ids(self.tokenizer, self.model)
+        self.eos_token_ids = eos_token_ids(self.tokenizer, getattr(self.model.generation_config, "eos_token_id", None))
         self._slots: SlotCache | None = None  # made at the first batched forward
 
     def new_sequence(self, prompt_ids: Seq[int], want_hidden: bool = False) -> HFSequence:
@@ -330,13 +327,3 @@ def load_causal_lm(path: str, dtype: str, device: str, *, trust_remote_code: boo
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **options).to(device).eval()
         _WEIGHTS[key] = model
     return model
-
-
-def _eos_ids(tokenizer, model) -> list[int]:
-    ids = set()
-    for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
-        if isinstance(source, int):
-            ids.add(source)
-        elif source:
-            ids.update(source)
-    return sorted(ids)

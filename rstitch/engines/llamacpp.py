@@ -34,6 +34,7 @@ import torch
 
 from rstitch.engines import packaged
 from rstitch.engines.base import ForwardRequest, ModelRunner, Sequence
+from rstitch.engines.loading import eos_token_ids, load_tokenizer, shared_vocab_size
 from rstitch.errors import ConfigError
 
 
@@ -126,7 +127,7 @@ class LlamaCppModelRunner(ModelRunner):
         self.max_model_len = min(n_ctx, llama_cpp.llama_model_n_ctx_train(self.model))
         vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
-        self.vocab_size = min(len(self.tokenizer), self.n_vocab)
+        self.vocab_size = shared_vocab_size(self.tokenizer, self.n_vocab)
         self.num_parameters = llama_cpp.llama_model_n_params(self.model)
         self.hidden_size = llama_cpp.llama_model_n_embd(self.model)
         self.eos_token_ids = _eos_ids(llama_cpp, vocab, self.tokenizer, path)
@@ -197,13 +198,11 @@ def _free_context(llama_cpp, batch, ctx, model) -> None:
 
 def _load_tokenizer(path: str, gguf: str, tokenizer: str | None):
     """The Hugging Face tokenizer of the GGUF vocabulary (see the module docstring)."""
-    from transformers import AutoTokenizer
-
     if tokenizer:
-        return AutoTokenizer.from_pretrained(os.path.expanduser(tokenizer))
+        return load_tokenizer(os.path.expanduser(tokenizer))
     if packaged.is_packaged(path):
-        return AutoTokenizer.from_pretrained(packaged.tokenizer_dir(path))
-    return AutoTokenizer.from_pretrained(os.path.dirname(gguf) or ".", gguf_file=os.path.basename(gguf))
+        return load_tokenizer(str(packaged.tokenizer_dir(path)))
+    return load_tokenizer(os.path.dirname(gguf) or ".", gguf_file=os.path.basename(gguf))
 
 
 def _eos_ids(llama_cpp, vocab, tokenizer, path: str) -> list[int]:
@@ -211,7 +210,4 @@ def _eos_ids(llama_cpp, vocab, tokenizer, path: str) -> list[int]:
     engines stop alike); for other files every end-of-generation token llama.cpp marks."""
     if packaged.is_packaged(path):
         return packaged.eos_token_ids(path, tokenizer)
-    ids = {i for i in range(llama_cpp.llama_vocab_n_tokens(vocab)) if llama_cpp.llama_vocab_is_eog(vocab, i)}
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return sorted(ids)
+    return eos_token_ids(tokenizer, [i for i in range(llama_cpp.llama_vocab_n_tokens(vocab)) if llama_cpp.llama_vocab_is_eog(vocab, i)])

@@ -15,7 +15,14 @@ at the first other token (a switch to the other model, a sampled token, a rollba
 dropped. The lookahead doubles (up to `max_lookahead`) while the caller asks for and takes every
 token of the last one, and starts again from one token otherwise.
 
-`generate` runs natively: one request with the stop strings and EOS ids, no logprobs.
+Runs of tokens (`decode_until`, and `generate`, which is one) are native: one request with the
+stop strings and EOS ids, no logprobs. A `SwitchRule` (R-Stitch's entropy switch) is evaluated
+inside vLLM by a logits processor (`vllm_switch.SwitchProcessor`: the exact normalized entropy
+over the full vocabulary), which ends the request at the first token that crosses it; so a
+token-level method pays one request per run of tokens on one model, not one per token.
+
+Batched runs (`batch_size` > 1): `forward_batch` sends the waiting forwards and runs of all
+samples in flight to vLLM in one `generate` call per round.
 
 Cost accounting is the base class's: a forward served from the lookahead counts as the decode
 step it stands for, so token and FLOP counts match the HF backend; wall time is real.
@@ -31,12 +38,14 @@ from __future__ import annotations
 
 import math
 import os
-import time
+from dataclasses import dataclass
 from typing import Any, Sequence as Seq
 
 import torch
 
-from rstitch.engines.base import Generation, ModelRunner, Sequence, resolve_model_path
+from rstitch.engines.base import ForwardRequest, Generation, ModelRunner, Sequence, SwitchRule, resolve_model_path
+from rstitch.engines.loading import (eos_token_ids, generation_eos, load_config, load_tokenizer, model_load_errors,
+                                     model_name, shared_vocab_size)
 from rstitch.engines.sampling import Sampler
 from rstitch.errors import ConfigError
 
@@ -77,19 +86,11 @@ class VLLMSequence(Sequence):
         self._rows: torch.Tensor | None = None
         self._hidden: torch.Tensor | None = None
         self._lookahead = 1
+        self._dropped_at: int | None = None  # the position a dropped run's last forward computed
 
     # --- backend hooks -----------------------------------------------------------------
     def _forward(self, new_ids: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        tokens = self.tokens[: self.n_cached] + list(new_ids)
-        stored = self._stored(tokens, keep)
-        if stored is None:
-            self._adapt_lookahead(tokens)
-            self._request(tokens, keep)
-            stored = self._stored(tokens, keep)
-        else:
-            self.runner.served_from_lookahead += 1
-            self._served_calls += 1
-        return stored
+        return self.runner.forward_batch([ForwardRequest(self.runner, self, list(new_ids), keep)])[0]
 
     def _crop(self, n_keep: int) -> None:
         """Nothing to free: vLLM's prefix cache is shared and evicts by itself."""
@@ -115,15 +116,10 @@ class VLLMSequence(Sequence):
                     and tokens[: len(self._decoded)] == self._decoded)
         self._lookahead = min(2 * self._lookahead, self.runner.max_lookahead) if took_all else 1
 
-    def _request(self, tokens: list[int], keep: int) -> None:
-        """One vLLM request: the distributions of the last `keep` positions of `tokens` (prompt
-        logprobs for all but the last) and of `lookahead` greedy tokens after them."""
+    def _store(self, tokens: list[int], keep: int, out: Any) -> None:
+        """Keep a scoring request's distributions: the last `keep` positions of `tokens` (prompt
+        logprobs for all but the last) and the greedy tokens it decoded ahead."""
         runner = self.runner
-        lookahead = runner.room(len(tokens), self._lookahead)
-        out = runner.run(tokens, runner.scoring_params(lookahead, keep, read_cache=True))
-        if keep > 1 and out.num_cached_tokens > len(tokens) - keep:
-            # The cache held positions whose prompt logprobs were wanted: recompute them.
-            out = runner.run(tokens, runner.scoring_params(lookahead, keep, read_cache=False))
         generated = list(out.outputs[0].token_ids)
         rows = [runner.dense_row(out.prompt_logprobs, p + 1) for p in range(len(tokens) - keep, len(tokens) - 1)]
         rows += [runner.dense_row(out.outputs[0].logprobs, i) for i in range(len(generated))]
@@ -136,44 +132,137 @@ class VLLMSequence(Sequence):
             self._hidden = runner.hidden_states(self._path, len(rows))
         runner.lookahead_tokens += len(generated) - 1
 
-    # --- native generation ---------------------------------------------------------------
-    def generate(
+    # --- runs of tokens (native generation) ------------------------------------------------
+    def decode_until(
         self,
         max_new_tokens: int,
         sampler: Sampler,
+        rule: SwitchRule,
         stop: Seq[str] = (),
         eos_ids: Seq[int] | None = None,
     ) -> Generation:
-        """One vLLM request with the stop strings and EOS ids; the result and the cost books
-        are those of the token-by-token loop of the base class (sampled runs draw their seed
-        from `sampler`, so they are reproducible but not the HF backend's draws)."""
+        """One vLLM request for the whole run (more only if the model samples the sentinel by
+        itself): the rule is evaluated inside vLLM by `SwitchProcessor`. Tokens and cost books are
+        those of the base class's token loop; sampled runs draw their seed from `sampler`, so they
+        are reproducible but are not the HF backend's draws."""
         if max_new_tokens <= 0:
             return Generation([], "length")
         runner = self.runner
+        if rule.ends and not runner.switch_in_engine:
+            return super().decode_until(max_new_tokens, sampler, rule, stop, eos_ids)
         eos = set(runner.eos_token_ids if eos_ids is None else eos_ids)
-        params = runner.generation_params(runner.room(len(self.tokens), max_new_tokens), sampler, stop, eos)
-        start = time.perf_counter()
-        completion = runner.run(self.tokens, params).outputs[0]
-        seconds = runner.elapsed_since(start)
-        out = list(completion.token_ids)
-        self._book_generation(len(out), seconds)
-        self.append(out)
-        self.n_cached = len(self.tokens) - 1  # as after the loop: the last token is pending
+        result, seconds = runner.run_request(RunRequest(self, max_new_tokens, sampler, rule, list(stop), eos))
+        self._book_run(len(result.token_ids) + result.dropped, seconds)
+        self.append(result.token_ids)
+        # As after the loop: the last token is pending, unless the run ended on a dropped
+        # position, whose forward processed every token (its distribution is not kept).
+        self.n_cached = len(self.tokens) - (0 if result.dropped else 1)
         self._window_logits = self._window_hidden = None
-        if out and out[-1] in eos:
-            return Generation(out, "eos")
-        return Generation(out, "stop" if completion.finish_reason == "stop" else "length")
+        # The loop would hold that position's distribution in its window: a run asked again
+        # at the same position (nothing appended) books no forward for it, as the loop's.
+        self._dropped_at = len(self.tokens) if result.dropped else None
+        return result
 
-    def _book_generation(self, n_out: int, seconds: float) -> None:
+    def _book_run(self, n_forwards: int, seconds: float) -> None:
         """The forwards of the base loop: the pending tokens (or the last one again, unless its
-        distribution is still in the window), then one decode step per further token."""
+        distribution is still in the window), then one decode step per further distribution."""
         forwards: list[tuple[int, int]] = []
-        if not (self.n_pending == 0 and self._window_covers(len(self.tokens) - 1)):
+        held = self._window_covers(len(self.tokens) - 1) or self._dropped_at == len(self.tokens)
+        if not (self.n_pending == 0 and held):
             pending = max(self.n_pending, 1)
             forwards.append((pending, len(self.tokens) - pending))
-        forwards += [(1, len(self.tokens) + i) for i in range(n_out - 1)]
+        forwards += [(1, len(self.tokens) + i) for i in range(n_forwards - 1)]
         for n_tokens, n_kv in forwards:
             self.runner.cost.add_forward(n_tokens, seconds / len(forwards), n_kv)
+
+
+@dataclass
+class RunRequest:
+    """A run of tokens (`decode_until`) waiting for this model's next `generate` call."""
+
+    seq: VLLMSequence
+    max_new_tokens: int
+    sampler: Sampler
+    rule: SwitchRule
+    stop: list[str]
+    eos: set[int]
+
+    @property
+    def runner(self) -> "VLLMModelRunner":  # the model whose round it waits for (engines/batching.py)
+        return self.seq.runner
+
+
+class _Scoring:
+    """A forward of the base class as vLLM requests: served from the lookahead, or one request
+    (repeated without the prefix cache if the cache hid a wanted prompt position)."""
+
+    def __init__(self, seq: VLLMSequence, new_ids: list[int], keep: int):
+        self.seq, self.keep = seq, keep
+        self.tokens = seq.tokens[: seq.n_cached] + new_ids
+        self.result = seq._stored(self.tokens, keep)
+        if self.result is not None:
+            seq.runner.served_from_lookahead += 1
+            seq._served_calls += 1
+            return
+        seq._adapt_lookahead(self.tokens)
+        self.lookahead = seq.runner.room(len(self.tokens), seq._lookahead)
+        self.params = seq.runner.scoring_params(self.lookahead, keep, read_cache=True)
+
+    def take(self, out: Any) -> None:
+        if self.keep > 1 and out.num_cached_tokens > len(self.tokens) - self.keep:
+            # The cache held positions whose prompt logprobs were wanted: recompute them.
+            self.params = self.seq.runner.scoring_params(self.lookahead, self.keep, read_cache=False)
+            return
+        self.seq._store(self.tokens, self.keep, out)
+        self.result = self.seq._stored(self.tokens, self.keep)
+
+
+class _Run:
+    """A `RunRequest` as vLLM requests: one, and another after each sentinel the model sampled
+    by itself (a real token on vocabularies without padding ids)."""
+
+    def __init__(self, request: RunRequest):
+        self.request = request
+        self.out: list[int] = []
+        self.result: Generation | None = None
+        self._next()
+
+    def _next(self) -> None:
+        r, runner = self.request, self.request.seq.runner
+        self.tokens = r.seq.tokens + self.out
+        left = r.max_new_tokens - len(self.out)
+        # A kept crossing token is followed by the forced sentinel: room for it after the budget.
+        extra = 1 if r.rule.ends and r.rule.keep_last else 0
+        self.tag = runner.new_tag()
+        self.params = runner.run_params(runner.room(len(self.tokens), left + extra), r.sampler, r.stop, r.eos,
+                                        r.rule, self.tag)
+
+    def take(self, out: Any) -> None:
+        from rstitch.engines import vllm_switch
+
+        r, sentinel = self.request, self.request.seq.runner.sentinel
+        completion = out.outputs[0]
+        new = list(completion.token_ids)
+        left = r.max_new_tokens - len(self.out)
+        forced_at = vllm_switch.forced(self.tag) if r.rule.ends else None
+        if forced_at is not None and forced_at == len(new) - 1 and new[-1] == sentinel:
+            self._finish(new[:-1], "switch", dropped=not r.rule.keep_last)
+        elif len(new) > left:
+            self._finish(new[:left], "length")
+        elif new and new[-1] in r.eos:
+            self._finish(new, "eos")
+        elif completion.finish_reason == "stop" and isinstance(completion.stop_reason, str):
+            self._finish(new, "stop")
+        elif completion.finish_reason == "stop" and len(new) < left:
+            # The model's own sentinel (only rules that can end use it): go on in a new request.
+            # Stop strings are matched within a request; no caller combines them with such a rule.
+            self.out += new
+            self._next()
+        else:
+            self._finish(new, "length")
+
+    def _finish(self, new: list[int], reason: str, dropped: bool = False) -> None:
+        self.result = Generation(self.out + new, reason, dropped)
 
 
 class VLLMModelRunner(ModelRunner):
@@ -220,22 +309,24 @@ class VLLMModelRunner(ModelRunner):
             torch.set_num_threads(int(num_threads))
         if not multiprocessing:  # the engine core runs in this process: no IPC per request
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        from transformers import AutoConfig, AutoTokenizer
-
-        self.name = name or os.path.basename(path.rstrip("/"))
-        try:
-            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-            self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        except OSError as err:  # hub id unreachable offline, or a directory without a model
-            raise ConfigError(f"cannot load model '{path}': {str(err).splitlines()[0]}") from None
+        self.name = model_name(path, name)
+        with model_load_errors(path):
+            config = load_config(path, trust_remote_code=trust_remote_code)
+            self.tokenizer = load_tokenizer(path, tokenizer, trust_remote_code=trust_remote_code)
         self.model_vocab_size = config.vocab_size
-        self.vocab_size = min(len(self.tokenizer), config.vocab_size)
+        self.vocab_size = shared_vocab_size(self.tokenizer, config.vocab_size)
         self.hidden_size = config.hidden_size
         self.num_parameters = _count_parameters(config)
-        self.eos_token_ids = _eos_ids(self.tokenizer, path)
+        self.eos_token_ids = eos_token_ids(self.tokenizer, generation_eos(path))
         self.top_logprobs = _logprob_count(logprobs, self.model_vocab_size)
         self.max_lookahead = max_lookahead
         self.served_from_lookahead = self.lookahead_tokens = self.requests = self.hidden_requests = 0
+        self.generate_calls = self._tags = 0
+        # Runs that a SwitchRule ends are decided inside vLLM by SwitchProcessor, which reports
+        # through this process's memory: with the engine core in another process they fall back
+        # to one request per token.
+        self.switch_in_engine = not multiprocessing
+        self.sentinel = _sentinel(self.vocab_size, self.model_vocab_size, self.eos_token_ids)
 
         args = dict(
             model=path, tokenizer=path, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
@@ -250,7 +341,11 @@ class VLLMModelRunner(ModelRunner):
         self.hidden_llm: Any = None
         from vllm import LLM
 
-        self.llm = LLM(**{k: v for k, v in {**args, "max_logprobs": self.top_logprobs}.items() if v is not None})
+        from rstitch.engines.vllm_switch import SwitchProcessor
+
+        processors = [SwitchProcessor] if self.switch_in_engine else None
+        self.llm = LLM(**{k: v for k, v in {**args, "max_logprobs": self.top_logprobs,
+                                            "logits_processors": processors}.items() if v is not None})
         self.max_model_len = self.llm.llm_engine.vllm_config.model_config.max_model_len
 
     def new_sequence(self, prompt_ids: Seq[int], want_hidden: bool = False) -> VLLMSequence:
@@ -294,12 +389,31 @@ class VLLMModelRunner(ModelRunner):
         return out.outputs.data
 
     # --- requests ------------------------------------------------------------------------
-    def run(self, token_ids: list[int], params: Any) -> Any:
+    def forward_batch(self, requests: list[Any]) -> list[Any]:
+        """Forwards (`ForwardRequest`: distributions) and runs (`RunRequest`: a `Generation`) of
+        any number of sequences, all in one `generate` call per round (a repeated request goes
+        in the next round)."""
+        works = [_Run(r) if isinstance(r, RunRequest) else _Scoring(r.seq, list(r.new_ids), r.keep) for r in requests]
+        while pending := [w for w in works if w.result is None]:
+            for work, out in zip(pending, self.run_many([w.tokens for w in pending], [w.params for w in pending])):
+                work.take(out)
+        return [w.result for w in works]
+
+    def run_many(self, prompts: list[list[int]], params: list[Any]) -> list[Any]:
+        """One `generate` call: one request per prompt, outputs in the prompts' order."""
         from vllm.inputs import TokensPrompt
 
-        self.requests += 1
-        [out] = self.llm.generate([TokensPrompt(prompt_token_ids=token_ids)], params, use_tqdm=False)
+        self.requests += len(prompts)
+        self.generate_calls += 1
+        return self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+
+    def run(self, token_ids: list[int], params: Any) -> Any:
+        [out] = self.run_many([token_ids], [params])
         return out
+
+    def new_tag(self) -> str:
+        self._tags += 1
+        return f"{id(self)}-{self._tags}"
 
     def room(self, n_tokens: int, wanted: int) -> int:
         """How many tokens a request may generate after `n_tokens` (at least one)."""
@@ -321,17 +435,31 @@ class VLLMModelRunner(ModelRunner):
             skip_reading_prefix_cache=not read_cache if prompt_rows else None,
         )
 
-    def generation_params(self, max_tokens: int, sampler: Sampler, stop: Seq[str], eos: set[int]) -> Any:
+    def run_params(self, max_tokens: int, sampler: Sampler, stop: Seq[str], eos: set[int], rule: SwitchRule,
+                   tag: str) -> Any:
+        """A run's request: stop strings, EOS ids and, when the rule can end it, the sentinel as
+        stop tokens; the rule for `SwitchProcessor` (which also masks ids beyond the shared
+        vocabulary, as the HF engine cuts its logits)."""
         from vllm import SamplingParams
+
+        from rstitch.engines import vllm_switch
 
         stop = [s for s in stop if s]
         sampling: dict[str, Any] = {"temperature": 0.0}
         if not sampler.greedy:
             seed = int(torch.randint(0, 2**31 - 1, (), generator=sampler.generator))
             sampling = {"temperature": float(sampler.temperature), "top_p": float(sampler.top_p), "seed": seed}
+        stop_ids = eos | ({self.sentinel} if rule.ends else set())
+        extra = None
+        if self.switch_in_engine:
+            extra = {vllm_switch.KEY: {
+                "tag": tag, "vocab": self.vocab_size, "sentinel": self.sentinel,
+                "tau": float(rule.tau) if rule.ends else None, "stop_above": rule.stop_above, "keep_last": rule.keep_last,
+            }}
         return SamplingParams(
-            max_tokens=max_tokens, stop=stop or None, stop_token_ids=sorted(eos), ignore_eos=True,
-            include_stop_str_in_output=True, skip_special_tokens=False, detokenize=bool(stop), **sampling,
+            max_tokens=max_tokens, stop=stop or None, stop_token_ids=sorted(stop_ids), ignore_eos=True,
+            include_stop_str_in_output=True, skip_special_tokens=False, detokenize=bool(stop), extra_args=extra,
+            **sampling,
         )
 
     def dense_row(self, flat: Any, position: int) -> torch.Tensor:
@@ -353,6 +481,14 @@ def _logprob_count(logprobs: int | str, vocab_size: int) -> int:
     return -1 if logprobs >= vocab_size else logprobs
 
 
+def _sentinel(vocab_size: int, model_vocab_size: int, eos: list[int]) -> int:
+    """The token `SwitchProcessor` forces to end a run: a padding id beyond the shared vocabulary
+    (never sampled: it is masked) when the model has one, else the last id that is not an EOS."""
+    if model_vocab_size > vocab_size:
+        return model_vocab_size - 1
+    return max(i for i in range(vocab_size - len(eos) - 1, vocab_size) if i not in eos)
+
+
 def _is_fraction(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
 
@@ -364,19 +500,3 @@ def _count_parameters(config: Any) -> int:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return sum(p.numel() for p in model.parameters())
-
-
-def _eos_ids(tokenizer: Any, path: str) -> list[int]:
-    from transformers import GenerationConfig
-
-    ids = set()
-    try:
-        generation = GenerationConfig.from_pretrained(path).eos_token_id
-    except OSError:  # no generation_config.json
-        generation = None
-    for source in (tokenizer.eos_token_id, generation):
-        if isinstance(source, int):
-            ids.add(source)
-        elif source:
-            ids.update(source)
-    return sorted(ids)

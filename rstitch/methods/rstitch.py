@@ -6,7 +6,7 @@ normalized entropy is <= tau, then hands back to the SLM.
 """
 from __future__ import annotations
 
-from rstitch.engines import TokenDistribution
+from rstitch.engines import SwitchRule, TokenDistribution
 from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, Method, register_method, require_number
 from rstitch.methods.token_switch import switch_decode
 
@@ -25,6 +25,13 @@ class EntropySwitch:
 
     def next(self, source: int, dist: TokenDistribution) -> int:
         return SLM if dist.normalized_entropy <= self.tau else source
+
+    def rule(self, source: int) -> SwitchRule:
+        """The SLM runs while H <= tau and drops its first token above; the LLM runs while
+        H > tau and keeps its first token at or below, then hands back."""
+        if source == SLM:
+            return SwitchRule(self.tau, stop_above=True, keep_last=False)
+        return SwitchRule(self.tau, stop_above=False, keep_last=True)
 
 
 @register_method("rstitch")

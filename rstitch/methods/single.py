@@ -1,7 +1,7 @@
 """Baselines that decode with one model only."""
 from __future__ import annotations
 
-from rstitch.engines import TokenDistribution
+from rstitch.engines import SwitchRule, TokenDistribution
 from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, Method, register_method
 from rstitch.methods.token_switch import switch_decode
 
@@ -20,6 +20,9 @@ class _Fixed:
 
     def next(self, source: int, dist: TokenDistribution) -> int:
         return self.source
+
+    def rule(self, source: int) -> SwitchRule:
+        return SwitchRule.never()  # one run to EOS or the budget: the path step-level methods' steps take
 
 
 @register_method("llm_only")

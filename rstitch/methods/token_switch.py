@@ -4,12 +4,17 @@ A `SwitchPolicy` picks the starting model, may reject the SLM's token at a posit
 produces that position instead), and picks the model for the next position. Each model keeps its
 own sequence (KV cache) and catches up by partial prefill of the tokens the other model wrote
 since it last ran.
+
+A policy whose decisions are thresholds on the normalized entropy also gives them as a
+`SwitchRule` per model (`rule(source)`): the loop then asks the engine for a whole run of tokens
+(`Sequence.decode_until`), which the vLLM engine serves with one request instead of one per
+token. Same tokens, same books: the base engine evaluates the rule token by token.
 """
 from __future__ import annotations
 
 from typing import Protocol
 
-from rstitch.engines import Sequence, TokenDistribution
+from rstitch.engines import Sequence, SwitchRule, TokenDistribution
 from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult
 
 
@@ -24,6 +29,13 @@ class SwitchPolicy(Protocol):
 
     def next(self, source: int, dist: TokenDistribution) -> int:
         """The model for the next position, given the distribution that produced this token."""
+
+
+class RuledPolicy(SwitchPolicy, Protocol):
+    def rule(self, source: int) -> SwitchRule:
+        """`keep` and `next` of `source` as one rule: its run ends at the first token whose
+        `next` is the other model (kept) or that `keep` refuses (dropped). After a dropped token
+        the other model's first token must be kept: its rule may only end with `keep_last`."""
 
 
 class _Catchup:
@@ -45,26 +57,52 @@ class _Catchup:
 
 def switch_decode(prompt_ids: list[int], ctx: DecodeContext, policy: SwitchPolicy) -> DecodeResult:
     models = _Catchup(prompt_ids, ctx, policy.want_hidden)
-    eos = ctx.eos_ids
-    output: list[int] = []
-    sources: list[int] = []
-    discarded = switches = 0
-    source = policy.first()
-    finish = "length"
-    while len(output) < ctx.max_new_tokens:
-        dist = models.synced(source, output).next_distribution()
-        if not policy.keep(source, dist):
-            discarded += 1
-            switches += 1
-            source = LLM if source == SLM else SLM
-            dist = models.synced(source, output).next_distribution()
-        token = ctx.sampler.sample(dist)
-        output.append(token)
-        sources.append(source)
-        if token in eos:
-            finish = "eos"
-            break
-        following = policy.next(source, dist)
-        switches += following != source
-        source = following
-    return DecodeResult(output, sources, finish, discarded, switches)
+    state = _State(policy.first())
+    ruled = callable(getattr(policy, "rule", None))
+    while len(state.output) < ctx.max_new_tokens and state.finish != "eos":
+        if ruled:
+            _run(models, ctx, policy, state)
+        else:
+            _step(models, ctx, policy, state)
+    return DecodeResult(state.output, state.sources, state.finish, state.discarded, state.switches)
+
+
+class _State:
+    def __init__(self, source: int):
+        self.source = source
+        self.output: list[int] = []
+        self.sources: list[int] = []
+        self.discarded = self.switches = 0
+        self.finish = "length"
+
+    def write(self, tokens: list[int], eos: set[int] | list[int]) -> None:
+        self.output += tokens
+        self.sources += [self.source] * len(tokens)
+        if tokens and tokens[-1] in eos:
+            self.finish = "eos"
+
+    def hand_over(self, dropped: bool) -> None:
+        self.discarded += dropped
+        self.switches += 1
+        self.source = LLM if self.source == SLM else SLM
+
+
+def _step(models: _Catchup, ctx: DecodeContext, policy: SwitchPolicy, state: _State) -> None:
+    """One position, decided by the policy's Python code."""
+    dist = models.synced(state.source, state.output).next_distribution()
+    if not policy.keep(state.source, dist):
+        state.hand_over(dropped=True)
+        dist = models.synced(state.source, state.output).next_distribution()
+    state.write([ctx.sampler.sample(dist)], ctx.eos_ids)
+    if state.finish != "eos" and policy.next(state.source, dist) != state.source:
+        state.hand_over(dropped=False)
+
+
+def _run(models: _Catchup, ctx: DecodeContext, policy: RuledPolicy, state: _State) -> None:
+    """One model's run of tokens under its rule, in one engine call."""
+    seq = models.synced(state.source, state.output)
+    run = seq.decode_until(ctx.max_new_tokens - len(state.output), ctx.sampler, policy.rule(state.source),
+                           eos_ids=ctx.eos_ids)
+    state.write(run.token_ids, ctx.eos_ids)
+    if run.finish_reason == "switch":
+        state.hand_over(run.dropped)

@@ -1,0 +1,66 @@
+"""What every engine reads from a checkpoint besides its weights: tokenizer, config, EOS ids,
+the shared vocabulary size and the model's name, with one error line for a model that is not
+there. The engines (hf, vllm, llamacpp) differ only in how they run the weights."""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator
+
+from rstitch.errors import ConfigError
+
+
+@contextmanager
+def model_load_errors(path: str) -> Iterator[None]:
+    """A hub id unreachable offline, or a directory without a model: one `ConfigError` line."""
+    try:
+        yield
+    except OSError as err:
+        raise ConfigError(f"cannot load model '{path}': {str(err).splitlines()[0]}") from None
+
+
+def load_tokenizer(path: str, tokenizer: Any = None, **options: Any) -> Any:
+    """`tokenizer` if one is given, else the checkpoint's (options: `trust_remote_code`,
+    `revision`, `gguf_file`; None values are left out)."""
+    if tokenizer is not None:
+        return tokenizer
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, **{k: v for k, v in options.items() if v is not None})
+
+
+def load_config(path: str, **options: Any) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path, **{k: v for k, v in options.items() if v is not None})
+
+
+def generation_eos(path: str, **options: Any) -> int | list[int] | None:
+    """The EOS ids of the checkpoint's generation_config.json (None without one)."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(path, **{k: v for k, v in options.items() if v is not None}).eos_token_id
+    except OSError:
+        return None
+
+
+def eos_token_ids(tokenizer: Any, *sources: int | Iterable[int] | None) -> list[int]:
+    """The tokenizer's EOS id and every id of `sources` (ints, lists or None), sorted."""
+    ids: set[int] = set()
+    for source in (tokenizer.eos_token_id, *sources):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(source)
+    return sorted(ids)
+
+
+def shared_vocab_size(tokenizer: Any, model_vocab_size: int) -> int:
+    """The vocabulary logits are cut to: checkpoints of one family pad their embedding tables
+    differently, the tokenizer's ids are what both models share."""
+    return min(len(tokenizer), model_vocab_size)
+
+
+def model_name(path: str, name: str | None) -> str:
+    return name or os.path.basename(path.rstrip("/"))
