@@ -17,10 +17,10 @@ import json
 import time
 from pathlib import Path
 
-from rstitch.engines.cache import clear_pairs, get_pair
 from rstitch.cli.run import compose_config
 from rstitch.data.prompts import PromptFormat
 from rstitch.engines import Sampler
+from rstitch.engines.cache import clear_pairs, get_pair
 from rstitch.methods import DecodeContext, build_method
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"

@@ -93,22 +93,26 @@ def forward_costs(pairs: dict[str, ModelPair], n_tokens: int = 16) -> None:
           f"{'hidden request':>14s}")
     _, prompt = prompts(pairs["hf"].tokenizer, 1)[0]
     for key in ("slm", "llm"):
-        hf, vllm = getattr(pairs["hf"], key), getattr(pairs["vllm"], key)
-        seq = hf.new_sequence(prompt)
+        forward_cost_row(key, getattr(pairs["hf"], key), getattr(pairs["vllm"], key), prompt, n_tokens)
+
+
+def forward_cost_row(key: str, hf, vllm, prompt: list[int], n_tokens: int) -> None:
+    """One row of `forward_costs`: the costs of one model on both engines."""
+    seq = hf.new_sequence(prompt)
+    seq.next_distribution()
+
+    def hf_step() -> None:
+        seq.append(5)
         seq.next_distribution()
+        seq.rollback(1)
 
-        def hf_step() -> None:
-            seq.append(5)
-            seq.next_distribution()
-            seq.rollback(1)
-
-        one, chunk = (vllm.scoring_params(n, 1, read_cache=True) for n in (1, n_tokens))
-        native = vllm.run_params(n_tokens, Sampler(), (), set(), SwitchRule.never(), vllm.new_tag())
-        request = best_ms(lambda: vllm.run(prompt, one))
-        ahead = (best_ms(lambda: vllm.run(prompt, chunk)) - request) / (n_tokens - 1)
-        generate = (best_ms(lambda: vllm.run(prompt, native)) - request) / (n_tokens - 1)
-        hidden = best_ms(lambda: vllm.hidden_states(prompt, 1)) if vllm.hidden_llm is not None else math.nan
-        print(f"{key:5s} {best_ms(hf_step):8.2f} {request:12.2f} {ahead:13.2f} {generate:12.2f} {hidden:14.2f}")
+    one, chunk = (vllm.scoring_params(n, 1, read_cache=True) for n in (1, n_tokens))
+    native = vllm.run_params(n_tokens, Sampler(), (), set(), SwitchRule.never(), vllm.new_tag())
+    request = best_ms(lambda: vllm.run(prompt, one))
+    ahead = (best_ms(lambda: vllm.run(prompt, chunk)) - request) / (n_tokens - 1)
+    generate = (best_ms(lambda: vllm.run(prompt, native)) - request) / (n_tokens - 1)
+    hidden = best_ms(lambda: vllm.hidden_states(prompt, 1)) if vllm.hidden_llm is not None else math.nan
+    print(f"{key:5s} {best_ms(hf_step):8.2f} {request:12.2f} {ahead:13.2f} {generate:12.2f} {hidden:14.2f}")
 
 
 def entropy_error(pair: ModelPair, n_problems: int, budget: int, ks: list[int], taus: list[float]) -> None:

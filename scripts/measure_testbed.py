@@ -17,10 +17,10 @@ from pathlib import Path
 
 from rstitch.analysis.tables import replace_marked_section
 from rstitch.cli.run import compose_config
-from rstitch.metrics import roc_auc, roc_auc_interval
-from rstitch.methods.specreason import digit_score, digit_token_ids, judge_prompt
-from rstitch.rewards import load_prm
 from rstitch.engines.cache import get_pair
+from rstitch.methods.specreason import digit_score, digit_token_ids, judge_prompt
+from rstitch.metrics import roc_auc, roc_auc_interval
+from rstitch.rewards import load_prm
 from rstitch.runner import run_config
 from rstitch.testbed import check_steps, make_problem
 
@@ -33,7 +33,7 @@ def evaluate(overrides: list[str]) -> tuple[dict, list[dict], dict]:
     cfg = compose_config(overrides)
     summary = run_config(cfg)
     run_dir = Path(cfg["results_root"]) / "testbed" / "testbed" / summary["method"] / summary["run_tag"]
-    samples = [json.loads(l) for l in (run_dir / "samples.jsonl").read_text().splitlines()]
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     return summary, samples, cfg
 
 

@@ -60,7 +60,6 @@ import torch
 from rstitch.config_groups import group_choices, pair_config, prompt_format
 from rstitch.engines import load_pair
 from rstitch.methods.base import LLM
-from rstitch.testbed import ASSETS_DIR
 from rstitch.metrics.latency_model import fit_profile, load_pair_latency, profile_runner
 from rstitch.routers.dapo import (
     CLIP_HIGHER,
@@ -76,6 +75,7 @@ from rstitch.routers.dapo import (
     trajectory_reward,
 )
 from rstitch.routers.rstitch_router import RouterConfig, RStitchRouter, load_router, save_router
+from rstitch.testbed import ASSETS_DIR
 
 DEFAULT_ROUTER, DEFAULT_LATENCY_DIR = ASSETS_DIR / "rstitch_router", ASSETS_DIR / "latency"  # the testbed's
 

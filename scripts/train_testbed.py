@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from rstitch.engines.hf import cache_kwargs
+from rstitch.methods.specreason import digit_ids, judge_prompt
 from rstitch.metrics import roc_auc
 from rstitch.rewards.likelihood_prm import (
     CheckedLogProbs,
@@ -52,9 +53,8 @@ from rstitch.rewards.likelihood_prm import (
     fit_head,
     step_features,
 )
-from rstitch.methods.specreason import digit_ids, judge_prompt
-from rstitch.testbed import ASSETS_DIR
 from rstitch.testbed import (
+    ASSETS_DIR,
     STEP_SEPARATOR,
     Difficulty,
     TestbedProblem,

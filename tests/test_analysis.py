@@ -17,13 +17,21 @@ import pandas as pd
 import pytest
 
 from rstitch.analysis import (
-    accuracy_latency_tables, benchmark_accuracy_tables, load_runs, load_samples, mark_frontier,
-    matched_speedup_summary, paired_with_baseline, runs_from_wandb, speedup_at_matched_accuracy, token_tables,
+    accuracy_latency_tables,
+    benchmark_accuracy_tables,
+    load_runs,
+    load_samples,
+    mark_frontier,
+    matched_speedup_summary,
+    paired_with_baseline,
+    runs_from_wandb,
+    speedup_at_matched_accuracy,
+    token_tables,
 )
 from rstitch.analysis.collect import dataset_labels, run_row, runs_frame
 from rstitch.analysis.plots import accuracy_latency_figure, method_style
-from rstitch.methods import METHODS
 from rstitch.errors import ConfigError
+from rstitch.methods import METHODS
 
 SWEEP_POINTS = [
     ["method=llm_only"], ["method=slm_only"], ["method=rstitch", "method.tau=0.005"], ["method=rstitch", "method.tau=0.05"],

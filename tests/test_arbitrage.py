@@ -1,4 +1,3 @@
-from conftest import decode_testbed_problem
 import pytest
 import torch
 
@@ -8,6 +7,8 @@ from rstitch.methods import DecodeContext, build_method
 from rstitch.methods.base import LLM, SLM
 from rstitch.routers.arbitrage import ArbitrageRouter, encode_router_input, router_pieces
 from rstitch.testbed import ASSETS_DIR, generate_problems
+
+from conftest import decode_testbed_problem
 
 PROMPTS = [[5, 6, 7, 8], [20, 21, 9]]
 PROBLEM = generate_problems("test", 1, seed=2)[0].problem  # the oracle PRM checks testbed problems

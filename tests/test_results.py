@@ -6,8 +6,8 @@ from rstitch.errors import ConfigError
 from rstitch.results import SampleStore, find_speedup, find_speedups, load_summaries, pareto_front, summarize_samples
 from rstitch.results.baseline import missing_baseline_note
 from rstitch.results.keys import comparison_key, run_tag
-from rstitch.results.weights import fingerprint, method_weights
 from rstitch.results.summary import format_table
+from rstitch.results.weights import fingerprint, method_weights
 
 
 def sample(i, correct=True, latency=1.0, tokens=10):

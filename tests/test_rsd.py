@@ -1,4 +1,3 @@
-from conftest import decode_testbed_problem
 import math
 
 import pytest
@@ -11,6 +10,8 @@ from rstitch.methods.base import LLM, SLM
 from rstitch.methods.rsd import RSD, accepts
 from rstitch.methods.steps import step_text
 from rstitch.rewards.likelihood_prm import LikelihoodHead, TestbedPRM, save_prm
+
+from conftest import decode_testbed_problem
 
 PROMPTS = [[5, 6, 7, 8], [20, 21, 9]]
 PROBLEM = "What is 2 + 3?"

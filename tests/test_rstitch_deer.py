@@ -138,8 +138,9 @@ def test_bad_parameters_are_one_line_errors(params):
 def test_testbed_twin_exits_at_a_step_boundary_with_the_trial_answer(testbed_pair):
     import re
 
-    from conftest import decode_testbed_problem
     from rstitch.cli.run import compose_config
+
+    from conftest import decode_testbed_problem
 
     method = compose_config(["experiment=rstitch_testbed_deer"])["method"]
     name = method.pop("name")

@@ -1,4 +1,3 @@
-from conftest import decode_testbed_problem
 import pytest
 import torch
 
@@ -6,8 +5,10 @@ from rstitch.engines import Sampler
 from rstitch.errors import ConfigError
 from rstitch.methods import DecodeContext, build_method
 from rstitch.methods.base import LLM, SLM
-from rstitch.methods.steps import step_text
 from rstitch.methods.specreason import JUDGE_INSTRUCTION, JUDGE_PREFIX, SpecReason, digit_score, digit_token_ids, judge_prompt
+from rstitch.methods.steps import step_text
+
+from conftest import decode_testbed_problem
 
 PROMPTS = [[5, 6, 7, 8], [30, 40, 50, 60, 70]]
 PROBLEM = "What is 2 + 3?"

@@ -5,8 +5,7 @@ from rstitch.data.prompts import PromptFormat
 from rstitch.engines import Sampler, load_pair
 from rstitch.errors import ConfigError
 from rstitch.methods import DecodeContext, build_method
-from rstitch.testbed import LLM_DIR, SLM_DIR
-from rstitch.testbed import generate_problems
+from rstitch.testbed import LLM_DIR, SLM_DIR, generate_problems
 
 PROMPTS = [[5, 6, 7, 8], [30, 40, 50, 60, 70]]
 STEP_OPTIONS = {"max_step_tokens": 6, "max_repeats": 0}

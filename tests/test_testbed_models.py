@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import pytest
 
+from rstitch.data.prompts import PromptFormat
 from rstitch.engines import Sampler
 from rstitch.grading import grade
 from rstitch.methods import DecodeContext, build_method
-from rstitch.testbed import check_steps, generate_problems, split_steps
-from rstitch.data.prompts import PromptFormat
-from rstitch.metrics import roc_auc
 from rstitch.methods.specreason import digit_ids, digit_score, digit_token_ids, judge_prompt
+from rstitch.metrics import roc_auc
 from rstitch.rewards import load_prm
+from rstitch.testbed import check_steps, generate_problems, split_steps
 
 N = 16
 PRM_AUC_FLOOR = 0.8  # measured on this slice: see docs/testbed.md for the full test split

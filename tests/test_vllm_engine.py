@@ -14,10 +14,10 @@ pytest.importorskip("vllm")
 import torch  # noqa: E402
 
 from rstitch import runner  # noqa: E402
-from rstitch.engines.cache import get_pair  # noqa: E402
 from rstitch.cli.run import compose_config  # noqa: E402
 from rstitch.data.prompts import PromptFormat  # noqa: E402
 from rstitch.engines import Sampler, SwitchRule, load_model, load_pair  # noqa: E402
+from rstitch.engines.cache import get_pair  # noqa: E402
 from rstitch.engines.vllm import complete_topk  # noqa: E402
 from rstitch.errors import ConfigError  # noqa: E402
 from rstitch.methods import METHODS, DecodeContext, DecodeResult, build_method  # noqa: E402

@@ -1,14 +1,27 @@
 """Analysis of the results store: runs and samples as frames, Pareto frontiers, speedup at matched
 accuracy, the papers' tables and figures, and reports (`rstitch-report`). See docs/analysis.md."""
 from rstitch.analysis.collect import (
-    find_run_dirs, load_runs, load_samples, load_wandb_runs, paired_with_baseline, runs_from_wandb,
+    find_run_dirs,
+    load_runs,
+    load_samples,
+    load_wandb_runs,
+    paired_with_baseline,
+    runs_from_wandb,
     unfinished_run_dirs,
 )
 from rstitch.analysis.frontier import (
-    curve_pairs, mark_frontier, matched_speedup_summary, speedup_at_matched_accuracy,
+    curve_pairs,
+    mark_frontier,
+    matched_speedup_summary,
+    speedup_at_matched_accuracy,
 )
 from rstitch.analysis.tables import (
-    Table, accuracy_latency_tables, benchmark_accuracy_tables, matched_speedup_table, runs_table, token_tables,
+    Table,
+    accuracy_latency_tables,
+    benchmark_accuracy_tables,
+    matched_speedup_table,
+    runs_table,
+    token_tables,
 )
 
 __all__ = [

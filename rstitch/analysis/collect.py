@@ -11,8 +11,9 @@ from __future__ import annotations
 import functools
 import json
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import pandas as pd
 import yaml
@@ -90,7 +91,7 @@ def _short(value: Any) -> Any:
     return Path(value).name if isinstance(value, str) and os.sep in value else value
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def method_defaults(method: str) -> tuple[tuple[str, Any], ...]:
     """The knobs of conf/method/<method>.yaml in file order (empty when not in this checkout)."""
     path = CONF_DIR / "method" / f"{method}.yaml"

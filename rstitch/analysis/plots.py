@@ -13,7 +13,7 @@ same in scripts, reports and notebooks; a notebook displays a returned Figure).
 from __future__ import annotations
 
 import io
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
@@ -24,8 +24,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from rstitch.analysis.collect import BASELINE
-from rstitch.methods import METHODS, method_class, method_rank
 from rstitch.analysis.frontier import check_latency_column, mark_frontier
+from rstitch.methods import METHODS, method_class, method_rank
 
 LATENCY_LABELS = {
     "latency_s": "mean latency per problem (s, wall clock)",

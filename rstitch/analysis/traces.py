@@ -9,8 +9,9 @@ consistency, R-Stitch figure 1a, when the scorer is the SLM and the trace the LL
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pandas as pd
 

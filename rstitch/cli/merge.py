@@ -12,16 +12,16 @@ import argparse
 import json
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from rstitch.data import load_dataset_records
 from rstitch.errors import ConfigError
 from rstitch.results.keys import is_sharded, key_differences, run_key, run_tag, unsharded
 from rstitch.results.metrics import baseline_method
-from rstitch.results.store import (RUN_KEY_FILE, SAMPLES_FILE, SUMMARY_FILE, SampleStore, iter_samples, sample_key,
-                                   write_samples)
+from rstitch.results.store import RUN_KEY_FILE, SAMPLES_FILE, SUMMARY_FILE, SampleStore, iter_samples, sample_key, write_samples
 from rstitch.results.summary import format_table, summarize_run
 
 MERGED_FROM_FILE = "merged_from.json"  # marks a run directory written by a merge (a re-merge may replace it)

@@ -8,9 +8,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from rstitch.engines.base import (CostCounter, Generation, ModelRunner, Sequence, SwitchRule, TokenDistribution,
-                                  check_hub_model, resolve_model_path)
 from rstitch.engines import packaged
+from rstitch.engines.base import CostCounter, Generation, ModelRunner, Sequence, SwitchRule, TokenDistribution, check_hub_model, resolve_model_path
 from rstitch.engines.sampling import Sampler
 from rstitch.errors import ConfigError
 

@@ -14,9 +14,10 @@ import os
 import time
 import weakref
 from abc import ABC, abstractmethod
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Sequence as Seq
+from typing import Any
 
 import torch
 
@@ -52,10 +53,10 @@ class CostCounter:
     def tokens_processed(self) -> int:
         return self.prefill_tokens + self.decode_steps
 
-    def copy(self) -> "CostCounter":
+    def copy(self) -> CostCounter:
         return _snapshot(CostCounter(self.prefill_tokens, self.decode_steps, self.forward_calls, self.forward_time_s))
 
-    def since(self, earlier: "CostCounter") -> "CostCounter":
+    def since(self, earlier: CostCounter) -> CostCounter:
         return _snapshot(CostCounter(
             self.prefill_tokens - earlier.prefill_tokens,
             self.decode_steps - earlier.decode_steps,
@@ -72,7 +73,7 @@ class CostCounter:
 
 # The counters that book work (a model's, a PRM's, a router's); snapshots (`copy`, `since`) are
 # values, not counters, and are left out.
-_LIVE_COUNTERS: "weakref.WeakValueDictionary[int, CostCounter]" = weakref.WeakValueDictionary()
+_LIVE_COUNTERS: weakref.WeakValueDictionary[int, CostCounter] = weakref.WeakValueDictionary()
 
 
 def _snapshot(counter: CostCounter) -> CostCounter:
@@ -139,7 +140,7 @@ class SwitchRule:
     keep_last: bool
 
     @classmethod
-    def never(cls) -> "SwitchRule":
+    def never(cls) -> SwitchRule:
         return cls(math.inf, stop_above=True, keep_last=True)
 
     @property
@@ -154,7 +155,7 @@ class SwitchRule:
 class Sequence(ABC):
     """One model's view of one sample: tokens, KV cache, and the logits of the last forward."""
 
-    def __init__(self, runner: "ModelRunner", prompt_ids: Seq[int], want_hidden: bool = False):
+    def __init__(self, runner: ModelRunner, prompt_ids: Seq[int], want_hidden: bool = False):
         self.runner = runner
         self.tokens: list[int] = list(prompt_ids)
         self.want_hidden = want_hidden
@@ -289,7 +290,7 @@ class Sequence(ABC):
 class ForwardRequest:
     """One sequence's forward, waiting to run in a batch with other sequences' of one model."""
 
-    runner: "ModelRunner"
+    runner: ModelRunner
     seq: Sequence
     new_ids: list[int]
     keep: int
@@ -408,7 +409,7 @@ class ModelRunner(ABC):
         [output] = self.forward_batch([request])
         return output, self.elapsed_since(start)
 
-    def forward_batch(self, requests: list["ForwardRequest"]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    def forward_batch(self, requests: list[ForwardRequest]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """The outputs of several sequences' forwards (logits [keep, V], hidden [keep, H] or
         None), or of a backend's own requests (`run_request`). This default runs them one by one; a backend overrides it with one batched
         forward whose rows equal these up to floating-point rounding."""
@@ -418,5 +419,5 @@ class ModelRunner(ABC):
         """Wall time since `start`; GPU backends synchronize first."""
         return time.perf_counter() - start
 
-    def synchronize(self) -> None:
+    def synchronize(self) -> None:  # noqa: B027 (an optional hook: only GPU backends override it)
         """Wait for queued device work (no-op on CPU)."""

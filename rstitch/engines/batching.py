@@ -15,18 +15,19 @@ counters' own totals keep accumulating every sample's work.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import greenlet
 
 from rstitch.engines.base import CostCounter, ModelRunner, live_counters
 
-_CURRENT: list["Task | None"] = [None]  # the sample running now (all run in the scheduler's thread)
+_CURRENT: list[Task | None] = [None]  # the sample running now (all run in the scheduler's thread)
 _SCALARS = tuple(f.name for f in fields(CostCounter) if f.name != "forward_shapes")
 
 
-def current_task() -> "Task | None":
+def current_task() -> Task | None:
     """The batched sample the calling thread decodes, or None (batch size 1, or outside a run)."""
     return _CURRENT[0]
 
@@ -46,7 +47,7 @@ class Finished:
 class Task:
     """One sample's coroutine and its switch points."""
 
-    def __init__(self, key: Any, fn: Callable[[], Any], scheduler: "BatchScheduler"):
+    def __init__(self, key: Any, fn: Callable[[], Any], scheduler: BatchScheduler):
         self.key, self.fn, self.scheduler = key, fn, scheduler
         self.request: Any = None  # a ForwardRequest, or a backend's own request (`run_request`)
         self.output: tuple[Any, float] | None = None  # its result and the batch's wall time

@@ -27,7 +27,7 @@ from __future__ import annotations
 import ctypes
 import os
 import weakref
-from typing import Sequence as Seq
+from collections.abc import Sequence as Seq
 
 import numpy as np
 import torch
@@ -36,7 +36,6 @@ from rstitch.engines import packaged
 from rstitch.engines.base import ForwardRequest, ModelRunner, Sequence
 from rstitch.engines.loading import eos_token_ids, load_tokenizer, shared_vocab_size
 from rstitch.errors import ConfigError
-
 
 
 def _llama_cpp():
@@ -61,9 +60,9 @@ def _silence(llama_cpp) -> None:
 
 
 class LlamaCppSequence(Sequence):
-    runner: "LlamaCppModelRunner"
+    runner: LlamaCppModelRunner
 
-    def __init__(self, runner: "LlamaCppModelRunner", prompt_ids: Seq[int], want_hidden: bool = False):
+    def __init__(self, runner: LlamaCppModelRunner, prompt_ids: Seq[int], want_hidden: bool = False):
         if want_hidden:
             raise ConfigError("engine 'llamacpp' cannot give hidden states (R-Stitch+'s router reads them); use engine=hf or engine=vllm")
         super().__init__(runner, prompt_ids, want_hidden)

@@ -4,8 +4,9 @@ there. The engines (hf, vllm, llamacpp) differ only in how they run the weights.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from rstitch.errors import ConfigError
 

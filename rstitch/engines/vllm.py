@@ -38,14 +38,14 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Any, Sequence as Seq
+from typing import Any
 
 import torch
 
 from rstitch.engines.base import ForwardRequest, Generation, ModelRunner, Sequence, SwitchRule, resolve_model_path
-from rstitch.engines.loading import (eos_token_ids, generation_eos, load_config, load_tokenizer, model_load_errors,
-                                     model_name, shared_vocab_size)
+from rstitch.engines.loading import eos_token_ids, generation_eos, load_config, load_tokenizer, model_load_errors, model_name, shared_vocab_size
 from rstitch.engines.sampling import Sampler
 from rstitch.errors import ConfigError
 
@@ -70,9 +70,9 @@ def complete_topk(token_ids: torch.Tensor, logprobs: torch.Tensor, vocab_size: i
 
 
 class VLLMSequence(Sequence):
-    runner: "VLLMModelRunner"
+    runner: VLLMModelRunner
 
-    def __init__(self, runner: "VLLMModelRunner", prompt_ids: Seq[int], want_hidden: bool = False):
+    def __init__(self, runner: VLLMModelRunner, prompt_ids: Seq[int], want_hidden: bool = False):
         super().__init__(runner, prompt_ids, want_hidden)
         if want_hidden:
             runner.open_hidden_engine()  # fail (or pay the load) before the first forward
@@ -188,7 +188,7 @@ class RunRequest:
     eos: set[int]
 
     @property
-    def runner(self) -> "VLLMModelRunner":  # the model whose round it waits for (engines/batching.py)
+    def runner(self) -> VLLMModelRunner:  # the model whose round it waits for (engines/batching.py)
         return self.seq.runner
 
 

@@ -19,9 +19,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from pathlib import Path
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rstitch.grading.extract import extract_answer

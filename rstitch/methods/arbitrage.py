@@ -19,6 +19,7 @@ from rstitch.methods.base import LLM, SLM, register_method, require_number
 from rstitch.methods.steps import DEFAULT_PRM, DraftVerifyMethod, Step, StepDecoder, StepMethod, StepRun, Verdict
 from rstitch.routers.arbitrage import ArbitrageRouter
 
+
 @dataclass
 class StepPair:
     draft: Step
@@ -35,7 +36,7 @@ class StepPair:
 _ROUTERS: dict[str, ArbitrageRouter] = {}  # loaded once per process, like PRMs and model pairs
 
 
-def resolve_router(spec: "ArbitrageRouter | dict[str, Any]") -> ArbitrageRouter:
+def resolve_router(spec: ArbitrageRouter | dict[str, Any]) -> ArbitrageRouter:
     if isinstance(spec, ArbitrageRouter):
         return spec
     key = json.dumps(spec, sort_keys=True)

@@ -19,9 +19,10 @@ Table 2 drop the overlap condition (`use_overlap: false`), the draft-entropy con
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

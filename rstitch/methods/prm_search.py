@@ -20,7 +20,14 @@ from rstitch.errors import ConfigError
 from rstitch.grading import extract_answer, normalize_answer
 from rstitch.methods.base import DecodeContext, DecodeResult, register_method, require_int, require_number
 from rstitch.methods.steps import (
-    DEFAULT_PRM, ModelSequences, Step, StepDecoder, StepMethod, StepRun, candidate_sampler, choose_source,
+    DEFAULT_PRM,
+    ModelSequences,
+    Step,
+    StepDecoder,
+    StepMethod,
+    StepRun,
+    candidate_sampler,
+    choose_source,
 )
 
 

@@ -17,7 +17,8 @@ u < omega (from the method's own generator, so coins never shift the sampled tok
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -34,7 +35,7 @@ def _scaled_clipping(r: float, delta: float) -> float:
     return 1.0 if delta <= 0 else _clip01(r / delta)
 
 
-WEIGHTINGS: dict[str, Callable[[float, "RSD"], float]] = {
+WEIGHTINGS: dict[str, Callable[[float, RSD], float]] = {
     "constant": lambda r, m: m.p,
     "binary": lambda r, m: 1.0 if r >= m.delta else 0.0,
     "clipping": lambda r, m: _clip01(r),

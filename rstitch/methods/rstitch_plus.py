@@ -16,16 +16,26 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
 from rstitch.engines import TokenDistribution
 from rstitch.errors import ConfigError
 from rstitch.methods.base import (
-    EXTRA_FLOPS, LLM, SLM, DecodeContext, DecodeResult, Method, model_flops, register_method, require_int, require_number,
+    EXTRA_FLOPS,
+    LLM,
+    SLM,
+    DecodeContext,
+    DecodeResult,
+    Method,
+    model_flops,
+    register_method,
+    require_int,
+    require_number,
 )
 from rstitch.methods.token_switch import switch_decode
 from rstitch.metrics.latency_model import ForwardTrace, LatencyModel, estimate_latency, load_pair_latency

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence as Seq
+from typing import Any
 
 from rstitch.engines import ModelPair, ModelRunner, Sampler
 

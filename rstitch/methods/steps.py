@@ -20,15 +20,16 @@ import hashlib
 import statistics
 from abc import abstractmethod
 from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
 from rstitch.engines import CostCounter, ModelPair, Sampler, Sequence
-from rstitch.methods.base import EXTRA_FLOPS, LLM, SLM, DecodeContext, DecodeResult, Method, model_flops, require_int
 from rstitch.errors import ConfigError
+from rstitch.methods.base import EXTRA_FLOPS, LLM, SLM, DecodeContext, DecodeResult, Method, model_flops, require_int
 from rstitch.rewards import ProcessRewardModel, check_prm_spec, resolve_prm
 from rstitch.rewards.prefix_cache import common_prefix_length
 
@@ -47,7 +48,7 @@ class StepConfig:
     max_repeats: int = 5  # ...or after this many identical steps in a row ("repeat"); 0 = never
 
     @classmethod
-    def checked(cls, method: str, separator: Any, max_step_tokens: Any, max_steps: Any, max_repeats: Any) -> "StepConfig":
+    def checked(cls, method: str, separator: Any, max_step_tokens: Any, max_steps: Any, max_repeats: Any) -> StepConfig:
         if not isinstance(separator, str) or not separator:
             raise ConfigError(f"method.separator of '{method}' must be a non-empty string, got {separator!r}")
         return cls(
@@ -163,13 +164,13 @@ class StepDecoder:
         last = self.steps[-n:]
         return all(s.token_ids == last[0].token_ids for s in last)
 
-    def fork(self, models: ModelSequences) -> "StepDecoder":
+    def fork(self, models: ModelSequences) -> StepDecoder:
         """A copy of this path that extends with other sequences (beam search)."""
         twin = StepDecoder(self.prompt_ids, self.ctx, self.config, models, self.calls)
         twin.output, twin.sources, twin.steps = list(self.output), list(self.sources), list(self.steps)
         return twin
 
-    def complete(self, next_step: Callable[["StepDecoder"], Step]) -> str:
+    def complete(self, next_step: Callable[[StepDecoder], Step]) -> str:
         """Commit `next_step(self)` until the path is done; returns the finish reason."""
         while (finish := self.finish_reason()) is None:
             self.commit(next_step(self))

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -62,7 +63,7 @@ class LatencyModel:
 
     @classmethod
     def fit(cls, n_inf: Iterable[int], n_kv: Iterable[int], seconds: Iterable[float],
-            relative: bool = True, **identity: Any) -> "LatencyModel":
+            relative: bool = True, **identity: Any) -> LatencyModel:
         """Least squares on the profiling points. `relative=True` weights each point by 1/T, i.e.
         minimizes relative error: decode steps (the bulk of a trajectory) take milliseconds while
         long prefills take far longer, and an unweighted fit would serve only the prefills."""
@@ -89,7 +90,7 @@ class LatencyModel:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "LatencyModel":
+    def load(cls, path: str | Path) -> LatencyModel:
         data = json.loads(Path(path).read_text())
         data.pop("formula", None)
         return cls(**data)

@@ -3,8 +3,9 @@ and the configuration `baseline=auto` runs (or resumes) before the method."""
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from rstitch.errors import ConfigError
 from rstitch.results.keys import key_differences

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import statistics
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 PER_MODEL_TOKEN_KEYS = ("tokens_slm", "tokens_llm")
 

@@ -5,8 +5,9 @@ import fcntl
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from rstitch.errors import ConfigError
 
@@ -63,7 +64,7 @@ class SampleStore:
             self._lock.close()
             _HELD.discard(str(self.dir.resolve()))
 
-    def __enter__(self) -> "SampleStore":
+    def __enter__(self) -> SampleStore:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -33,7 +33,7 @@ def load_prm(name: str, **options: Any) -> ProcessRewardModel:
         raise ConfigError(f"PRM '{name}': {err}") from None
 
 
-def resolve_prm(spec: "ProcessRewardModel | dict[str, Any]") -> ProcessRewardModel:
+def resolve_prm(spec: ProcessRewardModel | dict[str, Any]) -> ProcessRewardModel:
     """A PRM object as is, or a config dict ({name: ..., options...}) loaded once per process."""
     if isinstance(spec, ProcessRewardModel):
         return spec
@@ -44,7 +44,7 @@ def resolve_prm(spec: "ProcessRewardModel | dict[str, Any]") -> ProcessRewardMod
     return _LOADED[key]
 
 
-def check_prm_spec(spec: Any, owner: str) -> "ProcessRewardModel | dict[str, Any]":
+def check_prm_spec(spec: Any, owner: str) -> ProcessRewardModel | dict[str, Any]:
     """Validate a method's `prm` parameter without loading the model."""
     if isinstance(spec, ProcessRewardModel):
         return spec

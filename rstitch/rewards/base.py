@@ -8,7 +8,7 @@ from a later call at no extra cost.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Sequence
+from collections.abc import Sequence
 
 from rstitch.engines import CostCounter
 

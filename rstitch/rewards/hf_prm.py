@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 from abc import abstractmethod
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

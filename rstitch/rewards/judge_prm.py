@@ -15,7 +15,7 @@ step's tokens plus the question once per step.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -19,9 +19,9 @@ values of each kind, the floor, the head's weights).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
@@ -52,7 +52,7 @@ class LikelihoodHead:
         Path(directory, HEAD_FILE).write_text(json.dumps({"features": list(FEATURES), **asdict(self)}, indent=1) + "\n")
 
     @classmethod
-    def load(cls, directory: str | Path) -> "LikelihoodHead":
+    def load(cls, directory: str | Path) -> LikelihoodHead:
         path = Path(directory, HEAD_FILE)
         if not path.is_file():
             raise ConfigError(f"PRM '{directory}' has no {HEAD_FILE} (a testbed PRM is a causal LM plus that head)")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from rstitch.errors import ConfigError
 from rstitch.rewards.base import ProcessRewardModel

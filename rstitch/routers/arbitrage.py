@@ -12,7 +12,7 @@ so a decision's input is a prefix of the next one; the KV cache of the shared pr
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -46,7 +46,7 @@ class RouterConfig:
     width: int = 0  # 0 = the width rule above
     depth: int = DEPTH
 
-    def resolved(self) -> "RouterConfig":
+    def resolved(self) -> RouterConfig:
         width = self.width or router_width(self.slm_hidden, self.llm_hidden)
         return RouterConfig(self.slm_hidden, self.llm_hidden, width, self.depth)
 

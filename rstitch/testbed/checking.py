@@ -4,7 +4,7 @@ error is, and the final answer of a solution (tolerant to mixtures of the two so
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from .problems import STEP_SEPARATOR, TestbedProblem, apply_op
 

@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 STEP_SEPARATOR = "\n\n"
 SPLITS = ("train", "validation", "test")
