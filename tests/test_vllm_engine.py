@@ -42,6 +42,9 @@ GREEDY_PARAMS = {
     "maj": {"n": 2, "temperature": None},
     "process_bon": {"n": 2, "temperature": None},
     "beam_search": {"beam_size": 2, "expansions": 2, "temperature": None},
+    # learned routers come from the config (conf/method), not from defaults in the code
+    "rstitch_plus": {"router": str(ASSETS_DIR / "rstitch_router")},
+    "arbitrage": {"router": {"path": str(ASSETS_DIR / "arbitrage_router")}},
 }
 PROBLEM_SEEDS = (11, 12)
 BUDGET = 64
