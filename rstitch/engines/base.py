@@ -282,6 +282,7 @@ class Sequence(ABC):
 
     def _dist_at(self, position: int) -> TokenDistribution:
         """The distribution computed at token index `position`: it predicts token position+1."""
+        assert self._window_logits is not None, "_ensure_processed fills the window before distributions are read"
         row = position - self._window_start
         hidden = None if self._window_hidden is None else self._window_hidden[row]
         return TokenDistribution(self._window_logits[row], hidden)
