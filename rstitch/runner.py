@@ -100,12 +100,13 @@ def decode_one_by_one(method: Method, ctx: DecodeContext, todo: list, fitted: di
         yield record, index, row
 
 
-def decode_batched(method: Method, ctx: DecodeContext, todo: list, fitted: dict, latency_models: dict,
+def decode_batched(method: Method, ctx: DecodeContext, todo: list, fitted: dict, latency_models: dict | None,
                    batch_size: int) -> Iterator[tuple[Any, int, dict[str, Any]]]:
     """`batch_size` samples in flight (engines/batching.py), each yielded as it finishes. Latency
     stays the batch-1 protocol: the fitted batch-1 model's estimate of the sample's forwards plus
     the time of its own work between them (method logic, sampling, unbatched PRM and judge
     forwards); the wall clock it spent in the batch is kept apart."""
+    assert latency_models is not None, "check_latency_models requires them when batch_size > 1"
     jobs = [((record, index), batched_job(method, ctx, record, index, fitted[record.id], latency_models))
             for record, index in todo]
     for finished in BatchScheduler(batch_size).run(jobs):
@@ -186,8 +187,9 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
         todo = [(r, k) for r in records for k in range(n_samples) if not store.done(r.id, k)]
         # Every prompt is checked against the context before anything decodes.
         check = ContextCheck(pair, budget, cfg.get("on_overflow", "error"))
-        fitted = {r.id: check.prompt_ids(r.id, r.problem, lambda p: prompt.encode(tokenizer, p)) for r, _ in todo}
-        todo = [(r, k) for r, k in todo if fitted[r.id] is not None]
+        prompts = {r.id: check.prompt_ids(r.id, r.problem, lambda p: prompt.encode(tokenizer, p)) for r, _ in todo}
+        fitted = {rid: fit for rid, fit in prompts.items() if fit is not None}
+        todo = [(r, k) for r, k in todo if r.id in fitted]
         name = f"{cfg['pair']['name']}/{cfg['dataset']['name']}/{method.name}/{run_tag(cfg)}"
         if logger is not None:
             logger.start(name, cfg, name)

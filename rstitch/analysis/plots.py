@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterable
+from typing import cast
 
 import numpy as np
 import pandas as pd
 from matplotlib import colormaps
-from matplotlib.colors import to_hex
+from matplotlib.artist import Artist
+from matplotlib.axes import Axes
+from matplotlib.colors import ListedColormap, to_hex
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
@@ -38,7 +41,9 @@ RANDOM = "random"
 
 
 # tab20's ten dark shades, then its ten light ones: twenty distinct colours.
-PALETTE = tuple(to_hex(c) for c in colormaps["tab20"].colors[0::2] + colormaps["tab20"].colors[1::2])
+# tab20 is a ListedColormap whose colours are a tuple of RGB triples; the stubs say Colormap / ArrayLike.
+_TAB20 = cast(tuple[tuple[float, float, float], ...], cast(ListedColormap, colormaps["tab20"]).colors)
+PALETTE = tuple(to_hex(c) for c in _TAB20[0::2] + _TAB20[1::2])
 MARKERS = "osD^vP*XphH<>d8"
 
 
@@ -54,7 +59,7 @@ def _marker_kwargs(color: str, marker: str, size: float = 7.0) -> dict:
     return {"marker": marker, "color": color, "ms": size, "mfc": "none", "mew": 1.6}
 
 
-def _figure(width: float = 7.0, height: float = 4.2) -> tuple[Figure, object]:
+def _figure(width: float = 7.0, height: float = 4.2) -> tuple[Figure, Axes]:
     fig = Figure(figsize=(width, height), layout="constrained")
     return fig, fig.add_subplot()
 
@@ -145,7 +150,7 @@ def sample_speedup_figure(paired: pd.DataFrame, title: str) -> Figure:
     right = ax.twinx()
     right.plot(x, ordered["token_reduction"] * 100, "k.-", lw=1, ms=5)
     right.set_ylabel(f"token reduction vs {BASELINE} (%)")
-    handles = [Patch(color=c, label=o) for o, c in OUTCOME_COLORS.items() if o in set(ordered["outcome"])]
+    handles: list[Artist] = [Patch(color=c, label=o) for o, c in OUTCOME_COLORS.items() if o in set(ordered["outcome"])]
     handles.append(Line2D([], [], color="black", marker=".", label="token reduction"))
     ax.set_title(title, fontsize=10)
     fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=8, frameon=False)

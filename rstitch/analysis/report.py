@@ -269,7 +269,7 @@ def _html(report: Report) -> str:
 def wandb_table(table: tables.Table):
     import wandb
 
-    columns = [f"{c.group} {c.name}" if c.group else c.name for c in table.columns]
+    columns: list[str | int] = [f"{c.group} {c.name}" if c.group else c.name for c in table.columns]
     return wandb.Table(columns=columns, data=[list(row) for row in table.rows])
 
 

@@ -209,7 +209,7 @@ def token_tables(runs: pd.DataFrame) -> list[Table]:
             for d in datasets:
                 run = by_dataset.get(d)
                 base = None if run is None else baseline.get(run["comparison"])
-                reduction = None if base is None or run["tokens"] is None else 100 * (1 - run["tokens"] / base)
+                reduction = None if run is None or base is None or run["tokens"] is None else 100 * (1 - run["tokens"] / base)
                 cells += [_value(run, "tokens_llm"), _value(run, "tokens_slm"), _value(run, "tokens"), reduction]
             table.rows.append(cells)
         return table
@@ -228,7 +228,8 @@ def benchmark_accuracy_tables(runs: pd.DataFrame) -> list[Table]:
         entries = []
         for (method, setting), by_dataset in _method_rows(block):
             accuracies = [_value(by_dataset.get(d), "accuracy", 100) for d in datasets]
-            average = None if None in accuracies else sum(accuracies) / len(accuracies)
+            known = [a for a in accuracies if a is not None]
+            average = sum(known) / len(known) if len(known) == len(accuracies) else None
             entries.append((method, setting, accuracies, average))
         target = next((avg for m, _, _, avg in entries if m == BASELINE), None)
         for method, setting, accuracies, average in entries:

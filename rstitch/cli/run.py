@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import hydra
@@ -32,7 +33,7 @@ OmegaConf.register_new_resolver("testbed_asset", _testbed_asset, replace=True)
 OmegaConf.register_new_resolver("run_tag", _run_tag, replace=True)
 
 
-def compose_config(overrides: list[str] = ()) -> dict:
+def compose_config(overrides: Sequence[str] = ()) -> dict:
     """The resolved run config for `overrides`, as `rstitch-run` would compose it (for scripts and
     notebooks: `runner.run_config(compose_config(["method=llm_only"]))`)."""
     from hydra import compose, initialize_config_dir
@@ -47,6 +48,7 @@ def _run_config(cfg: DictConfig) -> dict:
     """Resolved config minus the groups that only feed interpolations (experiment; prm, which
     the PRM-based methods read as method.prm and so is part of their run key)."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict), "a DictConfig resolves to a dict"
     for key in ("experiment", "prm"):
         resolved.pop(key, None)
     return resolved

@@ -148,7 +148,7 @@ def normalize_mmlu(row: Row, record_id: str) -> Record:
 def ids_by_subject(rows: list[Row]) -> list[Row]:
     """``<subject>/<position within the subject>``: stable ids for sets that have none."""
     seen: Counter[str] = Counter()
-    out = []
+    out: list[Row] = []
     for row in rows:
         subject = str(row.get("subject") or "all")
         out.append({**row, "id": row.get("id") or f"{subject}/{seen[subject]}"})

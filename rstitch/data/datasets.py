@@ -195,7 +195,7 @@ def read_rows_file(path: str | Path) -> list[Row]:
 
 
 def _read_jsonl(file: Path) -> list[Row]:
-    rows = []
+    rows: list[Row] = []
     with file.open("rb") as handle:
         for line_number, raw in enumerate(handle, start=1):
             try:

@@ -14,6 +14,7 @@ import os
 import time
 import weakref
 from abc import ABC, abstractmethod
+from collections.abc import Collection
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -219,7 +220,7 @@ class Sequence(ABC):
         max_new_tokens: int,
         sampler: Sampler,
         stop: Seq[str] = (),
-        eos_ids: Seq[int] | None = None,
+        eos_ids: Collection[int] | None = None,
     ) -> Generation:
         """Sample until EOS, a stop string in the generated text, or `max_new_tokens`."""
         return self.decode_until(max_new_tokens, sampler, SwitchRule.never(), stop, eos_ids)
@@ -230,7 +231,7 @@ class Sequence(ABC):
         sampler: Sampler,
         rule: SwitchRule,
         stop: Seq[str] = (),
-        eos_ids: Seq[int] | None = None,
+        eos_ids: Collection[int] | None = None,
     ) -> Generation:
         """Sample until EOS, a stop string, `max_new_tokens`, or the first token that crosses
         `rule` (finish "switch"). The generated tokens are appended. This token loop is the
@@ -281,6 +282,7 @@ class Sequence(ABC):
 
     def _dist_at(self, position: int) -> TokenDistribution:
         """The distribution computed at token index `position`: it predicts token position+1."""
+        assert self._window_logits is not None, "_ensure_processed fills the window before distributions are read"
         row = position - self._window_start
         hidden = None if self._window_hidden is None else self._window_hidden[row]
         return TokenDistribution(self._window_logits[row], hidden)

@@ -9,7 +9,7 @@ import json
 import time
 import weakref
 from collections.abc import Sequence as Seq
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -18,7 +18,7 @@ from rstitch.engines.loading import eos_token_ids, load_tokenizer, model_load_er
 from rstitch.errors import ConfigError
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+    from transformers import DynamicCache, PreTrainedModel
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -30,7 +30,7 @@ class HFSequence(Sequence):
         super().__init__(runner, prompt_ids, want_hidden)
         from transformers import DynamicCache
 
-        self.cache = DynamicCache(config=runner.model.config)
+        self.cache: DynamicCache | None = DynamicCache(config=runner.model.config)  # None once batched
         self.slot: int | None = None  # the row of the runner's SlotCache, once batched
 
     @torch.inference_mode()
@@ -53,6 +53,7 @@ class HFSequence(Sequence):
     def _crop(self, n_keep: int) -> None:
         if self.slot is not None:
             return  # a slot's valid length is n_cached: the base class lowers it
+        assert self.cache is not None, "a sequence without a slot keeps its DynamicCache"
         excess = self.cache.get_seq_length() - n_keep
         if excess > 0:
             self.cache.crop(-excess)
@@ -250,9 +251,10 @@ def batched_forward(runner: HFModelRunner, requests: list[ForwardRequest]) -> li
     """One padded forward over the requests' sequences: row r runs its new tokens at positions
     n_cached.. of its own slot; logits (and hidden states) of each row's last `keep` tokens."""
     cache, model = runner._slots, runner.model
-    for r in requests:
-        _slotted(runner, r.seq)
-    order = sorted(range(len(requests)), key=lambda i: requests[i].seq.slot)  # in place when the slots are a range
+    assert cache is not None, "forward_batch makes the SlotCache before the first batched forward"
+    # An HFModelRunner's requests carry its own sequences, HFSequences.
+    slots = [_slot(runner, cast(HFSequence, r.seq)) for r in requests]
+    order = sorted(range(len(requests)), key=lambda i: slots[i])  # in place when the slots are a range
     if order != list(range(len(requests))):
         results = batched_forward(runner, [requests[i] for i in order])
         return [results[order.index(i)] for i in range(len(requests))]
@@ -260,7 +262,7 @@ def batched_forward(runner: HFModelRunner, requests: list[ForwardRequest]) -> li
     starts = [s.n_cached for s in seqs]
     width = max(len(r.new_ids) for r in requests)
     cache.reserve(max(starts) + width)
-    view = _SlotView(cache, [s.slot for s in seqs], starts, width)
+    view = _SlotView(cache, slots, starts, width)
     ids = torch.zeros((len(requests), width), dtype=torch.long, device=runner.device)
     for row, r in enumerate(requests):
         ids[row, : len(r.new_ids)] = torch.tensor(r.new_ids, dtype=torch.long)
@@ -284,27 +286,31 @@ def cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
     """`cache` as the keyword `model`'s forward takes it: `cache` from transformers 5.24 on (the
     old `past_key_values` warns at every call there and goes in 5.40), `past_key_values` before
     (5.19-5.23: the vLLM engine's environment) and in remote-code models."""
-    return {_cache_argument(type(model)): cache}
+    # A class is hashable; torch's stubs declare Module.__hash__ in a form the Hashable protocol rejects.
+    return {_cache_argument(type(model)): cache}  # type: ignore[arg-type]
 
 
 @functools.cache
-def _cache_argument(model_class: type) -> str:
+def _cache_argument(model_class: type[torch.nn.Module]) -> str:
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
-def _slotted(runner: HFModelRunner, seq: HFSequence) -> HFSequence:
-    """`seq` with a slot of the runner's SlotCache (its DynamicCache's entries copied there)."""
+def _slot(runner: HFModelRunner, seq: HFSequence) -> int:
+    """`seq`'s slot of the runner's SlotCache, taken at its first batched forward (its
+    DynamicCache's entries copied there)."""
     if seq.slot is None:
         cache = runner._slots
+        assert cache is not None and seq.cache is not None, "the SlotCache exists; an unslotted sequence has its cache"
         seq.slot = cache.acquire()
         weakref.finalize(seq, cache.release, seq.slot)
         if seq.n_cached:
             cache.reserve(seq.n_cached)
+            # A DynamicCache's layers are DynamicLayers, filled up to n_cached; the stubs give the union of all layer kinds.
             for layer, stored in enumerate(seq.cache.layers):
-                cache.keys[layer][seq.slot, :, : seq.n_cached] = stored.keys[0, :, : seq.n_cached]
-                cache.values[layer][seq.slot, :, : seq.n_cached] = stored.values[0, :, : seq.n_cached]
+                cache.keys[layer][seq.slot, :, : seq.n_cached] = stored.keys[0, :, : seq.n_cached]  # type: ignore[union-attr,index]
+                cache.values[layer][seq.slot, :, : seq.n_cached] = stored.values[0, :, : seq.n_cached]  # type: ignore[union-attr,index]
         seq.cache = None  # the slot holds its state from now on
-    return seq
+    return seq.slot
 
 
 _WEIGHTS: weakref.WeakValueDictionary[str, PreTrainedModel] = weakref.WeakValueDictionary()
@@ -324,6 +330,7 @@ def load_causal_lm(path: str, dtype: str, device: str, *, trust_remote_code: boo
     key = json.dumps([path, dtype, str(device), options], sort_keys=True)
     model = _WEIGHTS.get(key)
     if model is None:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **options).to(device).eval()
+        # transformers wraps PreTrainedModel.to in a decorator typed as if the model were its first argument.
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **options).to(device).eval()  # type: ignore[arg-type]
         _WEIGHTS[key] = model
     return model

@@ -46,7 +46,8 @@ def _hf_generate(pair: ModelPair, prompt_ids: list[int], max_new_tokens: int, **
     target = hf_model(pair.llm)
     input_ids = torch.tensor([prompt_ids], device=target.device)
     with torch.inference_mode():
-        out = target.generate(
+        # PreTrainedModel gets generate from a mixin the stubs do not resolve: Module.__getattr__ types it.
+        out = target.generate(  # type: ignore[operator]
             input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False, max_new_tokens=max_new_tokens,
             eos_token_id=eos, pad_token_id=eos[0], **kwargs,
         )

@@ -28,6 +28,7 @@ import ctypes
 import os
 import weakref
 from collections.abc import Sequence as Seq
+from typing import cast
 
 import numpy as np
 import torch
@@ -55,7 +56,7 @@ def _silence(llama_cpp) -> None:
         if level == level_error:
             print(text.decode("utf-8", errors="replace"), end="", flush=True)
 
-    _silence.callback = callback  # keep a reference: llama.cpp calls it from C
+    _silence.callback = callback  # type: ignore[attr-defined]  # keep a reference: llama.cpp calls it from C
     llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
 
 
@@ -151,10 +152,11 @@ class LlamaCppModelRunner(ModelRunner):
         self._lib.llama_memory_seq_rm(self.memory, seq_id, n_keep, -1)
 
     # --- decoding ----------------------------------------------------------------------------
-    def forward_batch(self, requests: list[ForwardRequest]) -> list[tuple[torch.Tensor, None]]:
+    def forward_batch(self, requests: list[ForwardRequest]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """The waiting sequences' tokens in shared decode calls: each sequence id keeps its own KV
         stream, so rows of any length, rollbacks and new rows need nothing more."""
-        logits = self.decode_requests([(r.seq.seq_id, r.seq.n_cached, r.new_ids, r.keep) for r in requests])
+        seqs = [cast(LlamaCppSequence, r.seq) for r in requests]  # this runner's requests carry its own sequences
+        logits = self.decode_requests([(s.seq_id, s.n_cached, r.new_ids, r.keep) for s, r in zip(seqs, requests)])
         return [(rows, None) for rows in logits]
 
     def decode_requests(self, requests: list[tuple[int, int, list[int], int]]) -> list[torch.Tensor]:

@@ -215,7 +215,7 @@ def _convert(source: Path, target: Path, model_info: PackagedModel, tokenizer_pa
         model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
         bar.update()
         # The weights are dequantized: detach the GGUF quantizer, or save_pretrained refuses.
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]  # set at load time; undeclared, so torch's Module.__getattr__ types it
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Collection
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Any
@@ -139,7 +140,7 @@ class VLLMSequence(Sequence):
         sampler: Sampler,
         rule: SwitchRule,
         stop: Seq[str] = (),
-        eos_ids: Seq[int] | None = None,
+        eos_ids: Collection[int] | None = None,
     ) -> Generation:
         """One vLLM request for the whole run (more only if the model samples the sentinel by
         itself): the rule is evaluated inside vLLM by `SwitchProcessor`. Tokens and cost books are

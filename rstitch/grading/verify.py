@@ -265,9 +265,11 @@ class _VerifyWorker:
             [sys.executable, "-c", "from rstitch.grading.verify import serve_worker; serve_worker()"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=env,
         )
+        assert self._process.stdin is not None and self._process.stdout is not None, "both are pipes"
+        self._stdin, self._stdout = self._process.stdin, self._process.stdout
         self._pending = b""
         self._readable = selectors.DefaultSelector()  # poll/epoll: no FD_SETSIZE limit unlike select()
-        self._readable.register(self._process.stdout, selectors.EVENT_READ)
+        self._readable.register(self._stdout, selectors.EVENT_READ)
         ready = self._read_line(time.monotonic() + WORKER_STARTUP_TIMEOUT_S)
         if ready != b"ready":
             self.kill()
@@ -280,8 +282,8 @@ class _VerifyWorker:
     def compare(self, gold: str, predicted: str, timeout_s: float) -> bool | None:
         """The worker's verdict, or None when it took longer than ``timeout_s`` (then it is killed)."""
         request = json.dumps({"gold": gold, "pred": predicted}).encode() + b"\n"
-        self._process.stdin.write(request)
-        self._process.stdin.flush()
+        self._stdin.write(request)
+        self._stdin.flush()
         line = self._read_line(time.monotonic() + timeout_s)
         if line is None:
             self.kill()
@@ -289,7 +291,7 @@ class _VerifyWorker:
         return bool(json.loads(line)["equal"])
 
     def _read_line(self, deadline: float) -> bytes | None:
-        fd = self._process.stdout.fileno()
+        fd = self._stdout.fileno()
         while b"\n" not in self._pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not self._readable.select(remaining):
@@ -306,13 +308,13 @@ class _VerifyWorker:
             self._process.kill()
         self._process.wait()
         self._readable.close()
-        for stream in (self._process.stdin, self._process.stdout):
+        for stream in (self._stdin, self._stdout):
             stream.close()
 
     def close(self) -> None:
         """Ask the worker to exit (end of input), killing it if it does not."""
         try:
-            self._process.stdin.close()
+            self._stdin.close()
             self._process.wait(timeout=2)
         except (OSError, subprocess.TimeoutExpired):
             pass

@@ -3,7 +3,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+if TYPE_CHECKING:
+    import wandb
+
+WandbMode = Literal["online", "offline", "disabled", "shared"]
 
 PARETO_KEYS = ("accuracy", "latency_s", "tokens", "speedup", "llm_token_share")
 
@@ -36,8 +41,8 @@ class WandbLogger(NullLogger):
         self.quiet = quiet
         if mode == "auto":
             mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
-        self.mode = mode
-        self.run = None
+        self.mode = cast(WandbMode, mode)  # from the config: wandb.init rejects any other value itself
+        self.run: wandb.Run | None = None
 
     def start(self, name: str, config: dict[str, Any], run_id: str) -> None:
         import wandb
@@ -54,17 +59,22 @@ class WandbLogger(NullLogger):
 
         return wandb.Settings(quiet=self.quiet)
 
+    def _started(self) -> wandb.Run:
+        assert self.run is not None, "start() opens the W&B run before samples or the summary are logged"
+        return self.run
+
     def log_sample(self, record: dict[str, Any]) -> None:
-        self.run.log({"sample/correct": float(record["correct"]), "sample/latency_s": record["latency_s"],
+        self._started().log({"sample/correct": float(record["correct"]), "sample/latency_s": record["latency_s"],
                       "sample/tokens": record["tokens"]})
 
     def finish(self, summary: dict[str, Any], samples: list[dict[str, Any]]) -> None:
         import wandb
 
         point = {k: summary[k] for k in PARETO_KEYS if summary.get(k) is not None}
-        self.run.summary.update({**point, **{k: v for k, v in summary.items() if isinstance(v, (int, float))}})
+        run = self._started()
+        run.summary.update({**point, **{k: v for k, v in summary.items() if isinstance(v, (int, float))}})
         table = wandb.Table(columns=list(self.TABLE_COLUMNS))
         for s in samples:
             table.add_data(*[s.get(c) for c in self.TABLE_COLUMNS])
-        self.run.log({"samples": table})
-        self.run.finish()
+        run.log({"samples": table})
+        run.finish()

@@ -145,7 +145,7 @@ def check_parameters(cls: type, params: dict[str, Any]) -> None:
     for klass in cls.__mro__:
         if "__init__" not in vars(klass):
             continue
-        parameters = list(inspect.signature(klass.__init__).parameters.values())[1:]  # without self
+        parameters = list(inspect.signature(vars(klass)["__init__"]).parameters.values())[1:]  # without self
         allowed |= {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
         if not any(p.kind is p.VAR_KEYWORD for p in parameters):
             break

@@ -150,7 +150,8 @@ class EASD(Method):
     def penalty_for(self, pair: ModelPair) -> EntropyPenalty:
         key = (pair.slm.name, pair.llm.name)
         if key not in self._penalties:
-            tau_h = calibrated_tau_h(pair, self.calibration_files) if self.tau_h == "auto" else self.tau_h
+            # _require_tau_h lets one string through: "auto".
+            tau_h = calibrated_tau_h(pair, self.calibration_files) if isinstance(self.tau_h, str) else self.tau_h
             self._penalties[key] = EntropyPenalty(tau_h, self.top_n, self.tau_o, self.use_overlap, self.use_draft_entropy)
         return self._penalties[key]
 

@@ -97,7 +97,7 @@ class BestOfN(_SampledCandidates):
     def decode(self, prompt_ids: list[int], ctx: DecodeContext) -> DecodeResult:
         run = self.start(prompt_ids, ctx)
         solutions = self.full_solutions(run)
-        scores = [self.prm.score(run.problem, path.step_texts)[-1] for path, _ in solutions]
+        scores = [self.scoring_prm().score(run.problem, path.step_texts)[-1] for path, _ in solutions]
         index = max(range(len(scores)), key=scores.__getitem__)
         path, finish = solutions[index]
         self.log_path(run, path)
@@ -124,7 +124,8 @@ class BeamSearch(_SampledCandidates):
 
     def decode(self, prompt_ids: list[int], ctx: DecodeContext) -> DecodeResult:
         run = self.start(prompt_ids, ctx)
-        beams, finished = [run.path], []  # finished: (path, finish reason, last-step score)
+        beams = [run.path]
+        finished: list[tuple[StepDecoder, str, float]] = []  # (path, finish reason, last-step score)
         while beams and len(finished) < self.beam_size:
             ranked = self._expand(run, beams)[: self.beam_size - len(finished)]
             survivors, beams = self._advance(run, beams, ranked), []

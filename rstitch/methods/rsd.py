@@ -47,6 +47,10 @@ WEIGHTINGS: dict[str, Callable[[float, RSD], float]] = {
 
 @register_method("rsd")
 class RSD(DraftVerifyMethod):
+    delta: float  # declared for WEIGHTINGS, whose lambdas read them before __init__ is seen
+    p: float
+    alpha: float
+
     def __init__(
         self,
         delta: float = 0.7,
@@ -76,7 +80,7 @@ class RSD(DraftVerifyMethod):
         return run
 
     def verify(self, run: StepRun, path: StepDecoder, draft: Step) -> Verdict:
-        scores = self.prm.score(run.problem, path.step_texts + [draft.text])
+        scores = self.scoring_prm().score(run.problem, path.step_texts + [draft.text])
         run.log.fill_target_scores(scores[:-1])  # earlier target steps' rewards come for free
         reward = scores[-1]
         return Verdict(accepts(self.omega(reward), run.state["coins"]), reward)

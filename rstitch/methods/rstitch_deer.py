@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence as Seq
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 from rstitch.engines import ModelPair, ModelRunner, Sequence, TokenDistribution
 from rstitch.engines.base import StopWatcher
@@ -177,7 +177,8 @@ class _DeerDecoder:
         self.eos = ctx.eos_ids
         self.n_prompt = len(prompt_ids)
         self.pool = {SLM: _PooledRunner(ctx.pair.slm, prompt_ids), LLM: _PooledRunner(ctx.pair.llm, prompt_ids)}
-        self.step_ctx = replace(ctx, pair=ModelPair(self.pool[SLM], self.pool[LLM]), max_new_tokens=1)
+        # A _PooledRunner stands in for a ModelRunner: what it does not define is the wrapped runner's.
+        self.step_ctx = replace(ctx, pair=ModelPair(cast(ModelRunner, self.pool[SLM]), cast(ModelRunner, self.pool[LLM])), max_new_tokens=1)
         self.policy = _CarrySwitch(policy)
         self.prefix = list(prompt_ids)  # prompt + output: the "prompt" of each one-position call
         self.sources: list[int] = []

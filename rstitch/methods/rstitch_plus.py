@@ -77,6 +77,7 @@ class RouterSwitch:
     def keep(self, source: int, dist: TokenDistribution) -> bool:
         if source == LLM or dist.normalized_entropy <= self.tau:
             return True
+        assert dist.hidden is not None, "want_hidden: the SLM's distributions carry its hidden state"
         return self.route(SLM, dist.hidden) == SLM
 
     def next(self, source: int, dist: TokenDistribution) -> int:

@@ -208,7 +208,8 @@ class StepLog:
     def stats(self) -> dict[str, Any]:
         decisions = [r.decision for r in self.records]
         drafted = decisions.count("accept") + decisions.count("escalate")
-        scored = [r for r in self.records if r.decision == "escalate" and None not in (r.draft_score, r.target_score)]
+        scored = [(r.draft_score, r.target_score) for r in self.records
+                  if r.decision == "escalate" and r.draft_score is not None and r.target_score is not None]
         return {
             "steps": len(self.records),
             "drafted_steps": drafted,
@@ -216,7 +217,7 @@ class StepLog:
             "escalations": decisions.count("escalate"),
             "acceptance_rate": decisions.count("accept") / drafted if drafted else None,
             "escalations_scored": len(scored),
-            "wasted_escalations": sum(1 for r in scored if r.target_score <= r.draft_score),
+            "wasted_escalations": sum(1 for draft, target in scored if target <= draft),
             "step_sources": [r.source for r in self.records],
             "step_decisions": decisions,
             "step_scores": [r.draft_score for r in self.records],
@@ -326,7 +327,13 @@ class StepMethod(Method):
 
     def last_step_score(self, run: StepRun, path: StepDecoder, step: Step) -> float:
         """The PRM's reward of `step` appended to `path`."""
-        return self.prm.score(run.problem, path.step_texts + [step.text])[-1]
+        return self.scoring_prm().score(run.problem, path.step_texts + [step.text])[-1]
+
+    def scoring_prm(self) -> ProcessRewardModel:
+        """The PRM of a method that scores steps (it configures one with `use_prm` when built)."""
+        prm = self.prm
+        assert prm is not None, f"method '{self.name}' scores steps, so it configures a PRM when built"
+        return prm
 
     def router(self) -> Any:
         """A learned router whose costs count in this method's FLOPs (none by default)."""
@@ -334,7 +341,7 @@ class StepMethod(Method):
 
     # --- decoding -----------------------------------------------------------------------
     def start(self, prompt_ids: list[int], ctx: DecodeContext) -> StepRun:
-        models, calls = ModelSequences(ctx), Counter()
+        models, calls = ModelSequences(ctx), Counter[str]()
         meter = CostMeter(ctx.pair, self.prm, self.router())
         path = StepDecoder(prompt_ids, ctx, self.step_config, models, calls)
         return StepRun(ctx, list(prompt_ids), self.step_config, StepLog(), meter, models, calls, path)

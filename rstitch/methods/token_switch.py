@@ -12,7 +12,7 @@ token. Same tokens, same books: the base engine evaluates the rule token by toke
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, cast
 
 from rstitch.engines import Sequence, SwitchRule, TokenDistribution
 from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult
@@ -60,8 +60,8 @@ def switch_decode(prompt_ids: list[int], ctx: DecodeContext, policy: SwitchPolic
     state = _State(policy.first())
     ruled = callable(getattr(policy, "rule", None))
     while len(state.output) < ctx.max_new_tokens and state.finish != "eos":
-        if ruled:
-            _run(models, ctx, policy, state)
+        if ruled:  # the policy has a `rule`: a RuledPolicy
+            _run(models, ctx, cast(RuledPolicy, policy), state)
         else:
             _step(models, ctx, policy, state)
     return DecodeResult(state.output, state.sources, state.finish, state.discarded, state.switches)

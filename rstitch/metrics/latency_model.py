@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -71,7 +71,8 @@ class LatencyModel:
         y = np.asarray(list(seconds), dtype=np.float64)
         weights = 1.0 / y if relative else np.ones_like(y)
         coef, *_ = np.linalg.lstsq(features(n_inf, n_kv) * weights[:, None], y * weights, rcond=None)
-        fitted = cls(*map(float, coef), **identity)
+        a, b, c, d = map(float, coef)  # one coefficient per FEATURE_NAMES column
+        fitted = cls(a, b, c, d, **identity)
         fitted.r2 = fitted.r2_score(n_inf, n_kv, y)
         return fitted
 
@@ -135,7 +136,8 @@ def profile_runner(runner: ModelRunner, n_inf_grid: Iterable[int], n_kv_grid: It
 
     `statistic="median"` measures the model's own cost, robust to preemption by other jobs;
     `"mean"` keeps those stalls in, which is what sums of many forwards on a loaded machine see."""
-    reduce = {"median": np.median, "mean": np.mean}[statistic]
+    reducers: dict[str, Callable[..., Any]] = {"median": np.median, "mean": np.mean}
+    reduce = reducers[statistic]
     rng = np.random.default_rng(seed)
     n_inf_grid, n_kv_grid = sorted(set(n_inf_grid)), sorted(set(n_kv_grid))
     times: dict[tuple[int, int], list[float]] = {}
@@ -194,7 +196,8 @@ class ForwardTrace:
         self.forwards: list[Forward] = []
 
     def wrap(self, pair: ModelPair) -> ModelPair:
-        return ModelPair(_TracedRunner(pair.slm, "slm", self), _TracedRunner(pair.llm, "llm", self))
+        # A _TracedRunner stands in for a ModelRunner: what it does not define is the wrapped runner's.
+        return ModelPair(cast(ModelRunner, _TracedRunner(pair.slm, "slm", self)), cast(ModelRunner, _TracedRunner(pair.llm, "llm", self)))
 
     def clear(self) -> None:
         self.forwards = []
@@ -210,7 +213,7 @@ class ForwardTrace:
                 n_inf = cost.tokens_processed - tokens
                 self.forwards.append(Forward(key, n_inf, seq.n_cached - n_inf, cost.forward_time_s - seconds))
 
-        seq._ensure_processed = traced
+        seq._ensure_processed = traced  # type: ignore[method-assign]  # this one sequence's step, wrapped on purpose
         return seq
 
 

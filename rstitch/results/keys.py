@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from rstitch.results.weights import fingerprint, is_local, method_weights, pair_weights
@@ -45,7 +46,7 @@ def portable(node: Any) -> Any:
     return os.path.basename(os.path.normpath(os.path.expanduser(node))) if is_local(node) else node
 
 
-def comparison_key(cfg: dict[str, Any]) -> dict[str, Any]:
+def comparison_key(cfg: Mapping[str, Any]) -> dict[str, Any]:
     data_path = cfg["dataset"].get("path")
     return {
         "pair": portable(cfg["pair"]),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 CHUNK = 1 << 20
 PAIR_ROLES = ("slm", "llm")
@@ -38,7 +38,7 @@ def fingerprint(path: str | os.PathLike) -> str:
     return digest.hexdigest()[:12]
 
 
-def is_local(value: Any) -> bool:
+def is_local(value: Any) -> TypeGuard[str]:
     """A string that names an existing file or directory as a path (absolute, or with a
     separator): a bare word such as a method name may match a folder of the working directory."""
     if not isinstance(value, str) or not value:

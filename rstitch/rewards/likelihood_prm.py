@@ -183,11 +183,11 @@ class TestbedPRM(ProcessRewardModel):
 
         if not path:
             path, model = str(PRM_DIR), model or str(LLM_DIR)
-        model, self.tokenizer = _load(model or path, "AutoModelForCausalLM", device, dtype)
+        lm, self.tokenizer = _load(model or path, "AutoModelForCausalLM", device, dtype)
         self.head = LikelihoodHead.load(path)
         self.values = CheckedValues(self.head, self.tokenizer)
-        self.scorer = PrefixCachedHead(model.model, CheckedLogProbs(model.lm_head, self.values).eval(), self.cost)
-        self.num_parameters = sum(p.numel() for p in model.parameters())  # tied weights counted once
+        self.scorer = PrefixCachedHead(lm.model, CheckedLogProbs(lm.lm_head, self.values).eval(), self.cost)
+        self.num_parameters = sum(p.numel() for p in lm.parameters())  # tied weights counted once
         self.name, self.separator = "testbed", separator
         self._checked: set[str] = set()
         self._testbed_only = Path(path).resolve() == PRM_DIR.resolve()  # the shipped PRM knows nothing else

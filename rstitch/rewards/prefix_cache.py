@@ -63,6 +63,7 @@ class PrefixCachedHead:
         prefix = self._prefix
         shared = common_prefix_length(prefix.ids, ids) if self.use_cache else 0
         if shared == len(ids):
+            assert prefix.rows is not None, "a non-empty shared prefix has its rows"
             return prefix.rows[: len(ids)]
         self._restart_from(prefix, shared)
         new_rows = self._run(prefix, ids[shared:])
@@ -74,12 +75,14 @@ class PrefixCachedHead:
         if shared == 0 or prefix.cache is None:
             from transformers import DynamicCache
 
-            prefix.cache = DynamicCache(config=self.backbone.config) if self.use_cache else None
+            # A transformers backbone: torch's Module.__getattr__ types its config as Tensor | Module.
+            prefix.cache = DynamicCache(config=self.backbone.config) if self.use_cache else None  # type: ignore[arg-type]
             prefix.rows, shared = None, 0
         else:
             excess = prefix.cache.get_seq_length() - shared
             if excess > 0:
                 prefix.cache.crop(-excess)  # a negative count removes that many positions
+            assert prefix.rows is not None, "a non-empty shared prefix has its rows"
             prefix.rows = prefix.rows[:shared]
         prefix.ids = prefix.ids[:shared]
 

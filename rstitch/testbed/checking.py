@@ -180,7 +180,9 @@ def _expression_ends(step: str) -> list[int]:
     ends: set[int] = set()
     for m in _CHAIN_RE.finditer(step):
         chain = m.group(0)
-        ends.add(m.start() + _NUM_RE.search(chain).end())  # the value a chain starts from
+        first = _NUM_RE.search(chain)
+        assert first is not None, "a chain starts with a number (_EXPR)"
+        ends.add(m.start() + first.end())  # the value a chain starts from
         ends.update(m.start() + len(chain[:i].rstrip()) for i, c in enumerate(chain) if c == "=")
         ends.add(m.end())
     ends.update(m.end() for m in _BOXED_RE.finditer(step))

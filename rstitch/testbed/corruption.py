@@ -98,11 +98,11 @@ def _slip_inside(chain: list[str], rng: random.Random) -> tuple[list[str], int]:
         return [*chain[:-1], str(c)], c
     left, op, right = chain[2].split(" ")
     left = str(_perturb(int(left), rng, hi=MAX_VALUE))
-    c = eval_expr(f"{left} {op} {right}")
-    if c is None or not 0 <= c <= MAX_VALUE:
+    partial = eval_expr(f"{left} {op} {right}")
+    if partial is None or not 0 <= partial <= MAX_VALUE:
         c = _perturb(int(chain[-1]), rng)
         return [*chain[:-1], str(c)], c
-    return [chain[0], chain[1], f"{left} {op} {right}", str(c)], c
+    return [chain[0], chain[1], f"{left} {op} {right}", str(partial)], partial
 
 
 def _safe(a: int, op: str, b: int) -> int | None:
