@@ -8,5 +8,5 @@ CONF_PACKAGES = ["rstitch.conf", *(f"rstitch.conf.{name}" for name in find_names
 setup(
     packages=[*find_packages(include=["rstitch", "rstitch.*"]), *CONF_PACKAGES],
     package_dir={"rstitch.conf": "conf"},
-    package_data={name: ["*.yaml"] for name in CONF_PACKAGES},
+    package_data={"rstitch": ["testbed/assets/**/*", "methods/*.json"], **{name: ["*.yaml"] for name in CONF_PACKAGES}},
 )
