@@ -210,6 +210,18 @@ def test_prm_registry_fails_loudly_with_valid_names():
     assert isinstance(load_prm("oracle"), OracleStepChecker)
 
 
+def test_a_type_error_inside_a_prm_constructor_is_not_a_config_error(monkeypatch):
+    """Arguments are checked by signature; a bug raised while constructing propagates as itself."""
+    def broken_init(self) -> None:
+        raise TypeError("a bug inside the constructor")
+
+    monkeypatch.setattr(OracleStepChecker, "__init__", broken_init)
+    with pytest.raises(TypeError, match="a bug inside the constructor"):
+        load_prm("oracle")
+    with pytest.raises(ConfigError, match="PRM .oracle.*bogus"):
+        load_prm("oracle", bogus=1)
+
+
 def test_shipped_testbed_prm_ranks_right_steps_above_wrong_ones():
     # Clean and corrupted solutions of test problems in both styles, and a style mixture: the
     # shipped PRM judges the digits, not the style, so one ranking covers them all.

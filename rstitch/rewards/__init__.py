@@ -26,11 +26,15 @@ def check_prm_name(name: Any) -> str:
 
 
 def load_prm(name: str, **options: Any) -> ProcessRewardModel:
-    module, cls = PRMS[check_prm_name(name)].split(":")
+    from rstitch.methods.base import check_parameters  # lazy: the methods import this package
+
+    module, cls_name = PRMS[check_prm_name(name)].split(":")
+    cls = getattr(importlib.import_module(module), cls_name)
     try:
-        return getattr(importlib.import_module(module), cls)(**options)
+        check_parameters(cls, options)
     except TypeError as err:
         raise ConfigError(f"PRM '{name}': {err}") from None
+    return cls(**options)  # a TypeError raised in here is a bug of the PRM: it propagates as one
 
 
 def resolve_prm(spec: ProcessRewardModel | dict[str, Any]) -> ProcessRewardModel:
