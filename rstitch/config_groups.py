@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from rstitch.configs import CONF_DIR
 from rstitch.data.prompts import PromptFormat
 from rstitch.errors import ConfigError
 
 
 def group_choices(group: str) -> list[str]:
     """The names `group=<name>` accepts (conf/<group>/*.yaml), e.g. for argparse `choices`."""
-    from rstitch.cli.run import CONF_DIR
-
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
