@@ -2,13 +2,16 @@
 
     python scripts/profile_latency.py                       # testbed pair, CPU -> rstitch/testbed/assets/latency/
     python scripts/profile_latency.py --pair r1_1.5b_7b --max-kv 16384 --max-inf 4096 --out runs/latency
+    python scripts/profile_latency.py --pair qwen2.5_coder_0.5b_1.5b --engine llamacpp --threads 2 --out runs/latency-llamacpp
 
 1. For each model, time forwards through the framework's engine over a grid of N_inf (tokens
    processed) x N_kv (cache size before the forward): open a Sequence holding N_kv tokens, append
    N_inf tokens, ask for the next distribution, roll back, repeat (median of --repeats, or mean).
 2. Fit the coefficients by least squares weighted by 1/T (relative error; decode steps dominate
-   trajectories and are the shortest forwards), report R^2 overall and for decode / prefill
-   points, and save one JSON per (model, device, dtype).
+   trajectories and are the shortest forwards), then the formula's remaining error per profiled
+   N_inf (`scale_by_inf`; --formula-only skips it), report R^2 overall and for decode / prefill
+   points, and save one JSON per (model, device, dtype) with its points: `--refit` fits the
+   saved points again without profiling.
 3. Check on real trajectories: decode --check problems (testbed validation split) with R-Stitch
    at a few thresholds, timing each sample like the runner does, and compare the sum of the
    per-forward estimates with the measured wall-clock latency (and with the engine-measured
@@ -24,11 +27,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rstitch.config_groups import group_choices, pair_config, prompt_format
+from rstitch.config_groups import group_choices, group_config, pair_config, prompt_format
 from rstitch.data.prompts import PromptFormat
 from rstitch.engines import Sampler, load_pair
 from rstitch.methods import DecodeContext, build_method
-from rstitch.metrics.latency_model import ForwardTrace, estimate_latency, fit_profile, latency_file, profile_runner, r_squared
+from rstitch.metrics.latency_model import (
+    ForwardTrace,
+    LatencyModel,
+    ProfilePoint,
+    estimate_latency,
+    fit_profile,
+    latency_file,
+    profile_runner,
+    r_squared,
+)
 from rstitch.testbed import ASSETS_DIR
 
 
@@ -43,15 +55,42 @@ def grid(maximum: int, start: int) -> list[int]:
 
 
 def fit_report(model, points) -> dict[str, float]:
-    """R^2 on all points and separately on decode (N_inf = 1) and prefill points."""
+    """R^2 and mean relative error on all points and separately on decode (N_inf = 1) and prefill
+    points, of the prediction and of the formula alone."""
     out = {}
     for name, keep in (("all", lambda p: True), ("decode", lambda p: p.n_inf == 1), ("prefill", lambda p: p.n_inf > 1)):
         sel = [p for p in points if keep(p)]
         measured = np.array([p.seconds for p in sel])
-        predicted = np.asarray(model.predict([p.n_inf for p in sel], [p.n_kv for p in sel]))
-        out[f"r2_{name}"] = r_squared(predicted, measured)
-        out[f"mean_abs_rel_error_{name}"] = float(np.mean(np.abs(predicted - measured) / measured))
+        for prefix, predict in (("", model.predict), ("formula_", model.formula)):
+            predicted = np.asarray(predict([p.n_inf for p in sel], [p.n_kv for p in sel]))
+            out[f"{prefix}r2_{name}"] = r_squared(predicted, measured)
+            out[f"{prefix}mean_abs_rel_error_{name}"] = float(np.mean(np.abs(predicted - measured) / measured))
     return out
+
+
+def describe(key: str, model, path: Path) -> str:
+    return (f"{key} ({model.model}): a={model.a:.3e} b={model.b:.3e} c={model.c:.3e} d={model.d:.3e}  "
+            f"R^2 {model.r2:.4f} (decode {model.info['r2_decode']:.3f}, prefill {model.info['r2_prefill']:.4f}); decode "
+            f"mean |rel err| {model.info['mean_abs_rel_error_decode']:.3f} (formula alone "
+            f"{model.info['formula_mean_abs_rel_error_decode']:.3f}); decode at N_kv=256: "
+            f"{1000 * model.predict(1, 256):.2f} ms -> {path}")
+
+
+def refit(directory: Path, relative: bool, scale_by_inf: bool) -> None:
+    """Fit every saved profile in `directory` again from its stored points (no profiling)."""
+    files = sorted(directory.glob("*.json"))
+    saved = [LatencyModel.load(f) for f in files if not f.name.startswith("trajectory_check")]
+    if not any(m.info.get("points") for m in saved):
+        raise SystemExit(f"error: no saved profile with points in {directory}")
+    for old in saved:
+        points = [ProfilePoint(int(n), int(kv), float(s)) for n, kv, s in old.info.get("points", [])]
+        if not points:
+            continue
+        model = fit_profile(points, relative=relative, scale_by_inf=scale_by_inf, identity=(old.model, old.device, old.dtype))
+        model.info.update(fit_report(model, points))
+        model.info.update({k: v for k, v in old.info.items() if k not in model.info and not k.startswith(("r2_", "mean_abs"))})
+        model.info["weighting"] = "relative (1/T)" if relative else "unweighted"
+        print(describe("refit", model, model.save(latency_file(directory, old.model, old.device, old.dtype))))
 
 
 def check_trajectories(pair, models, prompt: PromptFormat, n: int, taus: list[float], max_new_tokens: int) -> dict:
@@ -101,6 +140,8 @@ def main() -> None:
     p.add_argument("--pair", default="testbed", choices=group_choices("pair"), help="a conf/pair/*.yaml name")
     p.add_argument("--slm", default=None, help="override the pair's SLM path")
     p.add_argument("--llm", default=None, help="override the pair's LLM path")
+    p.add_argument("--engine", default="hf", choices=group_choices("engine"),
+                   help="a conf/engine/*.yaml name (its defaults; threads from --threads)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
     p.add_argument("--prompt", default="chat", choices=group_choices("prompt"), help="a conf/prompt/*.yaml name (for the trajectory check)")
@@ -111,16 +152,23 @@ def main() -> None:
     p.add_argument("--statistic", default="median", choices=["median", "mean"],
                    help="per grid point: median (the model's own cost) or mean (keeps stalls caused by other jobs)")
     p.add_argument("--unweighted", action="store_true", help="plain least squares instead of relative error")
+    p.add_argument("--formula-only", action="store_true", help="no per-N_inf scale: the formula alone")
+    p.add_argument("--refit", action="store_true", help="fit the profiles saved in --out again from their points, then stop")
     p.add_argument("--check", type=int, default=20, help="problems for the trajectory check (0 = skip)")
     p.add_argument("--taus", default="0.001,0.02,0.1", help="R-Stitch thresholds of the trajectory check")
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for small models on a shared CPU)")
     args = p.parse_args()
+    if args.refit:
+        return refit(args.out, relative=not args.unweighted, scale_by_inf=not args.formula_only)
     torch.set_num_threads(args.threads)
 
     pair_cfg = pair_config(args.pair, args.slm, args.llm)
     device, dtype = args.device or pair_cfg.get("device", "cpu"), args.dtype or pair_cfg.get("dtype", "float32")
-    pair = load_pair(pair_cfg["slm"], pair_cfg["llm"], dtype=dtype, device=device)
+    engine = {k: v for k, v in group_config("engine", args.engine).items() if k != "name"}
+    if "num_threads" in engine:
+        engine["num_threads"] = args.threads
+    pair = load_pair(pair_cfg["slm"], pair_cfg["llm"], engine=args.engine, dtype=dtype, device=device, **engine)
     prompt = prompt_format(args.prompt)
     n_inf_grid, n_kv_grid = grid(args.max_inf, 1), grid(args.max_kv, 0)
     print(f"grid: N_inf {n_inf_grid}\n      N_kv {n_kv_grid}\n      x {args.repeats} repeats, {args.threads} thread(s)")
@@ -130,7 +178,7 @@ def main() -> None:
         profile_runner(runner, [1, 16], [0, 64], repeats=2)  # warm-up: allocator, kernels
         t0 = time.perf_counter()
         points = profile_runner(runner, n_inf_grid, n_kv_grid, repeats=args.repeats, statistic=args.statistic)
-        model = fit_profile(points, runner, relative=not args.unweighted)
+        model = fit_profile(points, runner, relative=not args.unweighted, scale_by_inf=not args.formula_only)
         model.info.update(fit_report(model, points))
         model.info.update({"threads": args.threads, "repeats": args.repeats, "statistic": args.statistic,
                            "profile_s": time.perf_counter() - t0,
@@ -138,9 +186,7 @@ def main() -> None:
                            "points": [[q.n_inf, q.n_kv, q.seconds] for q in points]})
         path = model.save(latency_file(args.out, model.model, model.device, model.dtype))
         models[key] = model
-        print(f"{key} ({runner.name}): a={model.a:.3e} b={model.b:.3e} c={model.c:.3e} d={model.d:.3e}  "
-              f"R^2 {model.r2:.4f} (decode {model.info['r2_decode']:.3f}, prefill {model.info['r2_prefill']:.4f}); "
-              f"decode at N_kv=256: {1000 * model.predict(1, 256):.2f} ms -> {path}")
+        print(describe(key, model, path))
 
     if args.check:
         taus = [float(t) for t in args.taus.split(",")]

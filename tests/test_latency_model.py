@@ -46,6 +46,40 @@ def test_noisy_fit_has_r2_below_one_and_predicts_scalars_and_arrays():
     assert LatencyModel(0, 0, 0, float(np.mean(seconds))).r2_score(n_inf, n_kv, seconds) == pytest.approx(0.0, abs=1e-9)
 
 
+def kinked_points():
+    """The formula times a per-n_inf factor, as CPU kernels give at small n_inf (real pair: a 2-token
+    forward costs twice a decode step, a 4-token one less than a 3-token one)."""
+    n_inf, n_kv, seconds = synthetic_points()
+    kink = {1: 0.6, 2: 1.3, 4: 0.9}
+    return n_inf, n_kv, seconds * np.array([kink.get(int(k), 1.0) for k in n_inf])
+
+
+def test_scale_by_inf_follows_what_the_formula_cannot():
+    n_inf, n_kv, seconds = kinked_points()
+    plain = LatencyModel.fit(n_inf, n_kv, seconds)
+    scaled = LatencyModel.fit(n_inf, n_kv, seconds, scale_by_inf=True)
+    decode = n_inf == 1
+    plain_err = np.abs(plain.predict(n_inf, n_kv) - seconds) / seconds
+    scaled_err = np.abs(scaled.predict(n_inf, n_kv) - seconds) / seconds
+    assert plain_err[decode].mean() > 0.1  # the smooth formula misses the decode steps
+    assert scaled_err.max() < 0.05 and scaled_err.mean() < plain_err.mean() / 3 and scaled.r2 > plain.r2
+    assert scaled.coefficients.tolist() == plain.coefficients.tolist()  # the formula's fit is unchanged
+    assert sorted(scaled.scale_by_inf) == [1, 2, 4, 8, 16, 64, 128]
+    # Between profiled n_inf the scale is interpolated; beyond them it is the end value.
+    s = scaled.scale_by_inf
+    assert scaled.predict(3, 32) == pytest.approx(scaled.formula(3, 32) * (s[2] + s[4]) / 2)
+    assert scaled.predict(500, 32) == pytest.approx(scaled.formula(500, 32) * s[128])
+    assert scaled.predict([1, 3], [0, 0]).shape == (2,)
+
+
+def test_scaled_model_round_trips_with_integer_keys(tmp_path):
+    n_inf, n_kv, seconds = kinked_points()
+    model = LatencyModel.fit(n_inf, n_kv, seconds, scale_by_inf=True, model="m")
+    loaded = LatencyModel.load(model.save(latency_file(tmp_path, "m")))
+    assert loaded == model and all(isinstance(k, int) for k in loaded.scale_by_inf)
+    assert loaded.predict(2, 100) == model.predict(2, 100)
+
+
 def test_save_load_round_trip(tmp_path):
     model = LatencyModel(**TRUE, model="m", device="cpu", dtype="float32", r2=0.97, info={"n_points": 3})
     path = model.save(latency_file(tmp_path, "m"))

@@ -83,6 +83,15 @@ def test_closed_sequences_free_their_ids_and_cells(setup):
     del held
 
 
+def test_latency_profiles_are_named_apart_from_the_hf_engines(setup):
+    from rstitch.metrics.latency_model import latency_file, runner_identity
+
+    pair = setup[0]
+    for model in pair.models().values():
+        assert model.dtype == "gguf-Q4_K_Medium"  # llama.cpp's description of both packaged files
+        assert latency_file("d", *runner_identity(model)).name == f"{model.name}.cpu.gguf-Q4_K_Medium.json"
+
+
 def test_hybrids_at_their_extremes_reproduce_the_single_models(setup, single_models, check_hybrid_invariants):
     check_hybrid_invariants(lambda name, **params: decode(setup, name, **params), *single_models)
 

@@ -224,6 +224,22 @@ def test_merge_does_not_overwrite_an_unsharded_run(sharded, tmp_path, capsys):
     assert code == 2 and "already holds an unsharded run" in errors[0]
 
 
+def test_merge_without_a_merged_baseline_says_how_to_make_it(sharded, tmp_path, capsys):
+    root = copy_runs(sharded, tmp_path)
+    shards = shard_dirs(root)
+    for i, d in enumerate(shards):  # the record Hydra writes beside a CLI run
+        (d / ".hydra").mkdir()
+        (d / ".hydra" / "overrides.yaml").write_text(
+            f"- method=rstitch\n- method.tau=0.3\n- dataset.limit=5\n- dataset.shard={i}\n- dataset.num_shards=2\n")
+    code, errors, out = merge_cli(capsys, *shards)  # the llm_only shards stay unmerged: no baseline run
+    assert code == 0, errors
+    assert "speedup -: no llm_only run under" in out
+    assert "\n  rstitch-run method=llm_only dataset.limit=5\n" in out  # the unsharded baseline, shard overrides dropped
+    assert out.rstrip().splitlines()[-1].startswith("merged 2 shards")
+    code, _, out = merge_cli(capsys, "--all", root)  # with the baseline merged too: a speedup, no note
+    assert code == 0 and "speedup -:" not in out
+
+
 # --------------------------------------------------------------------------- resume after a kill
 
 

@@ -170,6 +170,25 @@ def merge(groups: list[list[Shard]]) -> list[tuple[MergePlan, dict[str, Any]]]:
     return [(plan, write_merge(plan)) for plan in plans]
 
 
+def shard_overrides(shard: Shard) -> list[str]:
+    """The command-line overrides the shard was run with (Hydra's record), without the shard
+    selection: the overrides of the unsharded run. Empty when Hydra wrote no record."""
+    record = shard.dir / ".hydra" / "overrides.yaml"
+    if not record.is_file():
+        return []
+    import yaml  # Hydra's own dependency
+
+    overrides = yaml.safe_load(record.read_text()) or []
+    return [o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in ("dataset.shard", "dataset.num_shards")]
+
+
+def speedup_note(plan: MergePlan, summary: dict[str, Any]) -> str | None:
+    """Why the merged run has no speedup and the command that makes its baseline (as rstitch-run says)."""
+    from rstitch.results.baseline import missing_baseline_note
+
+    return missing_baseline_note(summary, plan.target.parent.parent, shard_overrides(plan.shards[0]))
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rstitch-merge", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", help="the shard run directories of one configuration (with --all: results roots)")
@@ -187,6 +206,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(2)
     for plan, summary in merged:
         print(format_table(summary))
+        note = speedup_note(plan, summary)
+        if note:
+            print(note)
         print(f"merged {len(plan.shards)} shards, {len(plan.samples)} samples: {plan.target}")
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import weakref
 from collections.abc import Sequence as Seq
 from typing import cast
@@ -45,6 +46,16 @@ def _llama_cpp():
     except ImportError:
         raise ConfigError('engine=llamacpp needs llama-cpp-python: pip install -e ".[llamacpp]"') from None
     return llama_cpp
+
+
+def _weight_type(llama_cpp, model) -> str:
+    """The file's weight type as llama.cpp describes the model ("qwen2 1.5B Q4_K - Medium" ->
+    "gguf-Q4_K_Medium"): latency profiles are stored per (model, device, dtype)."""
+    buf = ctypes.create_string_buffer(256)
+    llama_cpp.llama_model_desc(model, buf, len(buf))
+    parts = buf.value.decode(errors="replace").split(" ", 2)
+    kind = re.sub(r"[^A-Za-z0-9_.]+", "_", parts[-1]).strip("_") or "unknown"
+    return f"gguf-{kind}"
 
 
 def _silence(llama_cpp) -> None:
@@ -129,6 +140,7 @@ class LlamaCppModelRunner(ModelRunner):
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
         self.vocab_size = shared_vocab_size(self.tokenizer, self.n_vocab)
         self.num_parameters = llama_cpp.llama_model_n_params(self.model)
+        self.dtype = _weight_type(llama_cpp, self.model)  # names its latency profile apart from the HF engine's
         self.hidden_size = llama_cpp.llama_model_n_embd(self.model)
         self.eos_token_ids = _eos_ids(llama_cpp, vocab, self.tokenizer, path)
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)

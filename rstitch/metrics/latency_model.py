@@ -11,6 +11,13 @@ dtype) by `scripts/profile_latency.py` and stored as JSON; a trajectory's latenc
 the sum of T over its forwards. R-Stitch+'s reward uses this estimate, so training does not
 depend on timing noise of the machine it runs on.
 
+The formula is smooth in n_inf; CPU matrix kernels are not at small n_inf (on the real pair's
+1.5B in fp32 a 2-token forward costs twice a decode step and a 4-token one less than a 3-token
+one), so a fit that serves the prefills misses decode steps by tens of percent. A fit can
+therefore carry `scale_by_inf`: measured / formula at each profiled n_inf (median over n_kv),
+multiplied into the prediction (linear between profiled n_inf, the end values beyond them).
+Without it (the shipped testbed models) the prediction is the formula alone.
+
 Forwards are recorded with `ForwardTrace`, which wraps a pair's runners so that every forward of
 every sequence they open is logged as (model, n_inf, n_kv, measured seconds).
 """
@@ -56,6 +63,7 @@ class LatencyModel:
     dtype: str = "float32"
     r2: float = math.nan  # on the profiling points (plain, unweighted R^2)
     info: dict[str, Any] = field(default_factory=dict)  # fit diagnostics, profiling grid, ...
+    scale_by_inf: dict[int, float] = field(default_factory=dict)  # measured / formula per n_inf; {} = formula
 
     @property
     def coefficients(self) -> np.ndarray:
@@ -63,22 +71,33 @@ class LatencyModel:
 
     @classmethod
     def fit(cls, n_inf: Iterable[int], n_kv: Iterable[int], seconds: Iterable[float],
-            relative: bool = True, **identity: Any) -> LatencyModel:
+            relative: bool = True, scale_by_inf: bool = False, **identity: Any) -> LatencyModel:
         """Least squares on the profiling points. `relative=True` weights each point by 1/T, i.e.
         minimizes relative error: decode steps (the bulk of a trajectory) take milliseconds while
-        long prefills take far longer, and an unweighted fit would serve only the prefills."""
+        long prefills take far longer, and an unweighted fit would serve only the prefills.
+        `scale_by_inf=True` then stores the formula's remaining error per profiled n_inf."""
         n_inf, n_kv = np.asarray(list(n_inf)), np.asarray(list(n_kv))
         y = np.asarray(list(seconds), dtype=np.float64)
         weights = 1.0 / y if relative else np.ones_like(y)
         coef, *_ = np.linalg.lstsq(features(n_inf, n_kv) * weights[:, None], y * weights, rcond=None)
         a, b, c, d = map(float, coef)  # one coefficient per FEATURE_NAMES column
         fitted = cls(a, b, c, d, **identity)
+        if scale_by_inf:
+            ratio = y / fitted.formula(n_inf, n_kv)
+            fitted.scale_by_inf = {int(k): float(np.median(ratio[n_inf == k])) for k in np.unique(n_inf)}
         fitted.r2 = fitted.r2_score(n_inf, n_kv, y)
         return fitted
 
+    def formula(self, n_inf: Any, n_kv: Any) -> Any:
+        """The paper's formula alone (no per-n_inf scale)."""
+        return features(n_inf, n_kv) @ self.coefficients
+
     def predict(self, n_inf: Any, n_kv: Any) -> Any:
         """Seconds for forwards of `n_inf` new tokens over `n_kv` cached ones (scalars or arrays)."""
-        out = features(n_inf, n_kv) @ self.coefficients
+        out = self.formula(n_inf, n_kv)
+        if self.scale_by_inf:
+            known = sorted(self.scale_by_inf)
+            out = out * np.interp(np.asarray(n_inf, dtype=np.float64), known, [self.scale_by_inf[k] for k in known])
         return float(out) if np.ndim(out) == 0 else out
 
     def r2_score(self, n_inf: Any, n_kv: Any, seconds: Any) -> float:
@@ -87,13 +106,15 @@ class LatencyModel:
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**asdict(self), "formula": "T = a*n_inf*n_kv + b*n_inf^2 + c*n_inf + d (seconds)"}, indent=2) + "\n")
+        formula = "T = (a*n_inf*n_kv + b*n_inf^2 + c*n_inf + d) * scale_by_inf[n_inf] (seconds; scale 1 when empty)"
+        path.write_text(json.dumps({**asdict(self), "formula": formula}, indent=2) + "\n")
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> LatencyModel:
         data = json.loads(Path(path).read_text())
         data.pop("formula", None)
+        data["scale_by_inf"] = {int(k): float(v) for k, v in data.get("scale_by_inf", {}).items()}  # JSON keys are text
         return cls(**data)
 
 
@@ -155,10 +176,16 @@ def profile_runner(runner: ModelRunner, n_inf_grid: Iterable[int], n_kv_grid: It
     return [ProfilePoint(n_inf, n_kv, float(reduce(t))) for (n_inf, n_kv), t in sorted(times.items())]
 
 
-def fit_profile(points: list[ProfilePoint], runner: ModelRunner, relative: bool = True) -> LatencyModel:
-    model, device, dtype = runner_identity(runner)
+def fit_profile(points: list[ProfilePoint], runner: ModelRunner | None = None, relative: bool = True,
+                scale_by_inf: bool = True, identity: tuple[str, str, str] | None = None) -> LatencyModel:
+    """Fit on profiled points; the model's identity is the runner's (or given, when refitting saved points)."""
+    if identity is None:
+        if runner is None:
+            raise ValueError("fit_profile needs a runner or an identity (model, device, dtype)")
+        identity = runner_identity(runner)
+    model, device, dtype = identity
     fitted = LatencyModel.fit([p.n_inf for p in points], [p.n_kv for p in points], [p.seconds for p in points],
-                              relative=relative, model=model, device=device, dtype=dtype)
+                              relative=relative, scale_by_inf=scale_by_inf, model=model, device=device, dtype=dtype)
     fitted.info["n_points"] = len(points)
     return fitted
 
