@@ -128,3 +128,17 @@ def test_profile_and_fit_on_a_real_model(tiny_runners, tmp_path):
     assert load_pair_latency(tmp_path, tiny_runners) is None  # the SLM was not profiled
     fit_profile(profile_runner(tiny_runners.slm, [1, 4], [0, 8], repeats=1), tiny_runners.slm).save(latency_file(tmp_path, "slm"))
     assert set(load_pair_latency(tmp_path, ModelPair(tiny_runners.slm, llm))) == {"slm", "llm"}
+
+
+def test_profile_script_refits_saved_points_with_the_scale(tmp_path):
+    from conftest import run_script
+
+    n_inf, n_kv, seconds = kinked_points()
+    formula_only = LatencyModel.fit(n_inf, n_kv, seconds, model="m")
+    formula_only.info["points"] = [[int(i), int(k), float(s)] for i, k, s in zip(n_inf, n_kv, seconds)]
+    path = formula_only.save(latency_file(tmp_path, "m"))
+    out = run_script("profile_latency", "--refit", "--out", str(tmp_path)).stdout
+    refit = LatencyModel.load(path)
+    assert "refit (m)" in out and refit.scale_by_inf == LatencyModel.fit(n_inf, n_kv, seconds, scale_by_inf=True).scale_by_inf
+    assert refit.info["mean_abs_rel_error_decode"] < refit.info["formula_mean_abs_rel_error_decode"] / 3
+    assert refit.info["points"] == formula_only.info["points"]  # kept for the next refit
