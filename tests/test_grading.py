@@ -328,7 +328,9 @@ def test_hostile_input_grades_in_time_without_raising(response, gold):
     for multiple_choice in (False, True):
         assert isinstance(extract_answer(response, multiple_choice=multiple_choice), (str, type(None)))
         assert isinstance(grade(response, gold, multiple_choice=multiple_choice, timeout_s=HOSTILE_TIMEOUT_S), bool)
-    assert time.monotonic() - start < 2 * HOSTILE_TIMEOUT_S + 1.0
+    # The timeouts plus extracting a megabyte in pure Python (about 1.5 s per pass on a busy 2-core
+    # machine); an unbounded grade of these inputs takes minutes.
+    assert time.monotonic() - start < 2 * HOSTILE_TIMEOUT_S + 4.0
 
 
 def test_huge_exponents_are_settled_without_math_verify():
