@@ -27,6 +27,7 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, cast
 
@@ -96,9 +97,14 @@ class LatencyModel:
         """Seconds for forwards of `n_inf` new tokens over `n_kv` cached ones (scalars or arrays)."""
         out = self.formula(n_inf, n_kv)
         if self.scale_by_inf:
-            known = sorted(self.scale_by_inf)
-            out = out * np.interp(np.asarray(n_inf, dtype=np.float64), known, [self.scale_by_inf[k] for k in known])
+            out = out * np.interp(np.asarray(n_inf, dtype=np.float64), *self._scale_table)
         return float(out) if np.ndim(out) == 0 else out
+
+    @cached_property
+    def _scale_table(self) -> tuple[list[int], list[float]]:
+        """`scale_by_inf` sorted once: the runner predicts every forward of every sample."""
+        known = sorted(self.scale_by_inf)
+        return known, [self.scale_by_inf[k] for k in known]
 
     def r2_score(self, n_inf: Any, n_kv: Any, seconds: Any) -> float:
         return r_squared(np.asarray(self.predict(n_inf, n_kv)), np.asarray(seconds, dtype=np.float64))
