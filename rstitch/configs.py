@@ -18,3 +18,9 @@ def find_conf_dir() -> Path:
 
 
 CONF_DIR = find_conf_dir()
+
+
+def override_key(override: str) -> str:
+    """The config key a Hydra command-line override sets: `dataset.limit` for `dataset.limit=6`,
+    `+x=1`, `~x` or `++x=1`."""
+    return override.lstrip("+~").split("=", 1)[0]

@@ -198,3 +198,15 @@ def test_ctrl_c_is_one_line_saying_what_is_saved_and_how_to_resume(tmp_path, tin
     last = [line for line in stderr.splitlines() if line.strip()][-1]
     assert proc.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
     assert last == f"rstitch-run: interrupted: {saved} samples saved in {run_dir}; rerun the same command to resume"
+
+
+@pytest.mark.parametrize("override, key", [
+    ("dataset.limit=6", "dataset.limit"), ("+method.k=3", "method.k"), ("++logger=none", "logger"),
+    ("~method.tau", "method.tau"), ("prompt.system=a=b", "prompt.system"),
+])
+def test_override_key_names_the_setting(override: str, key: str) -> None:
+    from rstitch.configs import override_key
+    from rstitch.results.baseline import is_method_override
+
+    assert override_key(override) == key
+    assert is_method_override(override) == key.startswith("method.")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rstitch.configs import override_key
 from rstitch.data import load_dataset_records
 from rstitch.errors import ConfigError
 from rstitch.results.keys import is_sharded, key_differences, run_key, run_tag, unsharded
@@ -179,7 +180,7 @@ def shard_overrides(shard: Shard) -> list[str]:
     import yaml  # Hydra's own dependency
 
     overrides = yaml.safe_load(record.read_text()) or []
-    return [o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in ("dataset.shard", "dataset.num_shards")]
+    return [o for o in overrides if override_key(o) not in ("dataset.shard", "dataset.num_shards")]
 
 
 def speedup_note(plan: MergePlan, summary: dict[str, Any]) -> str | None:

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rstitch.configs import override_key
 from rstitch.errors import ConfigError
 from rstitch.results.keys import key_differences
 from rstitch.results.metrics import baseline_method
@@ -37,7 +38,7 @@ def baseline_config(cfg: dict[str, Any]) -> dict[str, Any]:
 def is_method_override(override: str) -> bool:
     """`method=...`, `method.tau=...` (also with + or ~) and `baseline=...`: the settings a
     baseline run does not share with the run."""
-    key = override.lstrip("+~").split("=", 1)[0]
+    key = override_key(override)
     return key in ("method", "baseline") or key.startswith("method.")
 
 
