@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, cast
@@ -85,7 +85,8 @@ class LatencyModel:
         fitted = cls(a, b, c, d, **identity)
         if scale_by_inf:
             ratio = y / fitted.formula(n_inf, n_kv)
-            fitted.scale_by_inf = {int(k): float(np.median(ratio[n_inf == k])) for k in np.unique(n_inf)}
+            # A new instance, not an assignment: the sorted scale table is cached on first predict.
+            fitted = replace(fitted, scale_by_inf={int(k): float(np.median(ratio[n_inf == k])) for k in np.unique(n_inf)})
         fitted.r2 = fitted.r2_score(n_inf, n_kv, y)
         return fitted
 
