@@ -50,13 +50,24 @@ def point(common: list[str], method: str, params: dict, decode: bool) -> tuple[d
     cfg = compose_config([*common, f"method={method}", *(f"method.{k}={v}" for k, v in params.items())])
     if decode:
         return cfg, run_config(cfg)
-    summary = run_dir(cfg) / "summary.json"
-    return cfg, json.loads(summary.read_text()) if summary.is_file() else partial_summary(cfg)
+    return cfg, saved_summary(cfg)
 
 
-def partial_summary(cfg: dict) -> dict | None:
-    """The summary of an unfinished run's saved samples (the first n problems), without a speedup:
-    its baseline's mean covers other problems. None when nothing is saved."""
+def saved_summary(cfg: dict) -> dict | None:
+    """A finished run's summary, its speedup filled in when its `llm_only` baseline finished after
+    it (slm_only runs first); an unfinished run's saved samples (the first n problems) without a
+    speedup, since its baseline's mean covers other problems. None when nothing is saved."""
+    path = run_dir(cfg) / "summary.json"
+    stored = json.loads(path.read_text()) if path.is_file() else None
+    if stored is not None and stored.get("speedup") is not None:
+        return stored
+    summary = summarize_samples(cfg)
+    if summary is None or stored is None:
+        return summary and {**summary, "speedup": None, "partial": True}
+    return {**stored, **summary}
+
+
+def summarize_samples(cfg: dict) -> dict | None:
     from rstitch.methods import build_method
     from rstitch.results.store import iter_samples
     from rstitch.results.summary import summarize_run
@@ -65,8 +76,7 @@ def partial_summary(cfg: dict) -> dict | None:
     samples = list(iter_samples(path)) if path.is_file() else []
     if not samples:
         return None
-    summary = summarize_run(cfg, build_method(**cfg["method"]), samples, comparison_root(cfg["results_root"], cfg))
-    return {**summary, "speedup": None, "partial": True}
+    return summarize_run(cfg, build_method(**cfg["method"]), samples, comparison_root(cfg["results_root"], cfg))
 
 
 def run_dir(cfg: dict) -> Path:
