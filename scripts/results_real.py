@@ -25,6 +25,8 @@ from rstitch.data import load_dataset_records
 from rstitch.data.prompts import PromptFormat
 from rstitch.engines import load_model
 from rstitch.results.keys import run_tag
+from rstitch.results.metrics import find_speedups
+from rstitch.results.store import find_summaries
 from rstitch.runner import comparison_root, run_config
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "results-real.md"
@@ -48,26 +50,27 @@ def common_overrides(args: argparse.Namespace, dataset: str, limit: int) -> list
 def point(common: list[str], method: str, params: dict, decode: bool) -> tuple[dict, dict | None]:
     """The run's config and its summary (None when it has not been run and `decode` is off)."""
     cfg = compose_config([*common, f"method={method}", *(f"method.{k}={v}" for k, v in params.items())])
-    if decode:
-        return cfg, run_config(cfg)
-    return cfg, saved_summary(cfg)
+    summary = run_config(cfg) if decode else saved_summary(cfg)
+    return cfg, with_speedup(cfg, summary)
+
+
+def with_speedup(cfg: dict, summary: dict | None) -> dict | None:
+    """`slm_only` runs before its `llm_only` baseline exists, so its own summary has no speedup:
+    look the baseline up again now. An unfinished run keeps none (its baseline covers other problems)."""
+    if summary is None or summary.get("speedup") is not None or summary.get("partial"):
+        return summary
+    root = comparison_root(cfg["results_root"], cfg)
+    return {**summary, **find_speedups(summary, find_summaries(root))}
 
 
 def saved_summary(cfg: dict) -> dict | None:
-    """A finished run's summary, its speedup filled in when its `llm_only` baseline finished after
-    it (slm_only runs first); an unfinished run's saved samples (the first n problems) without a
-    speedup, since its baseline's mean covers other problems. None when nothing is saved."""
     path = run_dir(cfg) / "summary.json"
-    stored = json.loads(path.read_text()) if path.is_file() else None
-    if stored is not None and stored.get("speedup") is not None:
-        return stored
-    summary = summarize_samples(cfg)
-    if summary is None or stored is None:
-        return summary and {**summary, "speedup": None, "partial": True}
-    return {**stored, **summary}
+    return json.loads(path.read_text()) if path.is_file() else partial_summary(cfg)
 
 
-def summarize_samples(cfg: dict) -> dict | None:
+def partial_summary(cfg: dict) -> dict | None:
+    """The summary of an unfinished run's saved samples (the first n problems), without a speedup:
+    its baseline's mean covers other problems. None when nothing is saved."""
     from rstitch.methods import build_method
     from rstitch.results.store import iter_samples
     from rstitch.results.summary import summarize_run
@@ -76,7 +79,8 @@ def summarize_samples(cfg: dict) -> dict | None:
     samples = list(iter_samples(path)) if path.is_file() else []
     if not samples:
         return None
-    return summarize_run(cfg, build_method(**cfg["method"]), samples, comparison_root(cfg["results_root"], cfg))
+    summary = summarize_run(cfg, build_method(**cfg["method"]), samples, comparison_root(cfg["results_root"], cfg))
+    return {**summary, "speedup": None, "partial": True}
 
 
 def run_dir(cfg: dict) -> Path:

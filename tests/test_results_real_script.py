@@ -26,9 +26,9 @@ def test_a_run_finished_before_its_baseline_gets_its_speedup_when_rendered(tmp_p
     slm, llm = (compose_config([f"results_root={tmp_path}", *COMMON, f"method={m}"]) for m in ("slm_only", "llm_only"))
     run_config(slm)  # no llm_only yet: the stored summary has no speedup
     assert json.loads((results_real.run_dir(slm) / "summary.json").read_text())["speedup"] is None
-    assert results_real.saved_summary(slm)["speedup"] is None
+    assert results_real.with_speedup(slm, results_real.saved_summary(slm))["speedup"] is None
     llm_summary = run_config(llm)
-    rendered = results_real.saved_summary(slm)
+    rendered = results_real.with_speedup(slm, results_real.saved_summary(slm))
     stored = json.loads((results_real.run_dir(slm) / "summary.json").read_text())
     assert rendered["speedup"] == pytest.approx(llm_summary["latency_s"] / stored["latency_s"])
     assert "partial" not in rendered and rendered["n_samples"] == stored["n_samples"] == 2
