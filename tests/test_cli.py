@@ -180,9 +180,14 @@ def test_unwritable_results_root_is_one_error_line(tmp_path, tiny_pair, problems
 
 
 @pytest.mark.slow
-def test_ctrl_c_is_one_line_saying_what_is_saved_and_how_to_resume(tmp_path, tiny_pair, problems_file):
+def test_ctrl_c_is_one_line_saying_what_is_saved_and_how_to_resume(tmp_path, tiny_pair):
     import signal
     import time
+
+    # Enough problems that the run is still going when the interrupt lands, even on a slow poll.
+    problems_file = tmp_path / "problems.jsonl"
+    problems_file.write_text("".join(
+        json.dumps({"id": f"p{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n" for i in range(40)))
 
     env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "rstitch.cli.run", f"results_root={tmp_path / 'runs'}", "logger=none",
