@@ -1,11 +1,16 @@
-"""Supervisor of one sandboxed program (run as ``python -I _sandbox_supervisor.py CONFIG_JSON``).
+"""Supervisor of one sandboxed program (run as ``python -I _sandbox_supervisor.py``, config JSON on stdin).
 
-Standard library only, so it runs isolated (``-I``) from the caller's environment. Steps:
-drop root to the unprivileged user, enter new user/PID/network/mount namespaces where the kernel
-allows, hide the world-writable directories behind private tmpfs mounts, then fork the program as
-PID 1 of the new PID namespace with resource limits and wait for it. Killing that PID 1 kills every
-process the program started, so a fork loop or a daemonized child cannot outlive the sample. The
-verdict is one JSON line on stdout; the program's own output goes to files in its working directory.
+Standard library only, so it runs isolated (``-I``) from the caller's environment. Steps: join the
+sample's cgroup (as root, when the caller made one), drop root to the unprivileged user, enter new
+user/PID/network/mount namespaces where the kernel allows, mount one size-limited tmpfs on /tmp
+(also bound on /var/tmp and /dev/shm) holding the working directory, then fork the program as PID 1
+of the new PID namespace, which mounts a fresh /proc of that namespace and execs the interpreter
+with resource limits. Killing that PID 1 kills every process the program started, so a fork loop
+or a daemonized child cannot outlive the sample.
+
+The program's stdout, stderr and report channel (fd 3) are pipes this process reads with a cap; it
+never opens a path the program could have replaced. The verdict, with the captured output, is one
+JSON line on stdout.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import ctypes
 import json
 import os
 import resource
+import select
 import signal
 import sys
 import time
@@ -21,25 +27,47 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
-MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
-PR_SET_PDEATHSIG = 1
-PRIVATE_TMPFS = ("/tmp", "/var/tmp", "/dev/shm")  # world-writable: 'nobody' could write there
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x1000, 0x4000, 0x40000
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
+SHARED_TMP = ("/var/tmp", "/dev/shm")  # world-writable elsewhere; here the same sized tmpfs as /tmp
+REPORT_FD = 3
+DRAIN_S = 0.2  # after the program ends: how long leftover output may still arrive
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
 def main() -> None:
-    config = json.loads(sys.argv[1])
+    config = json.loads(sys.stdin.buffer.read())
+    isolation = {"cgroup": _join_cgroup(config["cgroup_procs"])}
+    if not isolation["cgroup"]:  # per-process limits only: fewer processes, so their sum fits the machine
+        config["max_processes"] = config["fallback_max_processes"]
+    isolation.update(user=_drop_root(config["uid"]), interpreter=config["argv"][0])
+    isolation.update(_enter_namespaces(config))
+    _write_new(os.path.join(config["workdir"], "main.py"), config["source"].encode())
     os.chdir(config["workdir"])
-    isolation = {"user": _drop_root(config["uid"]), "interpreter": config["argv"][0]}
-    stdout = os.open("stdout.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    stderr = os.open("stderr.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    stdin = os.open(config["stdin"] or os.devnull, os.O_RDONLY)
-    isolation.update(_enter_namespaces())
+    stdin = _stdin_fd(config["stdin"])
+    pipes = {name: os.pipe() for name in ("stdout", "stderr", "report")}
     child = os.fork()
     if child == 0:
-        _exec_program(config, stdin, stdout, stderr)
-    print(json.dumps({**_wait(child, config["timeout_s"]), "isolation": isolation}), flush=True)
+        _exec_program(config, stdin, {name: write for name, (_, write) in pipes.items()}, isolation)
+    os.close(stdin)
+    for _, write in pipes.values():
+        os.close(write)
+    verdict = _supervise(child, {name: read for name, (read, _) in pipes.items()}, config)
+    print(json.dumps({**verdict, "isolation": isolation}), flush=True)
+
+
+def _join_cgroup(procs_files: list[str]) -> bool:
+    """While still root, move this process into the sample's cgroup(s): the program inherits them."""
+    if not procs_files:
+        return False
+    try:
+        for path in procs_files:
+            with open(path, "w", encoding="ascii") as handle:
+                handle.write(str(os.getpid()))
+    except OSError:
+        return False
+    return True
 
 
 def _drop_root(uid: int | None) -> str:
@@ -52,37 +80,94 @@ def _drop_root(uid: int | None) -> str:
     return f"uid {uid}"
 
 
-def _enter_namespaces() -> dict[str, bool]:
+def _enter_namespaces(config: dict) -> dict:
     """New user+PID+network(+mount) namespaces; each part is best effort and reported."""
     flags = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
+    uid, gid = os.getuid(), os.getgid()
+    _libc.prctl(PR_SET_DUMPABLE, 1)  # /proc/self/*_map are writable only by a dumpable process
     if _libc.unshare(flags | CLONE_NEWNS) == 0:
-        return {"pid_namespace": True, "no_network": True, "private_tmp": _private_tmp()}
-    if _libc.unshare(flags) == 0:
-        return {"pid_namespace": True, "no_network": True, "private_tmp": False}
-    return {"pid_namespace": False, "no_network": False, "private_tmp": False}
+        _map_ids(uid, gid)
+        sized = _private_tmp(config["workdir"], config["disk_bytes"])
+        result = {"pid_namespace": True, "no_network": True, "private_tmp": sized, "disk_limit": sized}
+    elif _libc.unshare(flags) == 0:
+        _map_ids(uid, gid)
+        result = {"pid_namespace": True, "no_network": True, "private_tmp": False, "disk_limit": False}
+    else:
+        result = {"pid_namespace": False, "no_network": False, "private_tmp": False, "disk_limit": False}
+    _libc.prctl(PR_SET_DUMPABLE, 0)  # nothing of this user may ptrace the supervisor
+    return result
 
 
-def _private_tmp() -> bool:
-    if _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+def _map_ids(uid: int, gid: int) -> None:
+    """Map our own ids into the new user namespace, so files on its tmpfs get an owner."""
+    try:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w", encoding="ascii") as handle:
+                handle.write(text)
+    except OSError:
+        pass  # an unmapped owner: file creation on the tmpfs fails, the sample fails, nothing leaks
+
+
+def _private_tmp(workdir: str, disk_bytes: int) -> bool:
+    """One tmpfs of ``disk_bytes`` on /tmp, bound on /var/tmp and /dev/shm, holding the working
+    directory at its usual path: everything the program can write counts against one size."""
+    if os.path.dirname(workdir) != "/tmp" or _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
         return False
-    ok = True
-    for path in PRIVATE_TMPFS:
-        if os.path.isdir(path):
-            ok &= _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=16m") == 0
-    return ok
+    options = f"size={int(disk_bytes)},mode=0700".encode()
+    if _libc.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
+        return False
+    for path in SHARED_TMP:
+        if os.path.isdir(path) and _libc.mount(b"/tmp", path.encode(), None, MS_BIND, None) != 0:
+            return False
+    os.mkdir(workdir, 0o700)
+    return True
 
 
-def _exec_program(config: dict, stdin: int, stdout: int, stderr: int) -> None:
+def _write_new(path: str, data: bytes) -> None:
+    """Create ``path`` afresh (never through a link the program could have left)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _stdin_fd(text: str | None) -> int:
+    """The input as an anonymous in-memory file (no path in the working directory), or /dev/null."""
+    if text is None:
+        return os.open(os.devnull, os.O_RDONLY)
+    fd = os.memfd_create("stdin")
+    data = text.encode()
+    while data:
+        data = data[os.write(fd, data):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _exec_program(config: dict, stdin: int, writers: dict[str, int], isolation: dict) -> None:
     try:
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the supervisor dies -> so does the program
         os.setpgid(0, 0)  # without a PID namespace, the group is what the supervisor can kill
-        for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
+        _private_proc(isolation)
+        targets = ((0, stdin), (1, writers["stdout"]), (2, writers["stderr"]), (REPORT_FD, writers["report"]))
+        for target, fd in targets:  # REPORT_FD last: a source may itself be fd 3
             os.dup2(fd, target)
+            os.set_inheritable(target, True)
         _set_limits(config)
         os.execve(config["argv"][0], config["argv"], config["env"])
     except BaseException as err:  # noqa: BLE001 - report and leave; never return into the supervisor
         os.write(2, f"sandbox: cannot start the program: {err}\n".encode())
     os._exit(127)
+
+
+def _private_proc(isolation: dict) -> None:
+    """As PID 1 of the new namespace, mount a fresh /proc: it lists only the sample's processes.
+    Where that is refused, an empty tmpfs hides the host's /proc instead."""
+    if not (isolation["pid_namespace"] and isolation["private_tmp"]):
+        return
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    if _libc.mount(b"proc", b"/proc", b"proc", flags, None) != 0:
+        _libc.mount(b"tmpfs", b"/proc", b"tmpfs", flags, b"size=4k,mode=0555")
 
 
 def _set_limits(config: dict) -> None:
@@ -100,18 +185,67 @@ def _set_limits(config: dict) -> None:
         resource.setrlimit(kind, value)
 
 
-def _wait(child: int, timeout_s: float) -> dict:
-    deadline = time.monotonic() + timeout_s
+def _supervise(child: int, readers: dict[str, int], config: dict) -> dict:
+    """Read the program's pipes (each capped) until it exits, its time is up or it floods a pipe."""
+    cap, deadline = int(config["max_output_bytes"]), time.monotonic() + config["timeout_s"]
+    captured = {name: bytearray() for name in readers}
+    open_fds = {fd: name for name, fd in readers.items()}
+    for fd in open_fds:
+        os.set_blocking(fd, False)
+    timed_out = flooded = False
     while True:
         pid, status = os.waitpid(child, os.WNOHANG)
         if pid:
-            _kill_group(child)  # leftovers of a program that exited (gone already in a PID namespace)
-            return _verdict(status, timed_out=False)
-        if time.monotonic() >= deadline:
+            break
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or flooded:
+            timed_out = not flooded
             _kill_group(child)  # PID 1 of its namespace: takes every descendant with it
             _, status = os.waitpid(child, 0)
-            return _verdict(status, timed_out=True)
-        time.sleep(0.005)
+            break
+        flooded = _read_ready(open_fds, captured, cap, min(remaining, 0.05))
+    _kill_group(child)  # leftovers of a program that exited (gone already in a PID namespace)
+    _drain(open_fds, captured, cap)
+    return {**_verdict(status, timed_out), "output_limit": flooded or _over(captured, cap),
+            **{name: bytes(data[:cap]).decode("utf-8", errors="replace") for name, data in captured.items()}}
+
+
+def _read_ready(open_fds: dict[int, str], captured: dict[str, bytearray], cap: int, wait_s: float) -> bool:
+    """One select round; True once a stream went past its cap (the program is then stopped)."""
+    if not open_fds:
+        time.sleep(wait_s)
+        return False
+    ready, _, _ = select.select(list(open_fds), [], [], wait_s)
+    for fd in ready:
+        chunk = _read_some(fd)
+        if chunk is None:
+            continue
+        if not chunk:
+            os.close(fd)
+            del open_fds[fd]
+            continue
+        captured[open_fds[fd]] += chunk[: cap + 1 - len(captured[open_fds[fd]])]
+    return _over(captured, cap)
+
+
+def _drain(open_fds: dict[int, str], captured: dict[str, bytearray], cap: int) -> None:
+    """What the program wrote before it ended; bounded in time even if a leftover holds a pipe."""
+    until = time.monotonic() + DRAIN_S
+    while open_fds and time.monotonic() < until and not _over(captured, cap):
+        _read_ready(open_fds, captured, cap, 0.01)
+    for fd in open_fds:
+        os.close(fd)
+
+
+def _read_some(fd: int) -> bytes | None:
+    try:
+        return os.read(fd, 65536)
+    except BlockingIOError:
+        return None
+
+
+def _over(captured: dict[str, bytearray], cap: int) -> bool:
+    return any(len(data) > cap for data in captured.values())
 
 
 def _kill_group(leader: int) -> None:

@@ -1,10 +1,13 @@
 """Run model-written Python in a separate, limited process (docs/datasets.md, "Code execution").
 
-Each call gets a fresh temporary working directory (deleted afterwards), an environment of a few
-fixed variables (nothing inherited), stdin from the given text or closed, a wall-clock timeout,
-CPU-time, memory, file-size, open-file and process-count limits, and on Linux new user, PID,
-network and mount namespaces where the kernel allows. Whatever the program does, the caller gets a
-``SandboxResult``; a sandbox that cannot start is a failed sample, not an exception.
+Each call gets a fresh working directory on a size-limited tmpfs of its own (gone with the sample),
+an environment of a few fixed variables (nothing inherited), stdin from the given text or closed,
+a wall-clock timeout, CPU-time, memory, open-file and process-count limits per process, memory and
+process count for the whole sample in a cgroup where one can be made, and on Linux new user, PID,
+network and mount namespaces with a private /proc where the kernel allows. Output comes back
+through pipes read with a cap, never through a file the program could replace. Whatever the
+program does, the caller gets a ``SandboxResult`` within the timeout plus a fixed grace; a sandbox
+that cannot start is a failed sample, not an exception.
 """
 from __future__ import annotations
 
@@ -20,30 +23,38 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rstitch.grading.sandbox_cgroup import SampleCgroup, sample_cgroup
+
 SUPERVISOR = Path(__file__).with_name("_sandbox_supervisor.py")
 NOBODY_UID = 65534
-# The working directory sits under /tmp, which the supervisor hides behind a private tmpfs: the
-# program reaches it through its current directory only (runpy would turn 'main.py' into the
-# hidden absolute path), so it is read by a relative path and run as __main__.
+# The program reads its source by a relative path and runs it as __main__ (runpy would resolve
+# 'main.py' to an absolute path first).
 RUN_MAIN = ("import sys; sys.argv = ['main.py']; source = open('main.py', encoding='utf-8').read(); "
             "exec(compile(source, 'main.py', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__})")
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
 SUPERVISOR_GRACE_S = 5.0  # the supervisor enforces the timeout; this only guards the supervisor itself
+WORK_PARENT = "/tmp"  # the supervisor mounts the sample's own sized tmpfs here
+REPORT_FD = 3  # a pipe the program may write to; it comes back as ``SandboxResult.report``
+MACHINE_SHARE = 0.5  # without a cgroup: processes x per-process memory stays under this share of RAM
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Per-program limits. ``max_processes`` is RLIMIT_NPROC of the sandbox user (root drops to
-    ``nobody``; otherwise the limit counts the caller's own processes too, so it is added to them)."""
+    """Limits of one program. ``memory_bytes`` and ``max_processes`` hold for the whole sample where
+    a cgroup can be made (root), and per process otherwise; then ``max_processes`` is cut so that
+    processes x ``memory_bytes`` fits ``MACHINE_SHARE`` of the machine's memory. ``disk_bytes`` is
+    the size of the sample's tmpfs (working directory, /tmp, /var/tmp, /dev/shm together);
+    ``max_output_bytes`` caps each of stdout, stderr and the report channel."""
 
     timeout_s: float = 10.0
     cpu_s: float = 10.0
     memory_bytes: int = 2 * 1024**3
     max_output_bytes: int = 1024**2
     max_processes: int = 32
+    disk_bytes: int = 64 * 1024**2
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "cpu_s", "memory_bytes", "max_output_bytes", "max_processes"):
+        for name in ("timeout_s", "cpu_s", "memory_bytes", "max_output_bytes", "max_processes", "disk_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"sandbox {name} must be a number > 0, got {value!r}")
@@ -51,8 +62,10 @@ class SandboxLimits:
 
 @dataclass(frozen=True)
 class SandboxResult:
-    """What one program did. ``status``: ok (exit 0), error (other exit code), timeout, killed
-    (by a signal: CPU or file-size limit, its own kill) or sandbox_error (could not run it)."""
+    """What one program did. ``status``: ok (exit 0), error (other exit code), timeout,
+    output_limit (a stream passed ``max_output_bytes``; the program was stopped), killed (by a
+    signal: CPU, memory or file-size limit, its own kill) or sandbox_error (could not run it).
+    ``report`` is what the program wrote to fd 3 (``REPORT_FD``)."""
 
     status: str
     exit_code: int | None
@@ -60,6 +73,7 @@ class SandboxResult:
     stderr: str
     duration_s: float
     isolation: dict[str, Any] = field(default_factory=dict)
+    report: str = ""
 
     @property
     def ok(self) -> bool:
@@ -69,18 +83,26 @@ class SandboxResult:
 def run_python(source: str, stdin: str | None = None, limits: SandboxLimits | None = None) -> SandboxResult:
     """Run ``source`` as a Python script in the sandbox and return its outcome."""
     limits = limits or SandboxLimits()
-    workdir = Path(tempfile.mkdtemp(prefix="rstitch-sandbox-"))
     start = time.monotonic()
+    workdir: Path | None = None
+    cgroup: SampleCgroup | None = None
     try:
         python, uid = sandbox_python()
-        _prepare(workdir, source, stdin, uid)
-        config = _config(workdir, python, uid, stdin is not None, limits)
+        workdir = Path(tempfile.mkdtemp(prefix="rstitch-sandbox-", dir=WORK_PARENT))
+        if uid is not None:  # the mount point, and the working directory where no tmpfs can be mounted
+            os.chown(workdir, uid, uid)
+        cgroup = sample_cgroup(int(limits.memory_bytes), int(limits.max_processes))
+        config = _config(workdir, python, uid, source, stdin, limits, cgroup)
         verdict = _supervise(config, limits)
-        return _result(verdict, workdir, limits, time.monotonic() - start)
-    except OSError as err:  # e.g. no space for the working directory
+        verdict.setdefault("isolation", {})["whole_sample"] = _whole_sample_note(cgroup, verdict, config, limits)
+        return _result(verdict, time.monotonic() - start)
+    except OSError as err:  # e.g. no space for the mount point
         return SandboxResult("sandbox_error", None, "", f"sandbox: {err}", time.monotonic() - start)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if cgroup is not None:
+            cgroup.remove()
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)  # fd-based: a link left in it is removed, not followed
 
 
 def sandbox_python() -> tuple[str, int | None]:
@@ -102,17 +124,8 @@ def _runnable_by_others(path: str) -> bool:
     return all(parent.stat().st_mode & stat.S_IXOTH for parent in real.parents)
 
 
-def _prepare(workdir: Path, source: str, stdin: str | None, uid: int | None) -> None:
-    (workdir / "main.py").write_text(source, encoding="utf-8")
-    if stdin is not None:
-        (workdir / "stdin.txt").write_text(stdin, encoding="utf-8")
-    if uid is None:
-        return
-    for path in (workdir, *workdir.iterdir()):  # the program runs as nobody and owns only this
-        os.chown(path, uid, uid)
-
-
-def _config(workdir: Path, python: str, uid: int | None, has_stdin: bool, limits: SandboxLimits) -> dict[str, Any]:
+def _config(workdir: Path, python: str, uid: int | None, source: str, stdin: str | None,
+            limits: SandboxLimits, cgroup: SampleCgroup | None) -> dict[str, Any]:
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(workdir),
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "PYTHONIOENCODING": "utf-8"}
     return {
@@ -120,13 +133,36 @@ def _config(workdir: Path, python: str, uid: int | None, has_stdin: bool, limits
         "uid": uid,
         "argv": [python, "-I", "-c", RUN_MAIN],
         "env": env,
-        "stdin": "stdin.txt" if has_stdin else None,
+        "source": source,
+        "stdin": stdin,
+        "cgroup_procs": cgroup.procs_files if cgroup else [],
         "timeout_s": limits.timeout_s,
         "cpu_s": max(1, int(limits.cpu_s + 0.999)),
         "memory_bytes": int(limits.memory_bytes),
-        "max_file_bytes": int(limits.max_output_bytes),
+        "max_output_bytes": int(limits.max_output_bytes),
+        "max_file_bytes": int(limits.disk_bytes),
+        "disk_bytes": int(limits.disk_bytes),
         "max_processes": _process_limit(uid, limits.max_processes),
+        "fallback_max_processes": _process_limit(uid, fitting_process_count(limits)),
     }
+
+
+def fitting_process_count(limits: SandboxLimits) -> int:
+    """Without a cgroup, memory is limited per process only: the process count is cut so that
+    processes x ``memory_bytes`` stays under ``MACHINE_SHARE`` of the machine's memory (at least 1)."""
+    try:
+        machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return int(limits.max_processes)
+    return max(1, min(int(limits.max_processes), int(machine * MACHINE_SHARE) // int(limits.memory_bytes)))
+
+
+def _whole_sample_note(cgroup: SampleCgroup | None, verdict: dict[str, Any], config: dict[str, Any],
+                       limits: SandboxLimits) -> str:
+    if cgroup is not None and verdict.get("isolation", {}).get("cgroup"):
+        return cgroup.describe(int(limits.memory_bytes), int(limits.max_processes))
+    return (f"no cgroup: {int(limits.memory_bytes) / 1024**3:.3g} GiB per process, "
+            f"at most {fitting_process_count(limits)} processes (their product fits the machine)")
 
 
 def _process_limit(uid: int | None, wanted: int) -> int:
@@ -148,39 +184,35 @@ def _owned_by_me(entry: Path) -> bool:
 def _supervise(config: dict[str, Any], limits: SandboxLimits) -> dict[str, Any]:
     try:
         done = subprocess.run(
-            [sys.executable, "-I", str(SUPERVISOR), json.dumps(config)],
-            stdin=subprocess.DEVNULL, capture_output=True, env={"PATH": "/usr/bin:/bin"},
+            [sys.executable, "-I", str(SUPERVISOR)], input=json.dumps(config).encode(),
+            capture_output=True, env={"PATH": "/usr/bin:/bin"},
             timeout=limits.timeout_s + SUPERVISOR_GRACE_S, start_new_session=True, check=False,
         )
     except subprocess.TimeoutExpired:
         return {"sandbox_error": "the supervisor did not return"}
     lines = done.stdout.decode(errors="replace").strip().splitlines()
     try:
-        return json.loads(lines[-1])
+        verdict = json.loads(lines[-1])
     except (IndexError, json.JSONDecodeError):
+        verdict = None
+    if not isinstance(verdict, dict):
         reason = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no verdict"]
         return {"sandbox_error": reason[0][:300]}
+    return verdict
 
 
-def _result(verdict: dict[str, Any], workdir: Path, limits: SandboxLimits, duration: float) -> SandboxResult:
-    stdout = _read_capped(workdir / "stdout.txt", limits.max_output_bytes)
-    stderr = _read_capped(workdir / "stderr.txt", limits.max_output_bytes)
+def _result(verdict: dict[str, Any], duration: float) -> SandboxResult:
     if "sandbox_error" in verdict:
-        return SandboxResult("sandbox_error", None, stdout, f"sandbox: {verdict['sandbox_error']}", duration)
-    return SandboxResult(_status(verdict), verdict["exit_code"], stdout, stderr, duration, verdict.get("isolation", {}))
+        return SandboxResult("sandbox_error", None, "", f"sandbox: {verdict['sandbox_error']}", duration)
+    return SandboxResult(_status(verdict), verdict["exit_code"], verdict["stdout"], verdict["stderr"], duration,
+                         verdict.get("isolation", {}), verdict["report"])
 
 
 def _status(verdict: dict[str, Any]) -> str:
     if verdict["timed_out"]:
         return "timeout"
+    if verdict["output_limit"]:
+        return "output_limit"
     if verdict["signal"] is not None:
         return "killed"
     return "ok" if verdict["exit_code"] == 0 else "error"
-
-
-def _read_capped(path: Path, limit: int) -> str:
-    try:
-        with path.open("rb") as handle:
-            return handle.read(limit).decode("utf-8", errors="replace")
-    except OSError:
-        return ""

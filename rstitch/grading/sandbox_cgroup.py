@@ -1,0 +1,145 @@
+"""A cgroup per sandboxed sample: memory and process count for the sample as a whole.
+
+Root only. cgroup v2 when the unified hierarchy at /sys/fs/cgroup offers the memory and pids
+controllers (a ``rstitch-sandbox`` parent is made under its root, whose controllers can always be
+enabled), else cgroup v1 memory + pids hierarchies (a child of this process's own cgroup in each).
+Anything missing or refused gives None, and the caller falls back to per-process limits.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+V2_PARENT = "rstitch-sandbox"
+REMOVE_WAIT_S = 2.0
+
+
+@dataclass(frozen=True)
+class SampleCgroup:
+    """The sample's cgroup directories (one for v2, memory and pids for v1)."""
+
+    version: int
+    dirs: tuple[Path, ...]
+
+    @property
+    def procs_files(self) -> list[str]:
+        return [str(d / "cgroup.procs") for d in self.dirs]
+
+    def describe(self, memory_bytes: int, max_processes: int) -> str:
+        return f"cgroup v{self.version}: {_gib(memory_bytes)} and {max_processes} processes for the whole sample"
+
+    def remove(self) -> None:
+        """Kill whatever is left in it and remove it; bounded in time."""
+        for directory in self.dirs:
+            _write_quietly(directory / "cgroup.kill", "1")
+        deadline = time.monotonic() + REMOVE_WAIT_S
+        pending = [d for d in self.dirs if d.exists()]
+        while pending and time.monotonic() < deadline:
+            for directory in list(pending):
+                _kill_members(directory)
+                try:
+                    directory.rmdir()
+                    pending.remove(directory)
+                except FileNotFoundError:
+                    pending.remove(directory)
+                except OSError:
+                    pass
+            if pending:
+                time.sleep(0.02)
+
+
+def sample_cgroup(memory_bytes: int, max_processes: int) -> SampleCgroup | None:
+    """A fresh cgroup limited to ``memory_bytes`` and ``max_processes`` (+1 for the supervisor,
+    which joins it), or None where this process cannot make one."""
+    if os.getuid() != 0:
+        return None
+    for make in (_make_v2, _make_v1):
+        try:
+            made = make(memory_bytes, max_processes + 1)
+        except OSError:
+            made = None
+        if made is not None:
+            return made
+    return None
+
+
+def _make_v2(memory_bytes: int, pids: int) -> SampleCgroup | None:
+    controllers = CGROUP_ROOT / "cgroup.controllers"
+    if not controllers.exists() or not {"memory", "pids"} <= set(controllers.read_text().split()):
+        return None
+    parent = CGROUP_ROOT / V2_PARENT
+    (CGROUP_ROOT / "cgroup.subtree_control").write_text("+memory +pids")
+    parent.mkdir(exist_ok=True)
+    (parent / "cgroup.subtree_control").write_text("+memory +pids")
+    directory = parent / uuid.uuid4().hex
+    directory.mkdir()
+    cgroup = SampleCgroup(2, (directory,))
+    try:
+        (directory / "memory.max").write_text(str(memory_bytes))
+        _write_quietly(directory / "memory.swap.max", "0")
+        (directory / "pids.max").write_text(str(pids))
+    except OSError:
+        cgroup.remove()
+        raise
+    return cgroup
+
+
+def _make_v1(memory_bytes: int, pids: int) -> SampleCgroup | None:
+    own = _own_v1_paths()
+    memory_root, pids_root = CGROUP_ROOT / "memory", CGROUP_ROOT / "pids"
+    if "memory" not in own or "pids" not in own or not (memory_root / "memory.limit_in_bytes").exists():
+        return None
+    name = f"rstitch-sandbox-{uuid.uuid4().hex}"
+    memory_dir = memory_root / own["memory"].lstrip("/") / name
+    pids_dir = pids_root / own["pids"].lstrip("/") / name
+    memory_dir.mkdir()
+    cgroup = SampleCgroup(1, (memory_dir,))
+    try:
+        pids_dir.mkdir()
+        cgroup = SampleCgroup(1, (memory_dir, pids_dir))
+        (memory_dir / "memory.limit_in_bytes").write_text(str(memory_bytes))
+        _write_quietly(memory_dir / "memory.memsw.limit_in_bytes", str(memory_bytes))  # no swap beyond it
+        (pids_dir / "pids.max").write_text(str(pids))
+    except OSError:
+        cgroup.remove()
+        raise
+    return cgroup
+
+
+def _own_v1_paths() -> dict[str, str]:
+    """controller -> this process's cgroup path, from /proc/self/cgroup's v1 lines."""
+    paths: dict[str, str] = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(","):
+            if controller:
+                paths[controller] = path
+    return paths
+
+
+def _kill_members(directory: Path) -> None:
+    try:
+        members = (directory / "cgroup.procs").read_text().split()
+    except OSError:
+        return
+    for pid in members:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+
+
+def _write_quietly(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError:
+        pass
+
+
+def _gib(value: int) -> str:
+    return f"{value / 1024**3:.3g} GiB"
