@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
+from rstitch.grading.code_harness import HARNESS
 from rstitch.grading.extract import THINK_END
 from rstitch.grading.sandbox import SandboxLimits, SandboxResult, run_python
 
@@ -43,25 +45,27 @@ def grade_code(response: str, tests: Mapping[str, Any], limits: SandboxLimits | 
     if program is None:
         return {"answer": None, "correct": False, "code": {"status": "no_program", "passed": 0, "total": _count(tests)}}
     outcome = run_tests(program, tests, limits)
-    return {"answer": program, "correct": outcome["passed"] == outcome["total"] > 0, "code": outcome}
+    correct = outcome["status"] == "ok" and outcome["passed"] == outcome["total"] > 0
+    return {"answer": program, "correct": correct, "code": outcome}
 
 
 def run_tests(program: str, tests: Mapping[str, Any], limits: SandboxLimits | None = None) -> dict[str, Any]:
     """Run ``tests`` against ``program``; stops at the first failing case (pass@1 needs them all)."""
     kind = tests.get("kind")
     if kind == "script":
-        source = f"{tests.get('prefix', '')}\n{program}\n{tests.get('suffix', '')}\n"
-        return _summary([run_python(source, limits=limits)], 1)
+        setup_and_program = f"{tests.get('prefix', '')}\n{program}\n"
+        return _run_harness("script", "", setup_and_program, str(tests.get("suffix", "")), [], limits)
     if kind == "stdio":
         return _run_stdio(program, tests["cases"], limits)
     if kind == "functional":
-        source = program + "\n" + _functional_harness(tests["func_name"], tests["cases"])
-        return _summary([run_python(source, limits=limits)], 1)
+        calls = [_call_arguments(case["input"]) for case in tests["cases"]]
+        expected = [json.loads(case["output"]) for case in tests["cases"]]
+        return _run_harness("functional", str(tests["func_name"]), program, "", calls, limits, expected)
     raise ValueError(f"unknown code test kind {kind!r}; valid: script, stdio, functional")
 
 
 def _count(tests: Mapping[str, Any]) -> int:
-    return len(tests["cases"]) if tests.get("kind") == "stdio" else 1
+    return len(tests["cases"]) if tests.get("kind") in ("stdio", "functional") else 1
 
 
 def _run_stdio(program: str, cases: list[Mapping[str, str]], limits: SandboxLimits | None) -> dict[str, Any]:
@@ -96,21 +100,47 @@ def _tokens_match(got: str, want: str) -> bool:
         return False
 
 
-def _functional_harness(func_name: str, cases: list[Mapping[str, str]]) -> str:
-    """Calls ``Solution().func_name`` on each case; a wrong result exits with status 1."""
-    payload = json.dumps([[case["input"], case["output"]] for case in cases])
-    return (
-        "\nimport json as _json, sys as _sys\n"
-        f"for _args, _expected in _json.loads({payload!r}):\n"
-        "    _values = [_json.loads(_line) for _line in _args.split('\\n') if _line.strip()]\n"
-        f"    _got = getattr(Solution(), {func_name!r})(*_values)\n"
-        "    if isinstance(_got, tuple): _got = list(_got)\n"
-        "    if _got != _json.loads(_expected): _sys.exit(1)\n"
-    )
+def _call_arguments(text: str) -> list[Any]:
+    """LiveCodeBench functional input: one JSON value per line, the method's arguments in order."""
+    return [json.loads(line) for line in text.split("\n") if line.strip()]
 
 
-def _summary(results: list[SandboxResult], total: int) -> dict[str, Any]:
-    passed = sum(1 for r in results if r.ok)
+def _run_harness(kind: str, func_name: str, program: str, tests: str, calls: list[list[Any]],
+                 limits: SandboxLimits | None, expected: list[Any] | None = None) -> dict[str, Any]:
+    """Run the program under ``HARNESS`` and judge its report: a pass needs every expected result
+    (compared here, never inside the program) and then this run's secret marker, which the harness
+    writes only after the last test held."""
+    secret = secrets.token_hex(16)
+    call = f"_rstitch_harness({kind!r}, {func_name!r}, {program!r}, {tests!r}, {json.dumps(calls)!r})\n"
+    source = HARNESS + call
+    result = run_python(source, stdin=secret + "\n", limits=limits)
+    lines = result.report.split("\n")
+    wanted = expected or []
+    passed = 0
+    for got, want in zip(lines, wanted):
+        if not _result_matches(got, want):
+            break
+        passed += 1
+    ran_to_end = passed == len(wanted) and lines[len(wanted):] == [f"done {secret}", ""]
+    if result.ok and not ran_to_end:
+        status = "wrong_output" if passed < len(wanted) else "incomplete"
+        result = SandboxResult(status, result.exit_code, result.stdout, result.stderr, result.duration_s,
+                               result.isolation, result.report)
+    if expected is None:
+        return _summary([result], 1)
+    return _summary([result], len(wanted), passed=passed)
+
+
+def _result_matches(line: str, want: Any) -> bool:
+    try:
+        got = json.loads(line)
+    except ValueError:
+        return False
+    return bool(got == want)
+
+
+def _summary(results: list[SandboxResult], total: int, passed: int | None = None) -> dict[str, Any]:
+    passed = sum(1 for r in results if r.ok) if passed is None else passed
     last = results[-1]
     summary: dict[str, Any] = {"status": last.status, "passed": passed, "total": total,
                                "seconds": round(sum(r.duration_s for r in results), 3)}
