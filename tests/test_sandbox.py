@@ -3,12 +3,16 @@ the files outside the working directory are untouched. Short limits keep the sui
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from rstitch.grading.sandbox import SandboxLimits, run_python
+from rstitch.grading import sandbox
+from rstitch.grading.sandbox import SUPERVISOR_GRACE_S, SandboxLimits, fitting_process_count, run_python
 
 FAST = SandboxLimits(timeout_s=2.0, cpu_s=2, memory_bytes=512 * 1024**2, max_output_bytes=64 * 1024, max_processes=16)
 
@@ -69,7 +73,7 @@ def test_writing_outside_the_working_directory_fails_and_inside_works(tmp_path):
 
 def test_the_working_directory_is_fresh_and_deleted():
     first = run("import os; print(sorted(os.listdir('.')))")
-    assert first.ok and first.stdout.strip() == "['main.py', 'stderr.txt', 'stdout.txt']"
+    assert first.ok and first.stdout.strip() == "['main.py']"
     leftover = run("open('left.txt', 'w').write('x')")
     assert leftover.ok
     assert "left.txt" not in run("import os; print(os.listdir('.'))").stdout
@@ -106,3 +110,131 @@ def test_isolation_report_names_what_applied():
 def test_limits_are_validated():
     with pytest.raises(ValueError, match="timeout_s"):
         SandboxLimits(timeout_s=0)
+
+
+# --------------------------------------------------------------------------- hostile solutions (issue 41)
+# Each attack below worked against the sandbox that read its outputs back by path and limited
+# memory, processes and disk per process only.
+
+def test_an_output_replaced_by_a_link_does_not_leak_the_callers_environment_or_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("RSTITCH_TEST_SECRET", "hunter2-env")
+    private = tmp_path / "root-only.txt"
+    private.write_text("hunter2-file\n")
+    private.chmod(0o600)
+    source = ("import os\n"
+              "for name in ('stderr.txt', 'stdout.txt'):\n"
+              "    try:\n        os.remove(name)\n    except OSError:\n        pass\n"
+              "os.symlink('/proc/self/environ', 'stderr.txt')\n"
+              f"os.symlink({str(private)!r}, 'stdout.txt')\n"
+              "raise SystemExit(1)")
+    result = run(source)
+    assert not result.ok
+    assert "hunter2" not in result.stdout + result.stderr + result.report
+
+
+def test_a_fifo_in_place_of_an_output_cannot_stall_the_caller():
+    source = ("import os\n"
+              "for name in ('stdout.txt', 'stderr.txt'):\n"
+              "    try:\n        os.remove(name)\n    except OSError:\n        pass\n"
+              "    os.mkfifo(name)\n")
+    outcome: list = []
+    worker = threading.Thread(target=lambda: outcome.append(run(source)), daemon=True)
+    worker.start()
+    worker.join(FAST.timeout_s + SUPERVISOR_GRACE_S + 5)
+    assert outcome, "run_python did not return"
+    assert outcome[0].ok and outcome[0].stdout == ""
+
+
+def test_a_leftover_process_holding_the_output_pipe_does_not_extend_the_run():
+    source = ("import os, time\n"
+              "if os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n"
+              "print('parent done')")
+    start = time.monotonic()
+    result = run(source)
+    assert result.ok and result.stdout == "parent done\n"
+    assert time.monotonic() - start < FAST.timeout_s + SUPERVISOR_GRACE_S
+
+
+def test_host_command_lines_are_not_visible_in_proc():
+    token = f"--token=rstitch-{os.getpid()}-visible"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", token])
+    try:
+        source = ("import os\nseen = []\n"
+                  "for pid in os.listdir('/proc'):\n"
+                  "    try:\n        seen.append(open(f'/proc/{pid}/cmdline', 'rb').read().decode(errors='replace'))\n"
+                  "    except OSError:\n        pass\n"
+                  "print(len([p for p in os.listdir('/proc') if p.isdigit()]))\nprint(seen)")
+        result = run(source)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.ok and token not in result.stdout
+    assert int(result.stdout.splitlines()[0]) <= 2  # the program (and at most a helper it started)
+
+
+MEMORY_HOG = """
+import os
+children = []
+for _ in range(4):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        block = b'x' * (96 * 1024**2)
+        os.write(write, b'1')
+        os.read(read, 1)  # hold the memory until the parent has counted
+        os._exit(0)
+    children.append((pid, read, write))
+held = sum(len(os.read(read, 1)) for _, read, _ in children)
+print('held', held)
+for _, _, write in children:
+    os.write(write, b'1')
+"""
+
+
+def test_memory_is_limited_for_the_sample_as_a_whole():
+    if os.getuid() != 0:
+        pytest.skip("a per-sample cgroup needs root")
+    limits = SandboxLimits(timeout_s=5.0, cpu_s=5, memory_bytes=256 * 1024**2, max_output_bytes=64 * 1024, max_processes=16)
+    result = run_python(MEMORY_HOG, limits=limits)  # 4 x 96 MiB would fit 256 MiB each, not together
+    assert "held 4" not in result.stdout
+    assert "cgroup" in result.isolation.get("whole_sample", "")
+
+
+def test_processes_are_limited_for_the_sample_as_a_whole():
+    if os.getuid() != 0:
+        pytest.skip("a per-sample cgroup needs root")
+    source = ("import os, time\ncount = 1\n"
+              "try:\n    for _ in range(40):\n        if os.fork() == 0:\n            time.sleep(5)\n            os._exit(0)\n        count += 1\n"
+              "except OSError:\n    pass\nprint(count)")
+    result = run_python(source, limits=SandboxLimits(timeout_s=3.0, cpu_s=3, memory_bytes=512 * 1024**2, max_processes=8))
+    assert int(result.stdout.strip()) <= 8
+
+
+def test_without_a_cgroup_the_process_count_is_cut_so_the_product_fits_the_machine(monkeypatch):
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert fitting_process_count(SandboxLimits(memory_bytes=machine // 4, max_processes=32)) == 2
+    assert fitting_process_count(SandboxLimits(memory_bytes=machine * 2, max_processes=32)) == 1
+    assert fitting_process_count(SandboxLimits(memory_bytes=1024**2, max_processes=32)) == 32
+    monkeypatch.setattr(sandbox, "sample_cgroup", lambda *args: None)
+    result = run("print('hi')")
+    assert result.ok and result.isolation["whole_sample"].startswith("no cgroup")
+
+
+def test_the_working_directory_has_a_total_size_limit():
+    limits = SandboxLimits(timeout_s=5.0, cpu_s=5, memory_bytes=512 * 1024**2, max_output_bytes=64 * 1024, disk_bytes=2 * 1024**2)
+    source = ("written = 0\ntry:\n    for i in range(80):\n        with open(f'f{i}', 'wb') as handle:\n"
+              "            handle.write(b'x' * 65536)\n        written += 1\nexcept OSError as err:\n    print(type(err).__name__)\n"
+              "print(written)\n"
+              "try:\n    with open('/tmp/extra', 'wb') as handle:\n        handle.write(b'x' * 1024**2)\n    print('tmp ok')\n"
+              "except OSError:\n    print('tmp full')")
+    result = run_python(source, limits=limits)
+    lines = result.stdout.splitlines()
+    assert result.ok and lines[0] == "OSError" and int(lines[1]) < 32 and lines[2] == "tmp full"
+    assert result.isolation["disk_limit"] is True
+
+
+def test_no_sandbox_directory_is_left_behind():
+    before = set(Path("/tmp").glob("rstitch-sandbox-*"))
+    run("import os\nos.symlink('/', 'root')\nos.mkdir('d')\nopen('d/f', 'w').write('x')\nos.chmod('d', 0)")
+    run("while True:\n    pass")
+    assert set(Path("/tmp").glob("rstitch-sandbox-*")) - before == set()

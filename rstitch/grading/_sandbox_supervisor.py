@@ -63,8 +63,8 @@ def _join_cgroup(procs_files: list[str]) -> bool:
         return False
     try:
         for path in procs_files:
-            with open(path, "w", encoding="ascii") as handle:
-                handle.write(str(os.getpid()))
+            with open(path, "wb") as handle:
+                handle.write(str(os.getpid()).encode())
     except OSError:
         return False
     return True
@@ -102,8 +102,8 @@ def _map_ids(uid: int, gid: int) -> None:
     """Map our own ids into the new user namespace, so files on its tmpfs get an owner."""
     try:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-            with open(f"/proc/self/{name}", "w", encoding="ascii") as handle:
-                handle.write(text)
+            with open(f"/proc/self/{name}", "wb") as handle:  # bytes: no codec import as the new user
+                handle.write(text.encode())
     except OSError:
         pass  # an unmapped owner: file creation on the tmpfs fails, the sample fails, nothing leaks
 
