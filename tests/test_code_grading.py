@@ -123,7 +123,8 @@ WRONG_HUMANEVAL = {
     "atexit exits 0": "import atexit, os\natexit.register(os._exit, 0)\ndef add_all(numbers):\n    return 0",
     "exit at the top": "import sys\nsys.exit(0)\ndef add_all(numbers):\n    return 0",
     "always-equal result": "class Same:\n    def __eq__(self, other):\n        return True\ndef add_all(numbers):\n    return Same()",
-    "always-equal int subclass": "class Same(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\ndef add_all(numbers):\n    return Same(0)",
+    "always-equal int subclass": ("class Same(int):\n    def __eq__(self, other):\n        return True\n"
+                                  "    __hash__ = int.__hash__\ndef add_all(numbers):\n    return Same(0)"),
     "forged marker": "import os\ntry:\n    os.write(3, b'done 0\\n')\nexcept OSError:\n    pass\nos._exit(0)",
     "stdout closed and exit 0": "import os, sys\ndef add_all(numbers):\n    os.close(1)\n    os._exit(0)",
 }

@@ -38,7 +38,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 def main() -> None:
     config = json.loads(sys.stdin.buffer.read())
-    isolation = {"cgroup": _join_cgroup(config["cgroup_procs"])}
+    isolation: dict[str, object] = {"cgroup": _join_cgroup(config["cgroup_procs"])}
     if not isolation["cgroup"]:  # per-process limits only: fewer processes, so their sum fits the machine
         config["max_processes"] = config["fallback_max_processes"]
     isolation.update(user=_drop_root(config["uid"]), interpreter=config["argv"][0])

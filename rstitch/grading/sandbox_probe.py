@@ -8,6 +8,7 @@ after its own outer timeout.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import subprocess
 import sys
@@ -68,7 +69,7 @@ def probe_output_links(outer_s: float) -> list[ProbeOutcome]:
         private.chmod(0o600)
         for target, what in (("/proc/self/environ", "the caller's environment"), (str(private), "a 0600 file")):
             source = _replace_outputs(f"os.symlink({target!r}, name)") + "raise SystemExit(1)\n"
-            done = run_bounded(lambda source=source: run_python(source, limits=probe_limits()), outer_s)
+            done = run_bounded(functools.partial(run_python, source, limits=probe_limits()), outer_s)
             leaked = done is not None and any(text in _all_text(done[0]) for text in (secret, *_own_environment()))
             outcomes.append(ProbeOutcome("1 outputs", f"stdout/stderr -> link to {what}",
                                          "LEAKED into the result" if leaked else "not leaked", not leaked))
@@ -96,9 +97,9 @@ def _replace_outputs(make: str) -> str:
             f"    {make}\n")
 
 
-HUMANEVAL_TESTS = {"kind": "script", "prefix": "def add_all(numbers):\n",
+HUMANEVAL_TESTS: dict[str, Any] = {"kind": "script", "prefix": "def add_all(numbers):\n",
                    "suffix": "def check(candidate):\n    assert candidate([1, 2]) == 3\n    assert candidate([]) == 0\n\ncheck(add_all)\n"}
-LEETCODE_TESTS = {"kind": "functional", "func_name": "plus",
+LEETCODE_TESTS: dict[str, Any] = {"kind": "functional", "func_name": "plus",
                   "cases": [{"input": "[1, 2]\n3", "output": "5"}, {"input": "[]\n1", "output": "1"}]}
 ALWAYS_EQUAL = "class Same:\n    def __eq__(self, other):\n        return True\n"
 FAKE_PASSES = (
@@ -117,7 +118,7 @@ FAKE_PASSES = (
 def probe_fake_passes(outer_s: float) -> list[ProbeOutcome]:
     """Class 2: wrong solutions that try to be graded right; the right ones must stay right."""
     suffix = HUMANEVAL_TESTS["suffix"].replace("assert candidate([1, 2]) == 3", "assert all([candidate([1, 2]) == 3])")
-    tests = {"script": dict(HUMANEVAL_TESTS, suffix=suffix), "functional": LEETCODE_TESTS}
+    tests: dict[str, dict[str, Any]] = {"script": dict(HUMANEVAL_TESTS, suffix=suffix), "functional": LEETCODE_TESTS}
     right = {"script": "    return sum(numbers)", "functional": "class Solution:\n    def plus(self, nums, k):\n        return len(nums) + k"}
     outcomes = []
     for kind, program in right.items():
