@@ -242,3 +242,32 @@ def test_no_sandbox_directory_is_left_behind():
     run("import os\nos.symlink('/', 'root')\nos.mkdir('d')\nopen('d/f', 'w').write('x')\nos.chmod('d', 0)")
     run("while True:\n    pass")
     assert set(Path("/tmp").glob("rstitch-sandbox-*")) - before == set()
+
+
+HUNG_SUPERVISOR = """
+import json, os, sys, time
+config = json.loads(sys.stdin.read())
+for path in config["cgroup_procs"]:
+    with open(path, "w") as handle:
+        handle.write(str(os.getpid()))
+if os.fork() == 0:
+    os.setsid()  # out of the supervisor's session, still holding its stdout
+with open(os.environ.get("PIDS", "/dev/null"), "a") as handle:
+    handle.write(f"{os.getpid()}\\n")
+time.sleep(120)
+"""
+
+
+def test_a_hung_supervisor_is_abandoned_in_time_and_its_processes_removed(tmp_path, monkeypatch):
+    if os.getuid() != 0:
+        pytest.skip("the leftover is removed through the sample's cgroup, which needs root")
+    fake = tmp_path / "hung_supervisor.py"
+    fake.write_text(HUNG_SUPERVISOR)
+    monkeypatch.setattr(sandbox, "SUPERVISOR", fake)
+    monkeypatch.setattr(sandbox, "SUPERVISOR_GRACE_S", 1.0)
+    start = time.monotonic()
+    result = run_python("print(1)", limits=SandboxLimits(timeout_s=1.0))
+    assert result.status == "sandbox_error" and "did not return" in result.stderr
+    assert time.monotonic() - start < 1.0 + 1.0 + 3.0
+    leftovers = [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(fake) in _cmdline(p)]
+    assert leftovers == []
