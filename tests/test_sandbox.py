@@ -105,6 +105,7 @@ def test_no_network():
 def test_isolation_report_names_what_applied():
     result = run("pass")
     assert result.ok and {"user", "interpreter", "pid_namespace", "no_network", "private_tmp"} <= set(result.isolation)
+    assert {"cgroup", "disk_limit", "private_proc", "whole_sample"} <= set(result.isolation)
 
 
 def test_limits_are_validated():
@@ -171,7 +172,7 @@ def test_host_command_lines_are_not_visible_in_proc():
     finally:
         holder.kill()
         holder.wait()
-    assert result.ok and token not in result.stdout
+    assert result.ok and token not in result.stdout and result.isolation["private_proc"] == "fresh"
     assert int(result.stdout.splitlines()[0]) <= 2  # the program (and at most a helper it started)
 
 

@@ -31,6 +31,7 @@ MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x1
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
 SHARED_TMP = ("/var/tmp", "/dev/shm")  # world-writable elsewhere; here the same sized tmpfs as /tmp
 REPORT_FD = 3
+PROC_STATES = {b"F": "fresh", b"H": "hidden (empty tmpfs)"}
 DRAIN_S = 0.2  # after the program ends: how long leftover output may still arrive
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -46,13 +47,16 @@ def main() -> None:
     _write_new(os.path.join(config["workdir"], "main.py"), config["source"].encode())
     os.chdir(config["workdir"])
     stdin = _stdin_fd(config["stdin"])
-    pipes = {name: os.pipe() for name in ("stdout", "stderr", "report")}
+    pipes = {name: os.pipe() for name in ("stdout", "stderr", "report", "setup")}
     child = os.fork()
     if child == 0:
         _exec_program(config, stdin, {name: write for name, (_, write) in pipes.items()}, isolation)
     os.close(stdin)
     for _, write in pipes.values():
         os.close(write)
+    setup = pipes.pop("setup")[0]
+    isolation["private_proc"] = PROC_STATES.get(os.read(setup, 1), False)  # closed at exec: never blocks long
+    os.close(setup)
     verdict = _supervise(child, {name: read for name, (read, _) in pipes.items()}, config)
     print(json.dumps({**verdict, "isolation": isolation}), flush=True)
 
@@ -87,8 +91,8 @@ def _enter_namespaces(config: dict) -> dict:
     _libc.prctl(PR_SET_DUMPABLE, 1)  # /proc/self/*_map are writable only by a dumpable process
     if _libc.unshare(flags | CLONE_NEWNS) == 0:
         _map_ids(uid, gid)
-        sized = _private_tmp(config["workdir"], config["disk_bytes"])
-        result = {"pid_namespace": True, "no_network": True, "private_tmp": sized, "disk_limit": sized}
+        private, sized = _private_tmp(config["workdir"], config["disk_bytes"])
+        result = {"pid_namespace": True, "no_network": True, "private_tmp": private, "disk_limit": sized}
     elif _libc.unshare(flags) == 0:
         _map_ids(uid, gid)
         result = {"pid_namespace": True, "no_network": True, "private_tmp": False, "disk_limit": False}
@@ -108,19 +112,19 @@ def _map_ids(uid: int, gid: int) -> None:
         pass  # an unmapped owner: file creation on the tmpfs fails, the sample fails, nothing leaks
 
 
-def _private_tmp(workdir: str, disk_bytes: int) -> bool:
-    """One tmpfs of ``disk_bytes`` on /tmp, bound on /var/tmp and /dev/shm, holding the working
-    directory at its usual path: everything the program can write counts against one size."""
+def _private_tmp(workdir: str, disk_bytes: int) -> tuple[bool, bool]:
+    """One tmpfs of ``disk_bytes`` on /tmp holding the working directory at its usual path, bound
+    on /var/tmp and /dev/shm too, so everything the program can write counts against one size.
+    Returns (all three private, the working directory size-limited)."""
     if os.path.dirname(workdir) != "/tmp" or _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-        return False
+        return False, False
     options = f"size={int(disk_bytes)},mode=0700".encode()
     if _libc.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
-        return False
-    for path in SHARED_TMP:
-        if os.path.isdir(path) and _libc.mount(b"/tmp", path.encode(), None, MS_BIND, None) != 0:
-            return False
+        return False, False
     os.mkdir(workdir, 0o700)
-    return True
+    bound = all(_libc.mount(b"/tmp", path.encode(), None, MS_BIND, None) == 0
+                for path in SHARED_TMP if os.path.isdir(path))
+    return bound, True
 
 
 def _write_new(path: str, data: bytes) -> None:
@@ -148,7 +152,7 @@ def _exec_program(config: dict, stdin: int, writers: dict[str, int], isolation: 
     try:
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the supervisor dies -> so does the program
         os.setpgid(0, 0)  # without a PID namespace, the group is what the supervisor can kill
-        _private_proc(isolation)
+        os.write(writers["setup"], _private_proc(isolation))
         targets = ((0, stdin), (1, writers["stdout"]), (2, writers["stderr"]), (REPORT_FD, writers["report"]))
         for target, fd in targets:  # REPORT_FD last: a source may itself be fd 3
             os.dup2(fd, target)
@@ -160,14 +164,15 @@ def _exec_program(config: dict, stdin: int, writers: dict[str, int], isolation: 
     os._exit(127)
 
 
-def _private_proc(isolation: dict) -> None:
+def _private_proc(isolation: dict) -> bytes:
     """As PID 1 of the new namespace, mount a fresh /proc: it lists only the sample's processes.
-    Where that is refused, an empty tmpfs hides the host's /proc instead."""
-    if not (isolation["pid_namespace"] and isolation["private_tmp"]):
-        return
+    Where that is refused, an empty tmpfs hides the host's /proc instead. Says which (PROC_STATES)."""
+    if not (isolation["pid_namespace"] and isolation["disk_limit"]):  # i.e. a mount namespace of our own
+        return b"-"
     flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
-    if _libc.mount(b"proc", b"/proc", b"proc", flags, None) != 0:
-        _libc.mount(b"tmpfs", b"/proc", b"tmpfs", flags, b"size=4k,mode=0555")
+    if _libc.mount(b"proc", b"/proc", b"proc", flags, None) == 0:
+        return b"F"
+    return b"H" if _libc.mount(b"tmpfs", b"/proc", b"tmpfs", flags, b"size=4k,mode=0555") == 0 else b"-"
 
 
 def _set_limits(config: dict) -> None:
