@@ -242,13 +242,19 @@ def token_tables(runs: pd.DataFrame) -> list[Table]:
                 run = by_dataset.get(d)
                 base = None if run is None else baseline.get(run["comparison"])
                 reduction = None if run is None or base is None or run["tokens"] is None else 100 * (1 - run["tokens"] / base)
-                ratio = _with_ci(run, "token_ratio", "token_ratio_ci")
-                spread = () if len(ratio) < 3 or None in ratio[1:] else (100 * (1 - ratio[2]), 100 * (1 - ratio[1]))
+                spread = _reduction_interval(run)
                 cells += [_value(run, "tokens_llm"), _value(run, "tokens_slm"), _value(run, "tokens"), (reduction, *spread)]
             table.rows.append(cells)
         return table
 
     return _tables_per_pair_budget(runs, build)
+
+
+def _reduction_interval(run: pd.Series | None) -> tuple[float, ...]:
+    """R-Stitch's token reduction (%) = 100 (1 - token ratio): the token ratio's interval, flipped."""
+    _, *bounds = _with_ci(run, "token_ratio", "token_ratio_ci")
+    low, high = (bounds + [None, None])[:2]
+    return () if low is None or high is None else (100 * (1 - high), 100 * (1 - low))
 
 
 def benchmark_accuracy_tables(runs: pd.DataFrame) -> list[Table]:

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from rstitch.results.store import SAMPLES_FILE, SUMMARY_FILE, iter_samples
 from rstitch.results.uncertainty import (
     accuracy_estimate,
     bootstrap_mean_interval,
@@ -16,7 +17,6 @@ from rstitch.results.uncertainty import (
     problem_means,
     speedup_intervals,
 )
-from rstitch.results.store import SAMPLES_FILE, SUMMARY_FILE, iter_samples
 
 PER_MODEL_TOKEN_KEYS = ("tokens_slm", "tokens_llm")
 

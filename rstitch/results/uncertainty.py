@@ -52,7 +52,7 @@ def problem_means(values: Iterable[float], problems: Iterable[Hashable]) -> Prob
     return ProblemMeans(ids, np.array([sums[i] / counts[i] for i in ids]), np.array([counts[i] for i in ids], dtype=float))
 
 
-def clustered_se(values: Sequence[float], problems: Sequence[Hashable]) -> float | None:
+def clustered_se(values: Sequence[float] | np.ndarray, problems: Sequence[Hashable]) -> float | None:
     """Standard error of the mean of `values`, clustered by problem (the CR0 sandwich estimator):
     sqrt(sum over problems of (sum of its residuals)^2) / N. With one sample per problem it is the
     textbook sqrt(var / N) (population variance: sqrt(p(1-p)/N) for 0/1 values); samples of a problem
@@ -80,10 +80,11 @@ def wilson_interval(p: float, n: float, level: float = LEVEL) -> tuple[float, fl
     z = z_value(level)
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    low, high = max(0.0, centre - half), min(1.0, centre + half)
+    return (0.0 if p == 0 else low), (1.0 if p == 1 else high)  # exact at the ends, not 1e-17 away
 
 
-def accuracy_estimate(correct: Sequence[float], problems: Sequence[Hashable], level: float = LEVEL) -> AccuracyEstimate:
+def accuracy_estimate(correct: Sequence[float] | np.ndarray, problems: Sequence[Hashable], level: float = LEVEL) -> AccuracyEstimate:
     """Mean accuracy, its standard error clustered by problem (`clustered_se`), and the Wilson
     interval at the effective sample size p(1-p) / se^2: N with one sample per problem (the
     textbook Wilson interval), fewer when a problem's samples agree (the design effect). When every
