@@ -286,6 +286,10 @@ def test_runs_and_samples_of_a_sweep(analysis_sweep):
     stitch = runs[runs["method"] == "rstitch"]
     assert (stitch["acceptance"] + stitch["llm_token_share"]).to_numpy() == pytest.approx(1.0)
     assert sorted(stitch["setting"]) == ["tau=0.005", "tau=0.05"]
+    for run_dir in runs["run_dir"]:  # each summary.json: the speedup split and the paired comparison with llm_only
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+        assert summary["speedup"] == pytest.approx(summary["per_token_latency_ratio"] / summary["token_ratio"])
+        assert summary["paired_problems"] == 3 and len(summary["speedup_ci"]) == len(summary["accuracy_ci"]) == 2
 
     samples = load_samples(runs, traces=True)
     assert len(samples) == 3 * len(runs)
@@ -399,6 +403,7 @@ def test_multirun_logs_a_wandb_sweep_summary(tmp_path, tiny_pair, problems_file)
     table = json.loads(table_file.read_text())
     rows = [dict(zip(table["columns"], row)) for row in table["data"]]
     assert sorted(r["method"] for r in rows) == ["llm_only", "slm_only"]
+    assert {"accuracy_ci_low", "accuracy_ci_high", "speedup_ci_low", "token_ratio", "frontier_share"} <= set(table["columns"])
     runs = mark_frontier(load_runs(root))
     expected = dict(zip(runs["method"], runs["on_frontier"]))
     assert {r["method"]: r["on_frontier"] for r in rows} == expected

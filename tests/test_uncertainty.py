@@ -202,3 +202,10 @@ def test_problems_needed_reaches_its_power_in_simulation():
     assert 0.7 < np.mean(rejected) < 0.9
     paired = pd.DataFrame({"correct": [True, False, True, False], "baseline_correct": [True, True, False, False]})
     assert discordant_share(paired) == 0.5
+
+
+def test_wandb_summary_flattens_intervals():
+    from rstitch.logging import wandb_summary
+
+    logged = wandb_summary({"accuracy": 0.5, "accuracy_se": 0.1, "accuracy_ci": [0.3, 0.7], "speedup_ci": None, "method": "m"})
+    assert logged == {"accuracy": 0.5, "accuracy_se": 0.1, "accuracy_ci_low": 0.3, "accuracy_ci_high": 0.7}
