@@ -46,19 +46,19 @@ def _number(key: str, fmt: str) -> Callable[[dict[str, Any]], str | None]:
     return lambda s: None if s.get(key) is None else fmt.format(s[key])
 
 
-def _plus_minus(key: str, fmt: str) -> Callable[[dict[str, Any]], str | None]:
-    """`value +/- se`: the standard error beside the estimate, where the summary has one."""
+def plus_minus(key: str, fmt: str, sign: str = " +/- ") -> Callable[[dict[str, Any]], str | None]:
+    """`value +/- se`: the standard error (`<key>_se`) beside the estimate, where the summary has one."""
     def render(s: dict[str, Any]) -> str | None:
         if s.get(key) is None:
             return None
         se = s.get(f"{key}_se")
-        return fmt.format(s[key]) + ("" if se is None else " +/- " + fmt.format(se).lstrip("+"))
+        return fmt.format(s[key]) + ("" if se is None else sign + fmt.format(se).lstrip("+"))
 
     return render
 
 
-def _with_interval(key: str, fmt: str) -> Callable[[dict[str, Any]], str | None]:
-    """`value [low, high]`: the 95% interval beside the estimate, where the summary has one."""
+def with_interval(key: str, fmt: str) -> Callable[[dict[str, Any]], str | None]:
+    """`value [low, high]`: the 95% interval (`<key>_ci`) beside the estimate, where the summary has one."""
     def render(s: dict[str, Any]) -> str | None:
         if s.get(key) is None:
             return None
@@ -71,11 +71,11 @@ def _with_interval(key: str, fmt: str) -> Callable[[dict[str, Any]], str | None]
 # (header, cell of a summary; None shows "-"). The speedup split: speedup = per_tok_x / tok_ratio.
 TABLE_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str | None]], ...] = (
     ("method", _number("method", "{}")), ("tag", _number("run_tag", "{}")), ("n", _number("n_samples", "{}")),
-    ("accuracy +/- se", _plus_minus("accuracy", "{:.3f}")), ("acc_diff +/- se", _plus_minus("accuracy_diff", "{:+.3f}")),
+    ("accuracy +/- se", plus_minus("accuracy", "{:.3f}")), ("acc_diff +/- se", plus_minus("accuracy_diff", "{:+.3f}")),
     ("p", _number("accuracy_diff_p", "{:.2g}")), ("latency_s", _number("latency_s", "{:.3f}")),
     ("tokens", _number("tokens", "{:.1f}")), ("slm_tok", _number("tokens_slm", "{:.1f}")),
     ("llm_tok", _number("tokens_llm", "{:.1f}")), ("switches", _number("switches", "{:.1f}")),
-    ("speedup [95% CI]", _with_interval("speedup", "{:.2f}")), ("tok_ratio", _number("token_ratio", "{:.2f}")),
+    ("speedup [95% CI]", with_interval("speedup", "{:.2f}")), ("tok_ratio", _number("token_ratio", "{:.2f}")),
     ("per_tok_x", _number("per_token_latency_ratio", "{:.2f}")), ("tok/s_speedup", _number("speedup_tokens_per_s", "{:.2f}")),
 )
 
