@@ -112,7 +112,8 @@ def accuracy_latency_figure(runs: pd.DataFrame, group: str, latency: str = "late
                         fontsize=7, color="black" if run["on_frontier"] else "dimgrey")
     _log_x_if_wide(ax, points[latency])
     ax.set_xlabel(LATENCY_LABELS[latency])
-    _accuracy_axis(ax, points["accuracy"])
+    tops = points[["accuracy", "accuracy_ci_high"]].max(axis=1) if "accuracy_ci_high" in points else points["accuracy"]
+    _accuracy_axis(ax, tops)  # room for the error bars too
     ax.set_title(group, fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
     return fig
