@@ -18,8 +18,8 @@ from statistics import NormalDist
 import numpy as np
 
 LEVEL = 0.95  # every interval's coverage
-N_BOOT = 2000  # bootstrap resamples: the percentile bounds move by well under 1% of the interval between seeds
-SEED = 0  # intervals are seeded: the same runs give the same intervals on every machine
+N_BOOT = 2000  # bootstrap resamples per interval
+SEED = 0  # intervals are seeded: the same runs give the same intervals, run after run
 
 
 def z_value(level: float = LEVEL) -> float:
