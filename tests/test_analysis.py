@@ -6,6 +6,7 @@ Exact numbers come from hand-made runs; the rest runs on a small real sweep of t
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -25,6 +27,7 @@ from rstitch.analysis import (
     matched_speedup_summary,
     paired_with_baseline,
     runs_from_wandb,
+    runs_table,
     speedup_at_matched_accuracy,
     token_tables,
 )
@@ -207,6 +210,67 @@ def test_bad_results_directories_are_one_clear_error(tmp_path):
         load_runs(tmp_path)
 
 
+def hand_made_samples() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """20 problems: R-Stitch solves the problems LLM-only solves but one, in half the time with half
+    the tokens (per problem, so its speedup, token ratio and per-token ratio are exact); SLM-only
+    solves fewer, fastest; random routing is slower than R-Stitch and worse than SLM-only."""
+    spec = {  # method, params: (solved problems, latency factor, tokens per problem)
+        ("llm_only", ()): (range(14), 1.0, 200), ("rstitch", (("tau", 0.01),)): (range(13), 0.5, 100),
+        ("slm_only", ()): (range(6), 0.125, 80), ("random", (("p", 0.5),)): (range(2), 0.75, 150)}
+    rows, samples = [], []
+    for (method, params), (solved, factor, tokens) in spec.items():
+        latencies = [factor * (2.0 + 0.2 * i) for i in range(20)]
+        summary = {"accuracy": len(solved) / 20, "latency_s": float(np.mean(latencies)), "tokens": float(tokens),
+                   "tokens_llm": float(tokens), "tokens_slm": 0.0, "llm_token_share": 1.0}
+        rows.append(run_row(summary, config(method, **dict(params)), run_dir=f"{method}-{dict(params)}"))
+        samples += [{"run_dir": f"{method}-{dict(params)}", "id": f"q{i}", "sample_index": 0, "correct": i in solved,
+                     "latency_s": latencies[i], "latency_estimate_s": None, "tokens": tokens} for i in range(20)]
+    return runs_frame(rows), pd.DataFrame(samples)
+
+
+def test_intervals_paired_comparisons_and_frontier_shares_of_the_runs():
+    from rstitch.analysis.uncertainty import with_intervals
+
+    runs, samples = hand_made_samples()
+    marked = with_intervals(mark_frontier(runs), samples)
+    assert marked.equals(with_intervals(mark_frontier(runs), samples))  # seeded
+    by = {m: r for m, r in zip(marked["method"], marked.to_dict("records"))}
+    assert by["llm_only"]["accuracy_se"] == pytest.approx(math.sqrt(0.7 * 0.3 / 20))
+    stitch = by["rstitch"]
+    assert stitch["accuracy_diff"] == pytest.approx(-0.05) and stitch["accuracy_diff_p"] == pytest.approx(1.0)
+    assert stitch["accuracy_diff_se"] == pytest.approx(math.sqrt(1 - 1 / 20) / 20)
+    assert (stitch["speedup"], stitch["speedup_ci_low"], stitch["speedup_ci_high"]) == pytest.approx((2.0, 2.0, 2.0))
+    assert (stitch["token_ratio"], stitch["token_ratio_ci_low"], stitch["token_ratio_ci_high"]) == pytest.approx((0.5, 0.5, 0.5))
+    assert stitch["per_token_latency_ratio"] == pytest.approx(1.0) and stitch["token_reduction"] == pytest.approx(0.5)
+    assert stitch["latency_ci_low"] < stitch["latency_s"] < stitch["latency_ci_high"]
+    # Frontier shares: SLM-only (fastest) and R-Stitch always; LLM-only only in the resamples that draw
+    # the one problem it alone solves (1 - (19/20)^20 = 64%); random routing never.
+    shares = dict(zip(marked["method"], marked["frontier_share"]))
+    assert shares["slm_only"] == 1.0 and shares["rstitch"] > 0.99 and shares["random"] == 0.0
+    assert shares["llm_only"] == pytest.approx(1 - (19 / 20) ** 20, abs=0.04)
+
+    table = runs_table(marked).to_markdown()
+    assert "| llm_only | - | 70.0 ± 10.2 | +0.0 ± 0.0 | 1 |" in table
+    assert "| rstitch | tau=0.01 | 65.0 ± 10.7 | -5.0 ± 4.9 | 1 |" in table and "| 2.00× [2.00, 2.00] | 0.50 [0.50, 0.50] |" in table
+    assert "yes (100%)" in table and f"yes ({100 * shares['llm_only']:.0f}%)" in table
+    [paper] = accuracy_latency_tables(marked)
+    assert "65.0 ± 10.7 |" in paper.to_markdown() and r"65.0 $\pm$ 10.7 &" in paper.to_latex()
+    [tokens] = token_tables(marked)
+    assert "| 50.0 [50.0, 50.0] |" in tokens.to_markdown()
+    figure = accuracy_latency_figure(marked, marked["group"].iloc[0])
+    texts = [t.get_text() for t in figure.axes[0].texts]
+    assert "100%" in texts and "tau=0.01 100%" in texts  # SLM-only has no setting: its share alone
+    assert len(figure.axes[0].collections) >= 2 * 4  # error bars on both axes of every point
+
+
+def test_runs_recorded_intervals_from_summary_json_or_wandb():
+    from rstitch.analysis.uncertainty import recorded_intervals
+
+    assert recorded_intervals({"speedup_ci": [1.5, 2.5], "accuracy_se": 0.1}) == recorded_intervals(
+        {"speedup_ci_low": 1.5, "speedup_ci_high": 2.5, "accuracy_se": 0.1})
+    assert recorded_intervals({})["speedup_ci_low"] is None
+
+
 # --------------------------------------------------------------------------- the real sweep
 
 
@@ -222,6 +286,10 @@ def test_runs_and_samples_of_a_sweep(analysis_sweep):
     stitch = runs[runs["method"] == "rstitch"]
     assert (stitch["acceptance"] + stitch["llm_token_share"]).to_numpy() == pytest.approx(1.0)
     assert sorted(stitch["setting"]) == ["tau=0.005", "tau=0.05"]
+    for run_dir in runs["run_dir"]:  # each summary.json: the speedup split and the paired comparison with llm_only
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+        assert summary["speedup"] == pytest.approx(summary["per_token_latency_ratio"] / summary["token_ratio"])
+        assert summary["paired_problems"] == 3 and len(summary["speedup_ci"]) == len(summary["accuracy_ci"]) == 2
 
     samples = load_samples(runs, traces=True)
     assert len(samples) == 3 * len(runs)
@@ -335,6 +403,7 @@ def test_multirun_logs_a_wandb_sweep_summary(tmp_path, tiny_pair, problems_file)
     table = json.loads(table_file.read_text())
     rows = [dict(zip(table["columns"], row)) for row in table["data"]]
     assert sorted(r["method"] for r in rows) == ["llm_only", "slm_only"]
+    assert {"accuracy_ci_low", "accuracy_ci_high", "speedup_ci_low", "token_ratio", "frontier_share"} <= set(table["columns"])
     runs = mark_frontier(load_runs(root))
     expected = dict(zip(runs["method"], runs["on_frontier"]))
     assert {r["method"]: r["on_frontier"] for r in rows} == expected

@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -95,7 +96,19 @@ def test_format_table_has_one_row_per_run():
             {"method": "rstitch", "run_tag": "tau=0.1_cd34", "n_samples": 2, "accuracy": 0.25, "latency_s": 0.5}]
     lines = format_table(*rows).splitlines()
     assert len(lines) == 3 and len({len(line) for line in lines}) == 1  # aligned
-    assert lines[1].split()[:5] == ["llm_only", "ab12", "2", "0.500", "1.000"] and lines[2].split()[-2:] == ["-", "-"]
+    cells = [[c.strip() for c in re.split(r"\s{2,}", line.strip())] for line in lines]
+    assert cells[0][:7] == ["method", "tag", "n", "accuracy +/- se", "acc_diff +/- se", "p", "latency_s"]
+    assert cells[1][:7] == ["llm_only", "ab12", "2", "0.500", "-", "-", "1.000"] and cells[2][-2:] == ["-", "-"]
+
+
+def test_format_table_shows_standard_errors_the_paired_difference_and_the_speedup_split():
+    row = {"method": "rstitch", "run_tag": "t", "n_samples": 20, "accuracy": 0.45, "accuracy_se": 0.111, "accuracy_diff": -0.05,
+           "accuracy_diff_se": 0.04, "accuracy_diff_p": 0.5, "latency_s": 1.0, "speedup": 2.4, "speedup_ci": [1.9, 2.8],
+           "token_ratio": 0.5, "per_token_latency_ratio": 1.2}
+    header, line = [[c.strip() for c in re.split(r"\s{2,}", x.strip())] for x in format_table(row).splitlines()]
+    cell = dict(zip(header, line))
+    assert cell["accuracy +/- se"] == "0.450 +/- 0.111" and cell["acc_diff +/- se"] == "-0.050 +/- 0.040" and cell["p"] == "0.5"
+    assert cell["speedup [95% CI]"] == "2.40 [1.90, 2.80]" and cell["tok_ratio"] == "0.50" and cell["per_tok_x"] == "1.20"
 
 
 def test_tokens_per_s_speedup_is_reported_beside_the_latency_ratio():

@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from rstitch.analysis.uncertainty import recorded_intervals
 from rstitch.configs import CONF_DIR
 from rstitch.errors import ConfigError
 from rstitch.methods import baseline_method, method_class, method_rank
@@ -143,6 +144,7 @@ def run_row(summary: Mapping[str, Any], config: Mapping[str, Any], run_dir: str 
         "comparison_key": recorded_comparison_key(summary, config), "run_dir": run_dir,
         **{k: summary.get(k) for k in RUN_METRICS},
         "speedup_recorded": summary.get("speedup"),
+        **recorded_intervals(summary),  # replaced by those of the samples in reports (`uncertainty.with_intervals`)
         "acceptance": acceptance, "acceptance_kind": kind, "params": params,
     }
     row.update({f"method.{k}": v for k, v in params.items()})

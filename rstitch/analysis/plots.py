@@ -2,7 +2,8 @@
 same in scripts, reports and notebooks; a notebook displays a returned Figure).
 
 - `accuracy_latency_figure`: accuracy vs latency per method, the Pareto frontier marked, random
-  routing as grey crosses (R-Stitch Fig. 4).
+  routing as grey crosses (R-Stitch Fig. 4); with `uncertainty.with_intervals` columns, 95% error
+  bars on both axes and each point's share of bootstrap resamples on the frontier.
 - `accuracy_acceptance_figure`: accuracy vs acceptance rate (Arbitrage Fig. 4).
 - `sample_speedup_figure`: per-problem speedup bars coloured by correctness outcome, with the
   token-reduction curve (R-Stitch Fig. 6).
@@ -99,20 +100,47 @@ def accuracy_latency_figure(runs: pd.DataFrame, group: str, latency: str = "late
         else:
             ax.plot(mine[latency], mine["accuracy"] * 100, ls="-" if len(mine) > 1 else "", label=method, alpha=0.85,
                     zorder=3, **_marker_kwargs(*method_style(method)))
+        _error_bars(ax, mine, latency, "grey" if method == RANDOM else method_style(method)[0])
     front = points[points["on_frontier"]].sort_values(latency)
     ax.step(front[latency], front["accuracy"] * 100, "k--", where="post", lw=1, alpha=0.6, zorder=2)
     ax.scatter(front[latency], front["accuracy"] * 100, s=160, facecolors="none", edgecolors="black", lw=1.2,
-               label="Pareto frontier", zorder=4)
-    for _, run in front.iterrows():
-        if run["setting"]:
-            ax.annotate(run["setting"], (run[latency], run["accuracy"] * 100), textcoords="offset points",
-                        xytext=(6, 6), fontsize=7)
+               label="Pareto frontier (% of resamples on it)" if "frontier_share" in points else "Pareto frontier", zorder=4)
+    for _, run in points.iterrows():
+        label = _frontier_annotation(run)
+        if label:
+            ax.annotate(label, (run[latency], run["accuracy"] * 100), textcoords="offset points", xytext=(6, 6),
+                        fontsize=7, color="black" if run["on_frontier"] else "dimgrey")
     _log_x_if_wide(ax, points[latency])
     ax.set_xlabel(LATENCY_LABELS[latency])
-    _accuracy_axis(ax, points["accuracy"])
+    tops = points[["accuracy", "accuracy_ci_high"]].max(axis=1) if "accuracy_ci_high" in points else points["accuracy"]
+    _accuracy_axis(ax, tops)  # room for the error bars too
     ax.set_title(group, fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
     return fig
+
+
+def _error_bars(ax, runs: pd.DataFrame, latency: str, color: str) -> None:
+    """95% intervals of both coordinates (`with_intervals`), where the runs frame has them."""
+    columns = ("accuracy_ci_low", "accuracy_ci_high", "latency_ci_low", "latency_ci_high")
+    if not all(c in runs for c in columns):
+        return
+    known = runs.dropna(subset=list(columns))
+    if known.empty:
+        return
+    y, x = known["accuracy"] * 100, known[latency]
+    yerr = [(y - known["accuracy_ci_low"] * 100).clip(lower=0), (known["accuracy_ci_high"] * 100 - y).clip(lower=0)]
+    xerr = [(x - known["latency_ci_low"]).clip(lower=0), (known["latency_ci_high"] - x).clip(lower=0)]
+    ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="none", ecolor=color, elinewidth=0.8, capsize=2, alpha=0.45, zorder=2)
+
+
+def _frontier_annotation(run: pd.Series) -> str:
+    """Frontier points: their setting and, where known, the share of bootstrap resamples of the
+    problems in which they stay on the frontier; other points only that share, when 20% or more."""
+    share = run.get("frontier_share")
+    known = share is not None and not pd.isna(share)
+    if run["on_frontier"]:
+        return " ".join(filter(None, [str(run["setting"] or ""), f"{100 * share:.0f}%" if known else ""]))
+    return f"{100 * share:.0f}%" if known and share >= 0.2 else ""
 
 
 def accuracy_acceptance_figure(runs: pd.DataFrame, group: str) -> Figure:

@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from rstitch.analysis import plots, tables, traces
 from rstitch.analysis.collect import BASELINE, is_baseline, load_samples, paired_with_baseline
 from rstitch.analysis.frontier import curve_pairs, mark_frontier, matched_speedup_summary
+from rstitch.analysis.uncertainty import with_intervals
 from rstitch.errors import ConfigError
 from rstitch.methods import BASELINE_ROLES, METHODS, baseline_method
 
@@ -69,6 +70,7 @@ def build_report(runs: pd.DataFrame, latency: str = "latency_s", entropy: bool =
     (loads the models) for the entropy and token-consistency figures."""
     runs = mark_frontier(runs, latency)
     samples = load_samples(runs)
+    runs = with_intervals(runs, samples, latency)  # error bars, paired comparisons, frontier shares
     paired = paired_with_baseline(samples) if (samples["method"] == BASELINE).any() else samples.iloc[:0]
     report = Report(title)
     report.sections.append(Section("Runs", tables=[tables.runs_table(runs, latency)]))
@@ -87,8 +89,10 @@ def build_report(runs: pd.DataFrame, latency: str = "latency_s", entropy: bool =
 
 def _frontier_section(runs: pd.DataFrame, latency: str) -> Section:
     section = Section("Accuracy vs latency",
-                      "Each run is one point; ringed points are on the Pareto frontier of their group "
-                      "(all methods); grey crosses are random routing.")
+                      "Each run is one point with 95% intervals on both axes (bootstrap over problems for latency, "
+                      "Wilson clustered by problem for accuracy); ringed points are on the Pareto frontier of their "
+                      "group (all methods), labelled with the share of bootstrap resamples of the problems in which "
+                      "they stay on it (other points: that share where it is 20% or more); grey crosses are random routing.")
     for group in runs["group"].unique():
         section.figures.append(ReportFigure(f"accuracy_latency_{slug(group)}", f"Accuracy vs latency: {group}",
                                             plots.accuracy_latency_figure(runs, group, latency)))
@@ -270,7 +274,11 @@ def wandb_table(table: tables.Table):
     import wandb
 
     columns: list[str | int] = [f"{c.group} {c.name}" if c.group else c.name for c in table.columns]
-    return wandb.Table(columns=columns, data=[list(row) for row in table.rows])
+    # A column with intervals (cells that are tuples) is logged as its rendered text: one type per column.
+    as_text = [any(isinstance(row[i], tuple) for row in table.rows) for i in range(len(table.columns))]
+    rendered = table.cells(0)
+    data = [[text if flag else value for value, text, flag in zip(row, shown, as_text)] for row, shown in zip(table.rows, rendered)]
+    return wandb.Table(columns=columns, data=data)
 
 
 def wandb_image(figure: ReportFigure):

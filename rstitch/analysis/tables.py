@@ -23,12 +23,26 @@ from rstitch.methods import method_rank
 Formatter = Callable[[Any], tuple[str, str]]  # value -> (markdown, latex)
 
 
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def _number(fmt: str, suffix_md: str = "", suffix_tex: str = "") -> Formatter:
+    """A number; `(value, se)` renders as `value ± se`, `(value, low, high)` as `value [low, high]`
+    (an uncertainty that is missing is left out)."""
     def render(value: Any) -> tuple[str, str]:
-        if value is None or (isinstance(value, float) and math.isnan(value)):
+        estimate, *spread = value if isinstance(value, tuple) else (value,)
+        if _missing(estimate):
             return "-", "--"
-        text = fmt.format(value)
-        return text + suffix_md, text + suffix_tex
+        text = fmt.format(estimate)
+        md, tex = text + suffix_md, text + suffix_tex
+        if len(spread) == 1 and not _missing(spread[0]):
+            error = fmt.format(spread[0]).lstrip("+")
+            md, tex = f"{md} ± {error}", f"{tex} $\\pm$ {error}"
+        elif len(spread) == 2 and not any(_missing(v) for v in spread):
+            interval = f" [{fmt.format(spread[0])}, {fmt.format(spread[1])}]"
+            md, tex = md + interval, tex + interval
+        return md, tex
 
     return render
 
@@ -47,6 +61,8 @@ FORMATS: dict[str, Formatter] = {
     "count": _number("{:.0f}"),
     "number": _number("{:.4f}"),
     "delta": _number("{:+.1f}"),
+    "ratio": _number("{:.2f}"),
+    "p": _number("{:.2g}"),
 }
 
 
@@ -164,6 +180,19 @@ def _value(run: pd.Series | None, column: str, scale: float = 1.0) -> float | No
     return float(run[column]) * scale
 
 
+def _with_se(run: pd.Series | None, column: str, scale: float = 1.0) -> tuple[float | None, float | None]:
+    """(value, standard error): rendered `value ± se` where the runs frame has `<column>_se`."""
+    se = _value(run, f"{column}_se", scale) if run is not None and f"{column}_se" in run.index else None
+    return _value(run, column, scale), se
+
+
+def _with_ci(run: pd.Series | None, column: str, interval: str, scale: float = 1.0) -> tuple[float | None, ...]:
+    """(value, low, high): rendered `value [low, high]` where the runs frame has the interval."""
+    if run is None or f"{interval}_low" not in run.index:
+        return (_value(run, column, scale),)
+    return _value(run, column, scale), _value(run, f"{interval}_low", scale), _value(run, f"{interval}_high", scale)
+
+
 def accuracy_latency_tables(runs: pd.DataFrame, latency: str = "latency_s") -> list[Table]:
     """R-Stitch Table 1: per dataset, accuracy (%), mean latency (s) and speedup over LLM-only."""
     def build(pair: str, budget: int, block: pd.DataFrame, datasets: list[str]) -> Table:
@@ -171,13 +200,15 @@ def accuracy_latency_tables(runs: pd.DataFrame, latency: str = "latency_s") -> l
         for d in datasets:
             columns += [Column("Acc (%)", "percent", d), Column("Lat (s)", "seconds", d), Column("Spd", "speedup", d)]
         table = Table(f"Accuracy, latency and speedup: {pair}, budget {budget} tokens", columns,
-                      note=f"Lat: mean {latency} per problem; Spd: Lat({BASELINE}) / Lat at the same comparison key.")
+                      note=f"Lat: mean {latency} per problem; Spd: Lat({BASELINE}) / Lat at the same comparison key. "
+                           f"{INTERVAL_NOTE}")
         for (method, setting), by_dataset in _method_rows(block):
             cells: list[Any] = [method, setting]
             for d in datasets:
                 run = by_dataset.get(d)
                 speedup = None if run is None or pd.isna(run[latency]) else _speedup(block, run, latency)
-                cells += [_value(run, "accuracy", 100), _value(run, latency), speedup]
+                spread = _with_ci(run, "speedup", "speedup_ci")[1:] if latency == "latency_s" else ()
+                cells += [_with_se(run, "accuracy", 100), _with_ci(run, latency, "latency_ci"), (speedup, *spread)]
             table.rows.append(cells)
         return table
 
@@ -202,7 +233,8 @@ def token_tables(runs: pd.DataFrame) -> list[Table]:
             columns += [Column("LLM tok", "tokens", d), Column("SLM tok", "tokens", d), Column("Total", "tokens", d),
                         Column("Red. (%)", "percent", d)]
         table = Table(f"Output tokens per problem: {pair}, budget {budget} tokens", columns,
-                      note=f"Red.: 1 - total / total of {BASELINE} at the same comparison key.")
+                      note=f"Red.: 1 - total / total of {BASELINE} at the same comparison key, with its 95% paired "
+                           "bootstrap interval over problems.")
         baseline = block[block["method"] == BASELINE].set_index("comparison")["tokens"]
         for (method, setting), by_dataset in _method_rows(block):
             cells: list[Any] = [method, setting]
@@ -210,11 +242,19 @@ def token_tables(runs: pd.DataFrame) -> list[Table]:
                 run = by_dataset.get(d)
                 base = None if run is None else baseline.get(run["comparison"])
                 reduction = None if run is None or base is None or run["tokens"] is None else 100 * (1 - run["tokens"] / base)
-                cells += [_value(run, "tokens_llm"), _value(run, "tokens_slm"), _value(run, "tokens"), reduction]
+                spread = _reduction_interval(run)
+                cells += [_value(run, "tokens_llm"), _value(run, "tokens_slm"), _value(run, "tokens"), (reduction, *spread)]
             table.rows.append(cells)
         return table
 
     return _tables_per_pair_budget(runs, build)
+
+
+def _reduction_interval(run: pd.Series | None) -> tuple[float, ...]:
+    """R-Stitch's token reduction (%) = 100 (1 - token ratio): the token ratio's interval, flipped."""
+    _, *bounds = _with_ci(run, "token_ratio", "token_ratio_ci")
+    low, high = (bounds + [None, None])[:2]
+    return () if low is None or high is None else (100 * (1 - high), 100 * (1 - low))
 
 
 def benchmark_accuracy_tables(runs: pd.DataFrame) -> list[Table]:
@@ -241,18 +281,40 @@ def benchmark_accuracy_tables(runs: pd.DataFrame) -> list[Table]:
 
 
 def runs_table(runs: pd.DataFrame, latency: str = "latency_s") -> Table:
-    """Every run: the accuracy-latency point, speedup, acceptance, LLM token share, frontier flag."""
+    """Every run: the accuracy-latency point with its uncertainty, the paired comparison with the
+    baseline (accuracy difference, speedup and its split), acceptance, LLM token share, and the
+    frontier flag with the share of bootstrap resamples in which the run stays on the frontier."""
     columns = [Column("Group"), Column("Method"), Column("Setting"), Column("Acc (%)", "percent"),
-               Column("Lat (s)", "seconds"), Column("Spd", "speedup"), Column("Tokens", "tokens"),
-               Column("LLM share (%)", "percent"), Column("Acceptance (%)", "percent"), Column("Frontier")]
+               Column(f"ΔAcc vs {BASELINE} (pp)", "delta"), Column("p", "p"), Column("Lat (s)", "seconds"),
+               Column("Spd", "speedup"), Column("Tok ratio", "ratio"), Column("Per-tok spd", "speedup"),
+               Column("Tokens", "tokens"), Column("LLM share (%)", "percent"), Column("Acceptance (%)", "percent"),
+               Column("Frontier")]
     table = Table("Runs", columns, note=f"Lat: mean {latency} per problem. Acceptance: drafted steps kept (step-level "
-                                        "methods), draft tokens kept (speculative), else the SLM's token share.")
+                                        "methods), draft tokens kept (speculative), else the SLM's token share. "
+                                        f"Spd = Per-tok spd / Tok ratio. {INTERVAL_NOTE}")
     for _, run in runs.iterrows():
-        frontier = "yes" if run.get("on_frontier") else ""
-        table.rows.append([run["group"], run["method"], run["setting"], _value(run, "accuracy", 100), _value(run, latency),
-                           _value(run, "speedup"), _value(run, "tokens"), _value(run, "llm_token_share", 100),
-                           _value(run, "acceptance", 100), frontier])
+        table.rows.append([run["group"], run["method"], run["setting"], _with_se(run, "accuracy", 100),
+                           _with_se(run, "accuracy_diff", 100), _value(run, "accuracy_diff_p") if "accuracy_diff_p" in run else None,
+                           _with_ci(run, latency, "latency_ci"), _with_ci(run, "speedup", "speedup_ci"),
+                           _with_ci(run, "token_ratio", "token_ratio_ci"),
+                           _with_ci(run, "per_token_latency_ratio", "per_token_latency_ratio_ci"), _value(run, "tokens"),
+                           _value(run, "llm_token_share", 100), _value(run, "acceptance", 100), frontier_label(run)])
     return table
+
+
+INTERVAL_NOTE = (f"± one standard error (accuracy: clustered by problem; ΔAcc: paired with {BASELINE} on the same "
+                 "problems, p from McNemar's exact test); [ ] a 95% interval (latency, speedup and its split: "
+                 "bootstrap over problems, paired with the baseline). See docs/analysis.md.")
+
+
+def frontier_label(run: pd.Series) -> str:
+    """`yes` on the frontier, with the share of bootstrap resamples of the problems in which the
+    run is on it, where known (`yes (83%)`; off the frontier only the share, when not 0)."""
+    share = run.get("frontier_share")
+    known = share is not None and not pd.isna(share)
+    if run.get("on_frontier"):
+        return f"yes ({100 * share:.0f}%)" if known else "yes"
+    return f"({100 * share:.0f}%)" if known and share > 0 else ""
 
 
 def matched_speedup_table(summary: pd.DataFrame) -> Table:

@@ -10,7 +10,18 @@ if TYPE_CHECKING:
 
 WandbMode = Literal["online", "offline", "disabled", "shared"]
 
-PARETO_KEYS = ("accuracy", "latency_s", "tokens", "speedup", "llm_token_share")
+PARETO_KEYS = ("accuracy", "accuracy_se", "latency_s", "tokens", "speedup", "token_ratio", "per_token_latency_ratio",
+               "accuracy_diff", "accuracy_diff_se", "llm_token_share")
+
+
+def wandb_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """The run's numbers as W&B summary scalars: the Pareto point first, then every number, and
+    each interval (`accuracy_ci`, `speedup_ci`, ... as [low, high]) as `<name>_low` and `<name>_high`."""
+    point = {k: summary[k] for k in PARETO_KEYS if summary.get(k) is not None}
+    numbers = {k: v for k, v in summary.items() if isinstance(v, (int, float))}
+    intervals = {f"{k}_{end}": bound for k, v in summary.items() if k.endswith("_ci") and isinstance(v, (list, tuple))
+                 and len(v) == 2 for end, bound in zip(("low", "high"), v)}
+    return {**point, **numbers, **intervals}
 
 
 class NullLogger:
@@ -70,9 +81,8 @@ class WandbLogger(NullLogger):
     def finish(self, summary: dict[str, Any], samples: list[dict[str, Any]]) -> None:
         import wandb
 
-        point = {k: summary[k] for k in PARETO_KEYS if summary.get(k) is not None}
         run = self._started()
-        run.summary.update({**point, **{k: v for k, v in summary.items() if isinstance(v, (int, float))}})
+        run.summary.update(wandb_summary(summary))
         table = wandb.Table(columns=list(self.TABLE_COLUMNS))
         for s in samples:
             table.add_data(*[s.get(c) for c in self.TABLE_COLUMNS])

@@ -1,6 +1,7 @@
 """The W&B summary of a sweep: after a Hydra multirun, one W&B run holds every point of the sweep
-(a table, the Pareto frontier flagged per comparison group), a native scatter plot of accuracy vs
-latency, and the accuracy-latency figures.
+(a table with each point's intervals, the Pareto frontier flagged per comparison group, with the
+share of bootstrap resamples of the problems in which each point stays on it), a native scatter
+plot of accuracy vs latency, and the accuracy-latency figures with error bars.
 
 `SweepSummary` is a Hydra callback (conf/config.yaml, `hydra.callbacks`). After every multirun it
 prints one table of the sweep's runs, last on the console (with the submitit launchers the jobs'
@@ -24,9 +25,12 @@ from omegaconf import DictConfig
 from rstitch.errors import ConfigError
 from rstitch.results.store import SUMMARY_FILE
 
-POINT_COLUMNS = ("group", "method", "setting", "accuracy", "latency_s", "latency_estimate_s", "speedup", "tokens",
-                 "tokens_slm", "tokens_llm", "llm_token_share", "acceptance", "acceptance_kind", "flops", "on_frontier",
-                 "run_dir")
+POINT_COLUMNS = ("group", "method", "setting", "accuracy", "accuracy_se", "accuracy_ci_low", "accuracy_ci_high",
+                 "accuracy_diff", "accuracy_diff_se", "accuracy_diff_p", "latency_s", "latency_ci_low", "latency_ci_high",
+                 "latency_estimate_s", "speedup", "speedup_ci_low", "speedup_ci_high", "token_ratio", "token_ratio_ci_low",
+                 "token_ratio_ci_high", "per_token_latency_ratio", "per_token_latency_ratio_ci_low",
+                 "per_token_latency_ratio_ci_high", "tokens", "tokens_slm", "tokens_llm", "llm_token_share", "acceptance",
+                 "acceptance_kind", "flops", "on_frontier", "frontier_share", "run_dir")
 
 
 class SweepSummary(Callback):
@@ -81,13 +85,15 @@ def log_sweep_summary(run_dirs: list[Path], logger: Any, name: str) -> str:
     """Log the runs in `run_dirs` as one W&B run of `logger`'s project; returns the run's id."""
     import wandb
 
-    from rstitch.analysis import load_runs, mark_frontier
+    from rstitch.analysis import load_runs, load_samples, mark_frontier
     from rstitch.analysis.plots import accuracy_latency_figure
     from rstitch.analysis.report import ReportFigure, slug, wandb_image
+    from rstitch.analysis.uncertainty import with_intervals
 
     if not run_dirs:
         raise ConfigError("the multirun finished no run")
     runs = mark_frontier(load_runs(run_dirs))
+    runs = with_intervals(runs, load_samples(runs))  # error bars and frontier shares, as in rstitch-report
     points = runs[list(POINT_COLUMNS)].astype({"on_frontier": bool})
     table = wandb.Table(dataframe=points)
     run_id = hashlib.sha1("\n".join(sorted(map(str, runs["run_dir"]))).encode()).hexdigest()[:16]

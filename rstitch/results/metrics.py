@@ -1,9 +1,22 @@
 """Per-run aggregates: the accuracy-latency point and costs."""
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
+
+import numpy as np
+
+from rstitch.results.store import SAMPLES_FILE, SUMMARY_FILE, iter_samples
+from rstitch.results.uncertainty import (
+    accuracy_estimate,
+    bootstrap_mean_interval,
+    paired_accuracy_difference,
+    problem_means,
+    speedup_intervals,
+)
 
 PER_MODEL_TOKEN_KEYS = ("tokens_slm", "tokens_llm")
 
@@ -19,7 +32,9 @@ def summarize_samples(samples: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "n_problems": len({r["id"] for r in rows}),
         "n_samples": len(rows),
         "accuracy": mean("correct"),
+        **accuracy_uncertainty(rows),
         "latency_s": statistics.fmean(latencies),
+        "latency_ci": _pair(bootstrap_mean_interval(problem_means(latencies, [r["id"] for r in rows]).means)),
         "latency_median_s": statistics.median(latencies),
         "tokens": mean("tokens"),
         "tokens_slm": mean("tokens_slm"),
@@ -39,6 +54,17 @@ def summarize_samples(samples: Iterable[dict[str, Any]]) -> dict[str, Any]:
         summary[f"forward_time_s_{model}"] = statistics.fmean(r["cost"][model]["forward_time_s"] for r in rows)
         summary[f"forward_calls_{model}"] = statistics.fmean(r["cost"][model]["forward_calls"] for r in rows)
     return summary
+
+
+def accuracy_uncertainty(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """`accuracy_se` (clustered by problem) and `accuracy_ci` (Wilson, at the effective sample size)."""
+    estimate = accuracy_estimate([float(r.get("correct", 0) or 0) for r in rows], [r["id"] for r in rows])
+    ci = None if estimate.low is None else [estimate.low, estimate.high]
+    return {"accuracy_se": estimate.se, "accuracy_ci": ci}
+
+
+def _pair(interval: tuple[float, float] | None) -> list[float] | None:
+    return None if interval is None else [interval[0], interval[1]]
 
 
 def baseline_method() -> str:
@@ -62,13 +88,88 @@ def find_speedups(summary: dict[str, Any], others: Iterable[dict[str, Any]]) -> 
     """Against the matching LLM-only run: `speedup`, the latency ratio Lat(llm_only) / Lat(method),
     and `speedup_tokens_per_s`, the throughput ratio (tokens/s of the method over LLM-only's), the
     speedup EASD and speculative decoding papers report. They differ when the outputs' lengths differ."""
-    out: dict[str, float | None] = {"speedup": None, "speedup_tokens_per_s": None}
     baseline = baseline_method()
     for other in others:
         if other.get("method") == baseline and comparison_key_matches(summary, other):
-            if other.get("latency_s") and summary.get("latency_s"):
-                out["speedup"] = other["latency_s"] / summary["latency_s"]
-            if other.get("tokens_per_s") and summary.get("tokens_per_s"):
-                out["speedup_tokens_per_s"] = summary["tokens_per_s"] / other["tokens_per_s"]
-            break
+            return speedups_against(summary, other)
+    return {"speedup": None, "speedup_tokens_per_s": None}
+
+
+def speedups_against(summary: dict[str, Any], baseline: dict[str, Any]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {"speedup": None, "speedup_tokens_per_s": None}
+    if baseline.get("latency_s") and summary.get("latency_s"):
+        out["speedup"] = baseline["latency_s"] / summary["latency_s"]
+    if baseline.get("tokens_per_s") and summary.get("tokens_per_s"):
+        out["speedup_tokens_per_s"] = summary["tokens_per_s"] / baseline["tokens_per_s"]
     return out
+
+
+# The comparison with the baseline beside the speedup (docs/analysis.md, "Uncertainty"): the
+# speedup split (speedup = per_token_latency_ratio / token_ratio), its paired bootstrap intervals,
+# and the paired accuracy difference. None where there is no baseline run (or no samples of it).
+COMPARISON_KEYS = ("speedup", "speedup_tokens_per_s", "speedup_ci", "token_ratio", "token_ratio_ci", "token_reduction",
+                   "per_token_latency_ratio", "per_token_latency_ratio_ci", "accuracy_diff", "accuracy_diff_se",
+                   "accuracy_diff_p", "accuracy_diff_test", "paired_problems")
+
+
+def self_comparison(summary: dict[str, Any]) -> dict[str, Any]:
+    """The baseline against itself: exact, so every interval is a point."""
+    return {"speedup": 1.0, "speedup_tokens_per_s": 1.0, "speedup_ci": [1.0, 1.0], "token_ratio": 1.0,
+            "token_ratio_ci": [1.0, 1.0], "token_reduction": 0.0, "per_token_latency_ratio": 1.0,
+            "per_token_latency_ratio_ci": [1.0, 1.0], "accuracy_diff": 0.0, "accuracy_diff_se": 0.0,
+            "accuracy_diff_p": 1.0, "accuracy_diff_test": None, "paired_problems": summary.get("n_problems")}
+
+
+def find_baseline_run(summary: dict[str, Any], root: str | Path) -> tuple[dict[str, Any], Path] | None:
+    """The LLM-only run under `root` with the summary's comparison key, and its directory."""
+    baseline = baseline_method()
+    for path in Path(root).rglob(SUMMARY_FILE):
+        try:
+            other = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if other.get("method") == baseline and comparison_key_matches(summary, other):
+            return other, path.parent
+    return None
+
+
+def compare_with_baseline(summary: dict[str, Any], samples: list[dict[str, Any]], root: str | Path) -> dict[str, Any]:
+    """Every key of COMPARISON_KEYS against the matching LLM-only run under `root`."""
+    out: dict[str, Any] = dict.fromkeys(COMPARISON_KEYS)
+    found = find_baseline_run(summary, root)
+    if found is None:
+        return out
+    baseline, run_dir = found
+    out.update(speedups_against(summary, baseline))
+    out.update(speedup_split(summary, baseline, out["speedup"]))
+    path = run_dir / SAMPLES_FILE
+    if path.exists() and samples:
+        out.update(paired_statistics(samples, list(iter_samples(path))))
+    return out
+
+
+def speedup_split(summary: dict[str, Any], baseline: dict[str, Any], speedup: float | None) -> dict[str, float | None]:
+    """From the runs' means: token_ratio = tokens / baseline tokens (R-Stitch's reduction is
+    1 - it) and per_token_latency_ratio = speedup x token_ratio, the baseline's latency per output
+    token over the run's; their quotient is the speedup (its product with 1 / token_ratio)."""
+    tokens, base_tokens = summary.get("tokens"), baseline.get("tokens")
+    if not tokens or not base_tokens:
+        return {}
+    ratio = tokens / base_tokens
+    return {"token_ratio": ratio, "token_reduction": 1.0 - ratio,
+            "per_token_latency_ratio": None if speedup is None else speedup * ratio}
+
+
+def paired_statistics(samples: list[dict[str, Any]], baseline_samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over the problems both runs hold: the accuracy difference with its paired standard error
+    and p-value, and paired bootstrap intervals of the speedup split."""
+    def grouped(rows: list[dict[str, Any]], key: str):
+        return problem_means([float(r.get(key, 0) or 0) for r in rows], [r["id"] for r in rows])
+
+    diff = paired_accuracy_difference(grouped(samples, "correct"), grouped(baseline_samples, "correct"))
+    intervals = speedup_intervals({"run": grouped(samples, "latency_s"), "baseline": grouped(baseline_samples, "latency_s")},
+                                  {"run": grouped(samples, "tokens"), "baseline": grouped(baseline_samples, "tokens")})
+    return {"accuracy_diff": None if np.isnan(diff.difference) else diff.difference, "accuracy_diff_se": diff.se,
+            "accuracy_diff_p": diff.p_value, "accuracy_diff_test": diff.test, "paired_problems": diff.n_problems,
+            "speedup_ci": _pair(intervals.speedup), "token_ratio_ci": _pair(intervals.token_ratio),
+            "per_token_latency_ratio_ci": _pair(intervals.per_token_latency_ratio)}

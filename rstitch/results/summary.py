@@ -2,12 +2,12 @@
 table of it (`rstitch-run`, `rstitch-merge`)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rstitch.results.keys import comparison_key, run_tag
-from rstitch.results.metrics import find_speedups, summarize_samples
-from rstitch.results.store import find_summaries
+from rstitch.results.metrics import COMPARISON_KEYS, compare_with_baseline, self_comparison, summarize_samples
 
 if TYPE_CHECKING:  # results are read without the methods (and their engines) loaded
     from rstitch.methods import Method
@@ -15,7 +15,9 @@ if TYPE_CHECKING:  # results are read without the methods (and their engines) lo
 
 def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, Any]], results_root: str | Path) -> dict[str, Any]:
     """summary.json of a run (or of merged shards): the common metrics, the method's own, and the
-    speedup over the LLM-only (`baseline: target`) run with the same comparison key under `results_root`."""
+    speedup over the LLM-only (`baseline: target`) run with the same comparison key under `results_root`,
+    its split into token ratio and per-token latency ratio, and the paired comparison with that run
+    (intervals and the accuracy difference: `results.metrics.compare_with_baseline`)."""
     common = {
         "method": method.name,
         "pair": cfg["pair"]["name"],
@@ -26,8 +28,7 @@ def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, A
         "latency_estimated": any(s.get("latency_estimated") for s in samples),
         "comparison_key": comparison_key(cfg),
         "config": cfg,
-        "speedup": None,
-        "speedup_tokens_per_s": None,
+        **dict.fromkeys(COMPARISON_KEYS),
     }
     own = method.summarize(samples)
     clash = sorted(set(own) & set(common))
@@ -35,21 +36,55 @@ def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, A
         raise ValueError(f"method '{method.name}' summarizes keys of the common summary: {', '.join(clash)}")
     summary = {**common, **own}
     if method.baseline == "target":
-        summary.update(speedup=1.0, speedup_tokens_per_s=1.0)
+        summary.update(self_comparison(summary))
     else:
-        summary.update(find_speedups(summary, find_summaries(results_root)))
+        summary.update(compare_with_baseline(summary, samples, results_root))
     return summary
 
 
-TABLE_COLUMNS = (("method", "method", "{}"), ("tag", "run_tag", "{}"), ("n", "n_samples", "{}"),
-                 ("accuracy", "accuracy", "{:.3f}"), ("latency_s", "latency_s", "{:.3f}"), ("tokens", "tokens", "{:.1f}"),
-                 ("slm_tok", "tokens_slm", "{:.1f}"), ("llm_tok", "tokens_llm", "{:.1f}"), ("switches", "switches", "{:.1f}"),
-                 ("speedup", "speedup", "{:.2f}"), ("tok/s_speedup", "speedup_tokens_per_s", "{:.2f}"))
+def _number(key: str, fmt: str) -> Callable[[dict[str, Any]], str | None]:
+    return lambda s: None if s.get(key) is None else fmt.format(s[key])
+
+
+def plus_minus(key: str, fmt: str, sign: str = " +/- ") -> Callable[[dict[str, Any]], str | None]:
+    """`value +/- se`: the standard error (`<key>_se`) beside the estimate, where the summary has one."""
+    def render(s: dict[str, Any]) -> str | None:
+        if s.get(key) is None:
+            return None
+        se = s.get(f"{key}_se")
+        return fmt.format(s[key]) + ("" if se is None else sign + fmt.format(se).lstrip("+"))
+
+    return render
+
+
+def with_interval(key: str, fmt: str) -> Callable[[dict[str, Any]], str | None]:
+    """`value [low, high]`: the 95% interval (`<key>_ci`) beside the estimate, where the summary has one."""
+    def render(s: dict[str, Any]) -> str | None:
+        if s.get(key) is None:
+            return None
+        ci = s.get(f"{key}_ci")
+        return fmt.format(s[key]) + ("" if not ci else f" [{fmt.format(ci[0])}, {fmt.format(ci[1])}]")
+
+    return render
+
+
+# (header, cell of a summary; None shows "-"). The speedup split: speedup = per_tok_x / tok_ratio.
+TABLE_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str | None]], ...] = (
+    ("method", _number("method", "{}")), ("tag", _number("run_tag", "{}")), ("n", _number("n_samples", "{}")),
+    ("accuracy +/- se", plus_minus("accuracy", "{:.3f}")), ("acc_diff +/- se", plus_minus("accuracy_diff", "{:+.3f}")),
+    ("p", _number("accuracy_diff_p", "{:.2g}")), ("latency_s", _number("latency_s", "{:.3f}")),
+    ("tokens", _number("tokens", "{:.1f}")), ("slm_tok", _number("tokens_slm", "{:.1f}")),
+    ("llm_tok", _number("tokens_llm", "{:.1f}")), ("switches", _number("switches", "{:.1f}")),
+    ("speedup [95% CI]", with_interval("speedup", "{:.2f}")), ("tok_ratio", _number("token_ratio", "{:.2f}")),
+    ("per_tok_x", _number("per_token_latency_ratio", "{:.2f}")), ("tok/s_speedup", _number("speedup_tokens_per_s", "{:.2f}")),
+)
 
 
 def format_table(*summaries: dict[str, Any]) -> str:
-    """One row per run summary, right-aligned; a missing value is "-"."""
-    rows = [[("-" if s.get(key) is None else fmt.format(s[key])) for _, key, fmt in TABLE_COLUMNS] for s in summaries]
-    headers = [header for header, _, _ in TABLE_COLUMNS]
+    """One row per run summary, right-aligned; a missing value is "-". Accuracy with its standard
+    error, the paired difference from the baseline (its p-value), the speedup with its interval,
+    and the speedup split into the token ratio and the per-token latency ratio."""
+    rows = [[render(s) or "-" for _, render in TABLE_COLUMNS] for s in summaries]
+    headers = [header for header, _ in TABLE_COLUMNS]
     widths = [max(len(cell) for cell in column) for column in zip(headers, *rows)]
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(line, widths)) for line in [headers, *rows])

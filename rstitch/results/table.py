@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pandas as pd
 
 from rstitch.results.keys import is_sharded
 from rstitch.results.store import find_summaries
 
 COLUMNS = ("pair", "dataset", "method", "run_tag", "n_samples", "accuracy", "latency_s", "speedup", "tokens",
-           "tokens_slm", "tokens_llm", "llm_token_share", "flops")
+           "tokens_slm", "tokens_llm", "llm_token_share", "flops", "accuracy_se", "accuracy_diff", "accuracy_diff_se",
+           "token_ratio", "per_token_latency_ratio")
 
 
 def load_summaries(root: str | os.PathLike) -> pd.DataFrame:
@@ -28,11 +30,25 @@ def load_summaries(root: str | os.PathLike) -> pd.DataFrame:
 
 
 def pareto_front(frame: pd.DataFrame, accuracy: str = "accuracy", latency: str = "latency_s") -> pd.DataFrame:
-    """Runs that no other run beats on both accuracy (higher) and latency (lower)."""
-    ordered = frame.sort_values([latency, accuracy], ascending=[True, False])
-    best, keep = float("-inf"), []
-    for index, row in ordered.iterrows():
-        if row[accuracy] > best:
-            keep.append(index)
-            best = row[accuracy]
-    return frame.loc[keep]
+    """Runs that no other run beats on both accuracy (higher) and latency (lower), by latency."""
+    order, keep = pareto_order_and_mask(frame[accuracy].to_numpy(float), frame[latency].to_numpy(float))
+    return frame.iloc[order[keep[order]]]
+
+
+def pareto_mask(accuracy: np.ndarray, latency: np.ndarray) -> np.ndarray:
+    """Which points are on the frontier, along the last axis (a 2-D input is one point set per
+    row: the bootstrap resamples of a comparison). A point is kept when it is more accurate than
+    every point before it in the order (latency ascending, then accuracy descending, then input
+    order): of two identical points the first stays."""
+    return pareto_order_and_mask(accuracy, latency)[1]
+
+
+def pareto_order_and_mask(accuracy: np.ndarray, latency: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    accuracy, latency = np.asarray(accuracy, dtype=float), np.asarray(latency, dtype=float)
+    order = np.lexsort((-accuracy, latency), axis=-1)  # stable: ties keep input order
+    ordered = np.take_along_axis(accuracy, order, axis=-1)
+    before = np.fmax.accumulate(ordered, axis=-1)  # a NaN accuracy is never kept nor raises the bar
+    best_before = np.concatenate([np.full(ordered.shape[:-1] + (1,), -np.inf), before[..., :-1]], axis=-1)
+    keep = np.zeros(accuracy.shape, dtype=bool)
+    np.put_along_axis(keep, order, ordered > best_before, axis=-1)
+    return order, keep

@@ -1,0 +1,75 @@
+"""How many problems a comparison needs: size `dataset.limit` before spending GPU hours.
+
+Two accuracies measured on n problems differ by chance by about (z_{1-alpha/2} + z_{power}) times
+the standard error of their difference; a comparison can only tell apart differences larger than
+that. For two methods on the same problems the difference's variance is set by the problems on
+which they disagree (McNemar), which is usually far less than two independent samples would give.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from rstitch.errors import ConfigError
+from rstitch.results.uncertainty import z_value
+
+ALPHA = 0.05  # two-sided
+POWER = 0.8
+
+
+def _check_share(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(f"{name} must be a share in [0, 1], got {value}")
+
+
+def _z_sum(alpha: float, power: float) -> tuple[float, float]:
+    if not (0 < alpha < 1 and 0 < power < 1):
+        raise ConfigError(f"alpha and power must lie in (0, 1), got {alpha} and {power}")
+    return z_value(1 - alpha), z_value(2 * power - 1)  # two-sided alpha; one-sided power
+
+
+def problems_needed(accuracy: float, baseline_accuracy: float, difference: float | None = None,
+                    discordant: float | None = None, alpha: float = ALPHA, power: float = POWER) -> int:
+    """Problems a comparison of two methods needs to detect an accuracy `difference` (default:
+    the measured one, accuracy - baseline_accuracy) with a two-sided test at `alpha` and the given
+    `power`, one sample per problem.
+
+    Without `discordant`, for independent samples (Fleiss' normal approximation without continuity
+    correction): n = (z_a + z_b)^2 (p1 q1 + p2 q2) / d^2. With `discordant`, the share of problems
+    on which exactly one of the two methods is right (measured on a pilot run: `discordant_share`),
+    for a paired comparison on the same problems (Connor 1987, McNemar's test):
+    n = (z_a sqrt(psi) + z_b sqrt(psi - d^2))^2 / d^2."""
+    _check_share("accuracy", accuracy)
+    _check_share("baseline_accuracy", baseline_accuracy)
+    delta = abs(accuracy - baseline_accuracy if difference is None else difference)
+    if delta == 0:
+        raise ConfigError("a difference of 0 needs infinitely many problems; give the difference to detect")
+    z_a, z_b = _z_sum(alpha, power)
+    if discordant is None:
+        variance = accuracy * (1 - accuracy) + baseline_accuracy * (1 - baseline_accuracy)
+        return math.ceil((z_a + z_b) ** 2 * variance / delta**2)
+    _check_share("discordant", discordant)
+    if discordant < delta:
+        raise ConfigError(f"a difference of {delta} needs at least that share of discordant problems, got {discordant}")
+    return math.ceil((z_a * math.sqrt(discordant) + z_b * math.sqrt(discordant - delta**2)) ** 2 / delta**2)
+
+
+def detectable_difference(n_problems: int, accuracy: float, baseline_accuracy: float,
+                          alpha: float = ALPHA, power: float = POWER) -> float:
+    """The smallest accuracy difference that `n_problems` independent problems detect at `alpha`
+    with `power`, for methods near these accuracies: (z_a + z_b) sqrt((p1 q1 + p2 q2) / n)."""
+    if n_problems < 1:
+        raise ConfigError(f"n_problems must be at least 1, got {n_problems}")
+    _check_share("accuracy", accuracy)
+    _check_share("baseline_accuracy", baseline_accuracy)
+    z_a, z_b = _z_sum(alpha, power)
+    return (z_a + z_b) * math.sqrt((accuracy * (1 - accuracy) + baseline_accuracy * (1 - baseline_accuracy)) / n_problems)
+
+
+def discordant_share(paired: pd.DataFrame) -> float:
+    """From `paired_with_baseline` (one run's samples against the baseline's): the share of samples
+    on which exactly one of the two was right, the `discordant` input of `problems_needed`."""
+    if paired.empty:
+        raise ConfigError("no paired samples: the run and its baseline share no problem")
+    return float((paired["correct"].astype(bool) != paired["baseline_correct"].astype(bool)).mean())

@@ -1,0 +1,214 @@
+"""How uncertain a run's numbers are: accuracy with its standard error and interval (clustered by
+problem), a paired comparison of two runs on the problems both ran (accuracy difference, McNemar's
+exact test), and a paired, seeded bootstrap over problems for ratios of means (speedup, token
+ratio, per-token latency ratio). docs/analysis.md says which number uses which estimator and why.
+
+Problems are the unit of resampling everywhere: the k samples of one problem share its difficulty,
+so treating them as independent would claim far more certainty than the data hold (Miller 2024,
+"Adding Error Bars to Evals"). numpy and the standard library only: summaries are written at run
+time, where scipy is not installed.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+LEVEL = 0.95  # every interval's coverage
+N_BOOT = 2000  # bootstrap resamples per interval
+SEED = 0  # intervals are seeded: the same runs give the same intervals, run after run
+
+
+def z_value(level: float = LEVEL) -> float:
+    """The two-sided standard-normal quantile of `level` (1.96 at 0.95)."""
+    return NormalDist().inv_cdf(0.5 + level / 2)
+
+
+@dataclass(frozen=True)
+class ProblemMeans:
+    """Per problem (sorted by id), the mean of a per-sample value over its samples, and how many."""
+
+    ids: tuple[str, ...]
+    means: np.ndarray
+    counts: np.ndarray
+
+    def take(self, ids: Sequence[str]) -> np.ndarray:
+        index = {problem: i for i, problem in enumerate(self.ids)}
+        return self.means[[index[problem] for problem in ids]]
+
+
+def problem_means(values: Iterable[float], problems: Iterable[Hashable]) -> ProblemMeans:
+    """Group per-sample `values` by problem id."""
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for value, problem in zip(values, problems):
+        key = str(problem)
+        sums[key] = sums.get(key, 0.0) + float(value)
+        counts[key] = counts.get(key, 0) + 1
+    ids = tuple(sorted(sums))
+    return ProblemMeans(ids, np.array([sums[i] / counts[i] for i in ids]), np.array([counts[i] for i in ids], dtype=float))
+
+
+def clustered_se(values: Sequence[float] | np.ndarray, problems: Sequence[Hashable]) -> float | None:
+    """Standard error of the mean of `values`, clustered by problem (the CR0 sandwich estimator):
+    sqrt(sum over problems of (sum of its residuals)^2) / N. With one sample per problem it is the
+    textbook sqrt(var / N) (population variance: sqrt(p(1-p)/N) for 0/1 values); samples of a problem
+    that agree add their covariance and widen it. None with fewer than two problems."""
+    data = np.asarray(values, dtype=float)
+    grouped = problem_means(data, problems)
+    if len(grouped.ids) < 2:
+        return None
+    residual_sums = grouped.counts * (grouped.means - data.mean())
+    return float(math.sqrt(float(np.sum(residual_sums**2))) / len(data))
+
+
+@dataclass(frozen=True)
+class AccuracyEstimate:
+    accuracy: float
+    se: float | None
+    low: float | None
+    high: float | None
+    effective_n: float | None
+
+
+def wilson_interval(p: float, n: float, level: float = LEVEL) -> tuple[float, float]:
+    """Wilson's score interval for a proportion p observed over n trials: unlike p +/- z se it stays
+    inside [0, 1] and is not empty at p = 0 or 1, where a benchmark of 10-30 problems often sits."""
+    z = z_value(level)
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    low, high = max(0.0, centre - half), min(1.0, centre + half)
+    return (0.0 if p == 0 else low), (1.0 if p == 1 else high)  # exact at the ends, not 1e-17 away
+
+
+def accuracy_estimate(correct: Sequence[float] | np.ndarray, problems: Sequence[Hashable], level: float = LEVEL) -> AccuracyEstimate:
+    """Mean accuracy, its standard error clustered by problem (`clustered_se`), and the Wilson
+    interval at the effective sample size p(1-p) / se^2: N with one sample per problem (the
+    textbook Wilson interval), fewer when a problem's samples agree (the design effect). When every
+    sample agrees (accuracy 0 or 1) the problems count, not the samples. Capped at N."""
+    data = np.asarray(correct, dtype=float)
+    p = float(data.mean())
+    se = clustered_se(data, problems)
+    if se is None:
+        return AccuracyEstimate(p, None, None, None, None)
+    n_problems = len(problem_means(data, problems).ids)
+    if p in (0.0, 1.0):
+        effective = float(n_problems)
+    else:
+        effective = len(data) if se == 0 else min(float(len(data)), p * (1 - p) / se**2)
+    low, high = wilson_interval(p, effective, level)
+    return AccuracyEstimate(p, se, low, high, effective)
+
+
+# --------------------------------------------------------------------------- paired comparisons
+
+
+def shared_problems(*runs: ProblemMeans) -> list[str]:
+    """The problem ids every run holds, sorted (the order resampling indexes)."""
+    common = set(runs[0].ids).intersection(*(r.ids for r in runs[1:]))
+    return sorted(common)
+
+
+def mcnemar_exact_p(only_first: int, only_second: int) -> float:
+    """McNemar's exact test: two-sided binomial p of the discordant pairs splitting this unevenly
+    if either run were as likely to be the one right (= scipy.stats.binomtest(b, b + c).pvalue)."""
+    n = only_first + only_second
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(only_first, only_second) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    difference: float  # mean over shared problems of (run - baseline) accuracy
+    se: float | None  # paired standard error: from the per-problem differences
+    p_value: float | None
+    test: str | None  # "mcnemar_exact" (one sample per problem) or "z_clustered"
+    n_problems: int
+
+
+def paired_accuracy_difference(run: ProblemMeans, baseline: ProblemMeans) -> PairedDifference:
+    """Accuracy of `run` minus `baseline` over the problems both ran, with the paired standard
+    error sqrt(sum (d_i - mean d)^2) / n of the per-problem differences d_i (with one sample per
+    problem: sqrt((b + c) - (b - c)^2 / n) / n, b and c the problems only one run got right). It is
+    far smaller than the unpaired sqrt(se1^2 + se2^2) when both runs get the same problems right.
+    The p-value is McNemar's exact test with one sample per problem, else a z test of d / se."""
+    ids = shared_problems(run, baseline)
+    if not ids:
+        return PairedDifference(float("nan"), None, None, None, 0)
+    ours, theirs = run.take(ids), baseline.take(ids)
+    d = ours - theirs
+    mean = float(d.mean())
+    if len(ids) < 2:
+        return PairedDifference(mean, None, None, None, len(ids))
+    se = float(math.sqrt(float(np.sum((d - mean) ** 2))) / len(ids))
+    binary = all(np.isin(x, (0.0, 1.0)).all() for x in (ours, theirs)) and run.counts.max() == 1 == baseline.counts.max()
+    if binary:
+        return PairedDifference(mean, se, mcnemar_exact_p(int(np.sum(d > 0)), int(np.sum(d < 0))), "mcnemar_exact", len(ids))
+    if se == 0:
+        p = 1.0 if mean == 0 else 0.0
+    else:
+        p = 2 * (1 - NormalDist().cdf(abs(mean) / se))
+    return PairedDifference(mean, se, p, "z_clustered", len(ids))
+
+
+def bootstrap_indices(n_items: int, n_boot: int = N_BOOT, seed: int = SEED) -> np.ndarray:
+    """[n_boot, n_items] indices drawn with replacement, from a seeded generator: every run of a
+    comparison is resampled with the same rows, so the resamples stay paired."""
+    return np.random.default_rng(seed).integers(0, n_items, size=(n_boot, n_items))
+
+
+def percentile_interval(values: np.ndarray, level: float = LEVEL) -> tuple[float, float] | None:
+    finite = values[np.isfinite(values)]
+    if not len(finite):
+        return None
+    low, high = np.quantile(finite, [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high)
+
+
+def bootstrap_mean_interval(values: np.ndarray, n_boot: int = N_BOOT, seed: int = SEED,
+                            level: float = LEVEL) -> tuple[float, float] | None:
+    """Percentile interval of the mean of per-problem `values` under resampling of problems
+    (latency: skewed by the few long outputs, where mean +/- z se would be symmetric)."""
+    if len(values) < 2:
+        return None
+    return percentile_interval(values[bootstrap_indices(len(values), n_boot, seed)].mean(axis=1), level)
+
+
+@dataclass(frozen=True)
+class RatioIntervals:
+    """Paired bootstrap intervals of the speedup split: speedup = per_token_latency_ratio / token_ratio."""
+
+    speedup: tuple[float, float] | None
+    token_ratio: tuple[float, float] | None
+    per_token_latency_ratio: tuple[float, float] | None
+    n_problems: int
+
+
+def speedup_intervals(latency: Mapping[str, ProblemMeans], tokens: Mapping[str, ProblemMeans],
+                      n_boot: int = N_BOOT, seed: int = SEED, level: float = LEVEL) -> RatioIntervals:
+    """Percentile intervals from a paired bootstrap over the problems both runs ran (keys "run"
+    and "baseline"), each resample giving
+    - speedup = mean baseline latency / mean run latency,
+    - token_ratio = mean run tokens / mean baseline tokens,
+    - per_token_latency_ratio = (baseline latency per token) / (run latency per token)
+      = speedup x token_ratio: how many times cheaper the run's tokens are,
+    so that speedup = per_token_latency_ratio / token_ratio holds in every resample."""
+    ids = shared_problems(latency["run"], latency["baseline"], tokens["run"], tokens["baseline"])
+    if len(ids) < 2:
+        return RatioIntervals(None, None, None, len(ids))
+    rows = bootstrap_indices(len(ids), n_boot, seed)
+
+    def resampled(values: Mapping[str, ProblemMeans], who: str) -> np.ndarray:
+        return values[who].take(ids)[rows].mean(axis=1)
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        speedup = resampled(latency, "baseline") / resampled(latency, "run")
+        token_ratio = resampled(tokens, "run") / resampled(tokens, "baseline")
+        per_token = speedup * token_ratio
+    return RatioIntervals(percentile_interval(speedup, level), percentile_interval(token_ratio, level),
+                          percentile_interval(per_token, level), len(ids))
