@@ -12,7 +12,8 @@ from rstitch.data import DATASETS, Record, load_dataset_records
 from rstitch.data import datasets as datasets_module
 from rstitch.errors import ConfigError
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
+from conftest import benchmark_file
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 REAL_FILES = {
@@ -25,8 +26,7 @@ REAL_FILES = {
 
 
 def real(name: str, **kwargs) -> list[Record]:
-    assert BENCHMARKS.is_dir(), f"benchmark files missing: expected {BENCHMARKS} beside the repository"
-    return load_dataset_records(name, path=str(BENCHMARKS / REAL_FILES[name][0]), **kwargs)
+    return load_dataset_records(name, path=str(benchmark_file(REAL_FILES[name][0])), **kwargs)
 
 
 def fixture(name: str, **kwargs) -> list[Record]:
