@@ -230,8 +230,10 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
         fitted = {rid: fit for rid, fit in prompts.items() if fit is not None}
         todo = [(r, k) for r, k in todo if r.id in fitted]
         name = f"{cfg['pair']['name']}/{cfg['dataset']['name']}/{method.name}/{run_tag(cfg)}"
+        if logger is not None and not todo and logger.logged(run_dir):
+            logger = None  # finished and logged before: a resume with nothing to decode logs nothing again
         if logger is not None:
-            logger.start(name, cfg, name)
+            logger.start(name, cfg, name, run_dir=run_dir)
         if todo:
             warm_ctx = DecodeContext(pair, sampler, min(WARMUP_TOKENS, budget), todo[0][0].problem, todo[0][0].metadata)
             try:  # untimed warm-up; what the engine cannot do for this method surfaces here, before any sample

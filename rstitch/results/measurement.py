@@ -22,8 +22,9 @@ SMALL_MODEL_PARAMETERS = 100_000_000
 # (a busy decode thread gets ~1.0 on a quiet core).
 LOAD_PER_CPU_LIMIT = 1.25
 MIN_CPU_PER_WALL = 0.8
-CONTENTION_ADVICE = ("its latency (and any speedup against it) is not a quiet machine's: rerun when the cores are free "
-                     "(delete the run directory, or use another results_root), or keep engine.num_threads to the free cores")
+CONTENTION_ADVICE = ("a latency measured under contention, and any speedup against it, is not a quiet machine's: rerun "
+                     "when the cores are free (delete the run directory, or use another results_root), "
+                     "or keep engine.num_threads to the free cores")
 
 
 def available_cpus() -> int:
@@ -93,6 +94,7 @@ def summarize_measurement(samples: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 
 def contention_notes(summaries: Iterable[dict[str, Any]]) -> list[str]:
-    """One console line per run whose latency was measured under contention, with what to do."""
-    return [f"! {s.get('method')} {s.get('run_tag')}: latency measured under contention ({s['contention']}); {CONTENTION_ADVICE}"
-            for s in summaries if s.get("contention")]
+    """The console's flag: one line per run whose latency was measured under contention, then what to do."""
+    lines = [f"! {s.get('method')} {s.get('run_tag')}: latency measured under contention ({s['contention']})"
+             for s in summaries if s.get("contention")]
+    return [*lines, f"! {CONTENTION_ADVICE}"] if lines else []
