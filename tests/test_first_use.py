@@ -114,7 +114,7 @@ def pytest_on_real_files(benchmarks: Path, require: bool) -> subprocess.Complete
     env.pop("RSTITCH_REQUIRE_BENCHMARKS", None)
     if require:
         env["RSTITCH_REQUIRE_BENCHMARKS"] = "1"
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "tests/test_datasets.py",
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfs", "tests/test_datasets.py",
                "-k", "test_real_files_load_completely_with_unique_ids_and_answers"]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
@@ -122,10 +122,10 @@ def pytest_on_real_files(benchmarks: Path, require: bool) -> subprocess.Complete
 @pytest.mark.slow
 def test_tests_on_real_records_skip_without_them_and_fail_where_required(tmp_path):
     skipped = pytest_on_real_files(tmp_path / "absent", require=False)
-    assert skipped.returncode == 0 and "5 skipped" in skipped.stdout, skipped.stdout[-2000:]
+    assert skipped.returncode == 0 and skipped.stdout.count("SKIPPED [1]") == 5, skipped.stdout[-2000:]
     assert "scripts/export_benchmarks.py" in skipped.stdout and "RSTITCH_BENCHMARKS" in skipped.stdout
     required = pytest_on_real_files(tmp_path / "absent", require=True)
-    assert required.returncode == 1 and "5 failed" in required.stdout, required.stdout[-2000:]
+    assert required.returncode == 1 and required.stdout.count("\nFAILED ") == 5, required.stdout[-2000:]
 
 
 def test_ci_requires_the_benchmark_records():
