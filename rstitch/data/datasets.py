@@ -240,6 +240,7 @@ def _read_hub_config(spec: DatasetSpec, config: str | None, revision: str | None
     return [dict(row) for row in table]
 
 
+_REACHED: set[tuple[str, str | None]] = set()  # hub datasets probed in this process (MMLU-Redux reads 57 configs)
 LOCAL_COPY_HINT = "pass dataset.path=<a local .jsonl copy> (scripts/export_benchmarks.py writes them, online, once)"
 HUB_PROBE_TIMEOUT_S = 10.0
 
@@ -264,8 +265,11 @@ def _check_hub_reachable(spec: DatasetSpec, where: str, revision: str | None) ->
     import huggingface_hub
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
+    if (str(spec.hf_id), revision) in _REACHED:
+        return
     try:
         huggingface_hub.dataset_info(spec.hf_id, revision=revision, timeout=HUB_PROBE_TIMEOUT_S)
+        _REACHED.add((str(spec.hf_id), revision))
     except (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError):
         return  # reachable: `datasets` says what is wrong (a gated set needs a token), or reads the cache
     except Exception as err:  # noqa: BLE001 - no network, proxy, DNS: all the same to the user
