@@ -112,7 +112,7 @@ def check_composes(overrides: Sequence[str], multirun: bool) -> None:
     points = grid_points(swept)
     if not multirun and points > 1:
         preset = cfg.hydra.runtime.choices.get("experiment") or "the composed config"
-        raise ConfigError(f"experiment '{preset}' is a grid of {points} runs (hydra.sweeper.params: {', '.join(swept)}); "
+        raise ConfigError(f"experiment '{preset}' is a grid of {points} runs (hydra.sweeper.params: {', '.join(map(str, swept))}); "
                           f"run it with -m (rstitch-run -m experiment={preset}), or give each of those keys one value")
 
 

@@ -268,7 +268,7 @@ def _check_hub_reachable(spec: DatasetSpec, where: str, revision: str | None) ->
     if (str(spec.hf_id), revision) in _REACHED:
         return
     try:
-        huggingface_hub.dataset_info(spec.hf_id, revision=revision, timeout=HUB_PROBE_TIMEOUT_S)
+        huggingface_hub.dataset_info(str(spec.hf_id), revision=revision, timeout=HUB_PROBE_TIMEOUT_S)
         _REACHED.add((str(spec.hf_id), revision))
     except (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError):
         return  # reachable: `datasets` says what is wrong (a gated set needs a token), or reads the cache

@@ -38,7 +38,7 @@ def export_dataset(name: str, out_dir: str | os.PathLike) -> dict[str, object]:
     partial.write_text(text, encoding="utf-8")
     os.replace(partial, path)
     records = load_dataset_records(spec.name, path=str(path))  # the same normalizer as the hub's rows
-    provenance = {"file": path.name, "dataset": spec.name, "hf_id": spec.hf_id, "config": spec.config, "split": spec.split,
+    provenance: dict[str, object] = {"file": path.name, "dataset": spec.name, "hf_id": spec.hf_id, "config": spec.config, "split": spec.split,
                   "revision": spec.revision, "records": len(records), "sha256": hashlib.sha256(text.encode()).hexdigest()}
     with (out / PROVENANCE_FILE).open("a", encoding="utf-8") as handle:
         handle.write(json.dumps(provenance) + "\n")
