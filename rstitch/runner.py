@@ -58,6 +58,14 @@ def apply_default_threads(engine_cfg: dict[str, Any], pair: ModelPair) -> None:
         torch.set_num_threads(default_threads(pair_device(pair), largest, available_cpus(), torch.get_num_threads()))
 
 
+def load_run_pair(cfg: dict[str, Any]) -> ModelPair:
+    """The run's pair (cached across a sweep's jobs), on a device torch has, with its default threads."""
+    check_device(cfg["pair"], cfg["engine"]["name"])
+    pair = get_pair(cfg["pair"], cfg["engine"])
+    apply_default_threads(cfg["engine"], pair)
+    return pair
+
+
 def engine_threads(pair: ModelPair) -> int:
     """The compute threads of the pair's engine (llama.cpp's own, else torch's)."""
     import torch
@@ -212,9 +220,7 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
     batch_size = check_batch_size(cfg)
     prompt = PromptFormat(**cfg["prompt"])
     sampler = Sampler(**cfg["decoding"])
-    check_device(cfg["pair"], cfg["engine"]["name"])
-    pair = get_pair(cfg["pair"], cfg["engine"])
-    apply_default_threads(cfg["engine"], pair)
+    pair = load_run_pair(cfg)
     check_engine_gives(method, pair, cfg["engine"]["name"])
     latency_models = load_pair_latency(cfg["latency_dir"], pair) if cfg.get("latency_dir") else None
     check_latency_models(batch_size, latency_models, cfg.get("latency_dir"))
