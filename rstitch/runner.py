@@ -24,6 +24,7 @@ from rstitch.metrics.latency_model import load_pair_latency
 from rstitch.results import SampleStore
 from rstitch.results.baseline import baseline_config, wants_baseline_run
 from rstitch.results.keys import run_key, run_tag
+from rstitch.results.measurement import available_cpus, default_threads, sample_measurement, summarize_measurement
 from rstitch.results.summary import summarize_run
 
 WARMUP_TOKENS = 16
@@ -34,6 +35,46 @@ def check_engine_gives(method: Method, pair: ModelPair, engine: str) -> None:
     if method.reads_hidden_states and not all(m.gives_hidden_states for m in pair.models().values()):
         raise ConfigError(f"method '{method.name}' reads the models' last hidden states, which engine '{engine}' "
                           "cannot give; use engine=hf or engine=vllm")
+
+
+def check_device(pair_cfg: dict[str, Any], engine: str) -> None:
+    """A CUDA pair on a torch without CUDA: one line naming the setting, before any model loads."""
+    import torch
+
+    device = str(pair_cfg.get("device", "cpu"))
+    if engine == "hf" and device.startswith("cuda") and not torch.cuda.is_available():
+        reason = "this torch is a CPU-only build" if torch.version.cuda is None else "no CUDA device is visible"
+        raise ConfigError(f"pair '{pair_cfg.get('name')}' runs on device '{device}', but {reason}; "
+                          "set pair.device=cpu (with pair.dtype=float32 on a CPU) or install a CUDA build of torch")
+
+
+def apply_default_threads(engine_cfg: dict[str, Any], pair: ModelPair) -> None:
+    """The HF engine left at `num_threads: null` gets threads that do not oversubscribe the CPUs
+    (results/measurement.py: one for small models and on a GPU)."""
+    import torch
+
+    if engine_cfg.get("name") == "hf" and engine_cfg.get("num_threads") is None:
+        largest = max(m.num_parameters for m in pair.models().values())
+        torch.set_num_threads(default_threads(pair_device(pair), largest, available_cpus(), torch.get_num_threads()))
+
+
+def load_run_pair(cfg: dict[str, Any]) -> ModelPair:
+    """The run's pair (cached across a sweep's jobs), on a device torch has, with its default threads."""
+    check_device(cfg["pair"], cfg["engine"]["name"])
+    pair = get_pair(cfg["pair"], cfg["engine"])
+    apply_default_threads(cfg["engine"], pair)
+    return pair
+
+
+def engine_threads(pair: ModelPair) -> int:
+    """The compute threads of the pair's engine (llama.cpp's own, else torch's)."""
+    import torch
+
+    return int(getattr(pair.llm, "num_threads", None) or torch.get_num_threads())
+
+
+def pair_device(pair: ModelPair) -> str:
+    return str(getattr(pair.llm, "device", "cpu"))
 
 
 def sample_seed(base_seed: int, problem_id: str, sample_index: int) -> int:
@@ -94,9 +135,12 @@ def decode_one_by_one(method: Method, ctx: DecodeContext, todo: list, fitted: di
         ctx.sampler.reseed(sample_seed(ctx.sampler.seed, record.id, index))
         prompt_ids, sample_budget = fitted[record.id]
         sample_ctx = replace(ctx, problem=record.problem, metadata=record.metadata, max_new_tokens=sample_budget)
+        cpu_start = time.process_time()
         result, latency, cost = timed_decode(method, prompt_ids, sample_ctx)
+        cpu_s = time.process_time() - cpu_start
         row = sample_record(record, index, result, latency, cost, ctx.pair, method)
         row["latency_estimate_s"] = estimate_latency(ctx.pair, latency_models)
+        row["measurement"] = sample_measurement(engine_threads(ctx.pair), pair_device(ctx.pair), latency, cpu_s)
         yield record, index, row
 
 
@@ -113,7 +157,8 @@ def decode_batched(method: Method, ctx: DecodeContext, todo: list, fitted: dict,
         (record, index), (result, cost, estimate) = finished.key, finished.value
         row = sample_record(record, index, result, estimate + finished.own_s, cost, ctx.pair, method)
         row.update(latency_estimate_s=estimate, latency_estimated=True, latency_overhead_s=finished.own_s,
-                   batch_wall_s=finished.wall_s)
+                   batch_wall_s=finished.wall_s,
+                   measurement=sample_measurement(engine_threads(ctx.pair), pair_device(ctx.pair), finished.wall_s, None))
         yield record, index, row
 
 
@@ -175,7 +220,7 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
     batch_size = check_batch_size(cfg)
     prompt = PromptFormat(**cfg["prompt"])
     sampler = Sampler(**cfg["decoding"])
-    pair = get_pair(cfg["pair"], cfg["engine"])
+    pair = load_run_pair(cfg)
     check_engine_gives(method, pair, cfg["engine"]["name"])
     latency_models = load_pair_latency(cfg["latency_dir"], pair) if cfg.get("latency_dir") else None
     check_latency_models(batch_size, latency_models, cfg.get("latency_dir"))
@@ -191,8 +236,10 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
         fitted = {rid: fit for rid, fit in prompts.items() if fit is not None}
         todo = [(r, k) for r, k in todo if r.id in fitted]
         name = f"{cfg['pair']['name']}/{cfg['dataset']['name']}/{method.name}/{run_tag(cfg)}"
+        if logger is not None and not todo and logger.logged(run_dir):
+            logger = None  # finished and logged before: a resume with nothing to decode logs nothing again
         if logger is not None:
-            logger.start(name, cfg, name)
+            logger.start(name, cfg, name, run_dir=run_dir)
         if todo:
             warm_ctx = DecodeContext(pair, sampler, min(WARMUP_TOKENS, budget), todo[0][0].problem, todo[0][0].metadata)
             try:  # untimed warm-up; what the engine cannot do for this method surfaces here, before any sample
@@ -226,6 +273,7 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
         summary = summarize_run(cfg, method, samples, results_root if results_root is not None else Path(run_dir).parent)
         summary["skipped_context_overflow"] = len(wanted) - len(samples)  # on_overflow=skip (or no room left)
         summary.update(throughput(store, todo, decode_wall))
+        summary.update(summarize_measurement(samples))
         store.write_summary(summary)
         if logger is not None:
             logger.finish(summary, samples)

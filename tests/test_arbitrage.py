@@ -115,6 +115,7 @@ def test_bad_config_is_one_clear_error(tiny_runners, name, params):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow  # the testbed PRM scores every step of a 96-token decode: two minutes on two busy cores
 def test_testbed_extremes_reproduce_single_models(testbed_pair):
     run = lambda name, **p: decode_testbed_problem(testbed_pair, name, **p)  # noqa: E731
     assert run("arbitrage_oracle", tau=float("-inf")) == run("llm_only")

@@ -12,7 +12,8 @@ from rstitch.data import DATASETS, Record, load_dataset_records
 from rstitch.data import datasets as datasets_module
 from rstitch.errors import ConfigError
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
+from conftest import benchmark_file
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 REAL_FILES = {
@@ -25,8 +26,13 @@ REAL_FILES = {
 
 
 def real(name: str, **kwargs) -> list[Record]:
-    assert BENCHMARKS.is_dir(), f"benchmark files missing: expected {BENCHMARKS} beside the repository"
-    return load_dataset_records(name, path=str(BENCHMARKS / REAL_FILES[name][0]), **kwargs)
+    return load_dataset_records(name, path=str(benchmark_file(REAL_FILES[name][0])), **kwargs)
+
+
+@pytest.fixture
+def hub_reachable(monkeypatch):
+    """The loader's one hub probe passes (these tests stand in for the hub with a fake load_dataset)."""
+    monkeypatch.setattr(datasets_module, "_check_hub_reachable", lambda *args: None)
 
 
 def fixture(name: str, **kwargs) -> list[Record]:
@@ -293,7 +299,7 @@ def test_hub_specs_are_pinned_to_commits():
                 assert re.fullmatch(r"[0-9a-f]{40}", spec.revision or ""), spec.name
 
 
-def test_hub_loading_passes_id_config_split_and_pinned_revision(monkeypatch):
+def test_hub_loading_passes_id_config_split_and_pinned_revision(monkeypatch, hub_reachable):
     import datasets
 
     calls = []
@@ -310,7 +316,7 @@ def test_hub_loading_passes_id_config_split_and_pinned_revision(monkeypatch):
     assert calls[-1][3] == "refs/pr/1"
 
 
-def test_hub_failure_is_one_line_with_a_hint(monkeypatch):
+def test_hub_failure_is_one_line_with_a_hint(monkeypatch, hub_reachable):
     import datasets
 
     def unreachable(*args, **kwargs):
@@ -386,7 +392,7 @@ def test_mmlu_redux_keeps_ok_questions_unless_asked():
         fixture("mmlu_redux", keep_errors="yes")
 
 
-def test_mmlu_redux_reads_one_hub_config_per_subject(monkeypatch):
+def test_mmlu_redux_reads_one_hub_config_per_subject(monkeypatch, hub_reachable):
     import datasets
 
     calls = []

@@ -4,13 +4,12 @@ from __future__ import annotations
 import os
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from rstitch.grading import extract_answer, grade, is_equivalent, last_boxed, normalize_answer, quick_compare, verify
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
+from conftest import SHARED_BENCHMARKS, benchmark_file
 
 # An answer sympy cannot compare quickly: it starts computing ten million factorial.
 PATHOLOGICAL = "\\boxed{(10^{7})!}"
@@ -275,10 +274,11 @@ def test_forked_child_uses_its_own_workers():
 
 
 def test_gold_solutions_grade_as_right():
-    assert BENCHMARKS.is_dir(), f"benchmark files missing: expected {BENCHMARKS} beside the repository"
-    from rstitch.grading.gold_check import check_all, report
+    from rstitch.grading.gold_check import CASES, check_all, report
 
-    results = {r.dataset: r for r in check_all(BENCHMARKS)}
+    for file_name, _ in CASES.values():
+        benchmark_file(file_name)
+    results = {r.dataset: r for r in check_all(SHARED_BENCHMARKS)}
     assert {name: r.total for name, r in results.items()} == {
         "math500": 500, "gsm8k": 1319, "minerva": 272, "aime24": 30, "amc23": 40,
     }

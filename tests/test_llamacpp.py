@@ -5,7 +5,6 @@ Runs where llama-cpp-python and the real pair's packages are installed (`.ci/run
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -21,9 +20,10 @@ from rstitch.engines.cache import get_pair  # noqa: E402
 from rstitch.errors import ConfigError  # noqa: E402
 from rstitch.methods import DecodeContext, build_method  # noqa: E402
 
+from conftest import benchmark_file  # noqa: E402
+
 pytestmark = pytest.mark.slow  # the real pair on llama.cpp
 
-SHARED_BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"  # beside the checkout
 BUDGET = 48
 
 
@@ -31,7 +31,7 @@ BUDGET = 48
 def setup():
     cfg = compose_config(["pair=qwen2.5_coder_0.5b_1.5b", "engine=llamacpp", "engine.num_threads=2"])
     pair = get_pair(cfg["pair"], cfg["engine"])
-    with open(SHARED_BENCHMARKS / "gsm8k.jsonl") as f:
+    with open(benchmark_file("gsm8k.jsonl")) as f:
         problem = json.loads(f.readline())["question"]
     return pair, PromptFormat(**cfg["prompt"]).encode(pair.tokenizer, problem), problem
 
@@ -105,7 +105,7 @@ def test_hidden_states_are_a_one_line_error_naming_the_engine(setup):
 
 def test_rstitch_plus_run_fails_in_one_line_naming_method_and_engine(setup, tmp_path):
     cfg = compose_config(["pair=qwen2.5_coder_0.5b_1.5b", "engine=llamacpp", "engine.num_threads=2",
-                          "method=rstitch_plus", "dataset=gsm8k", f"dataset.path={SHARED_BENCHMARKS / 'gsm8k.jsonl'}",
+                          "method=rstitch_plus", "dataset=gsm8k", f"dataset.path={benchmark_file('gsm8k.jsonl')}",
                           "dataset.limit=1", "max_new_tokens=4", f"results_root={tmp_path}", "logger=none"])
     with pytest.raises(ConfigError, match="method 'rstitch_plus' reads the models' last hidden states, which engine 'llamacpp' cannot give"):
         runner.run_config(cfg)

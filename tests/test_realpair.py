@@ -8,7 +8,6 @@ for it). Slow: the 1.5B decodes ~1.5 tokens/s in fp32 on two cores, so budgets h
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -25,16 +24,17 @@ from rstitch.methods import DecodeContext, build_method  # noqa: E402
 from rstitch.methods.specreason import digit_token_ids, judge_prompt  # noqa: E402
 from rstitch.rewards import load_prm  # noqa: E402
 
+from conftest import benchmark_file  # noqa: E402
+
 pytestmark = pytest.mark.slow  # the real Qwen pair, converted on first use
 
 ENGINES = ["hf"]
-SHARED_BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"  # beside the checkout
 BUDGET = 40
 QWEN_VOCAB = 151_936  # the GGUF vocabulary: 151,665 tokens and padding entries up to the table size
 
 
 def first_gsm8k_problem() -> dict:
-    with open(SHARED_BENCHMARKS / "gsm8k.jsonl") as f:
+    with open(benchmark_file("gsm8k.jsonl")) as f:
         return json.loads(f.readline())
 
 

@@ -23,13 +23,14 @@ from rstitch.configs import CONF_DIR
 from rstitch.errors import ConfigError
 from rstitch.methods import baseline_method, method_class, method_rank
 from rstitch.results.keys import comparison_key, is_sharded, short_hash
-from rstitch.results.store import SAMPLES_FILE, SUMMARY_FILE, iter_samples
+from rstitch.results.store import RUN_KEY_FILE, SAMPLES_FILE, SUMMARY_FILE, iter_samples
 
 # The method every speedup is measured against (`baseline = "target"` on its class: llm_only).
 BASELINE = baseline_method()
 
 RUN_METRICS = ("n_problems", "n_samples", "accuracy", "latency_s", "latency_median_s", "latency_estimate_s", "tokens",
-               "tokens_slm", "tokens_llm", "llm_token_share", "discarded_tokens", "switches", "flops")
+               "tokens_slm", "tokens_llm", "llm_token_share", "discarded_tokens", "switches", "flops",
+               "contention")  # why the latency is not a quiet machine's (results/measurement.py), or None
 SAMPLE_COLUMNS = ("id", "sample_index", "correct", "latency_s", "latency_estimate_s", "tokens", "tokens_slm",
                   "tokens_llm", "discarded_tokens", "switches", "finish_reason", "flops")
 TRACE_COLUMNS = ("output_token_ids", "token_sources")
@@ -54,7 +55,50 @@ def find_run_dirs(paths: PathsLike) -> list[Path]:
             found.setdefault(summary.parent.resolve(), None)
     if not found:
         raise ConfigError(f"no finished runs ({SUMMARY_FILE}) under {', '.join(map(str, roots))}")
-    return list(found)
+    return distinct_runs(list(found))
+
+
+def distinct_runs(run_dirs: list[Path]) -> list[Path]:
+    """Each run once: directories holding the same run (the same run key: a copy, one run reached
+    through two roots, or the same configuration measured again elsewhere) count as one, the first
+    found (the first root given wins; `repeated_runs` lists the others)."""
+    kept: dict[str, Path] = {}
+    for run_dir in run_dirs:
+        kept.setdefault(run_identity(run_dir), run_dir)
+    return list(kept.values())
+
+
+def repeated_runs(paths: PathsLike) -> list[tuple[Path, Path]]:
+    """(left out, kept) for every run directory under `paths` that holds a run found first
+    elsewhere with other samples (the same configuration measured twice); copies are not listed."""
+    kept: dict[str, Path] = {}
+    repeated = []
+    for root in _as_paths(paths):
+        for summary in sorted(root.rglob(SUMMARY_FILE)) if root.is_dir() else []:
+            run_dir = summary.parent.resolve()
+            first = kept.setdefault(run_identity(run_dir), run_dir)
+            if first != run_dir and not same_samples(first, run_dir):
+                repeated.append((run_dir, first))
+    return repeated
+
+
+def run_identity(run_dir: Path) -> str:
+    """The run key a run directory recorded (run_key.json), else its summary's place and tag."""
+    key_file = run_dir / RUN_KEY_FILE
+    if key_file.is_file():
+        return short_hash(_read_json(key_file))
+    summary = _read_json(run_dir / SUMMARY_FILE)
+    return "/".join(str(summary.get(k)) for k in ("pair", "dataset", "method", "run_tag"))
+
+
+def same_samples(a: Path, b: Path) -> bool:
+    """Both directories hold the same decoded samples (outputs and measured latencies)."""
+    if not ((a / SAMPLES_FILE).is_file() and (b / SAMPLES_FILE).is_file()):
+        return False
+    if (a / SAMPLES_FILE).read_bytes() == (b / SAMPLES_FILE).read_bytes():
+        return True
+    content = lambda d: {(s["id"], s["sample_index"]): (s.get("output_token_ids"), s.get("latency_s")) for s in read_samples(d)}  # noqa: E731
+    return content(a) == content(b)
 
 
 def unfinished_run_dirs(paths: PathsLike) -> list[Path]:
@@ -286,8 +330,10 @@ def paired_with_baseline(samples: pd.DataFrame, baseline: str = BASELINE) -> pd.
     keys = ["comparison", "id", "sample_index"]
     base = base[keys + ["latency_s", "tokens", "correct"]].rename(
         columns={"latency_s": "baseline_latency_s", "tokens": "baseline_tokens", "correct": "baseline_correct"})
-    if base.duplicated(keys).any():
-        raise ConfigError(f"several '{baseline}' runs share one comparison; pass one of them")
+    duplicated = base.duplicated(keys, keep=False)
+    if duplicated.any():
+        dirs = sorted(set(map(str, samples.loc[base.index[duplicated], "run_dir"]))) if "run_dir" in samples else []
+        raise ConfigError(f"several '{baseline}' runs share one comparison{': ' + ', '.join(dirs) if dirs else ''}; pass one of them")
     paired = samples[samples["method"] != baseline].merge(base, on=keys, how="inner")
     paired["speedup"] = paired["baseline_latency_s"] / paired["latency_s"]
     paired["token_reduction"] = 1.0 - paired["tokens"] / paired["baseline_tokens"]

@@ -19,6 +19,7 @@ from rstitch.analysis.frontier import curve_pairs, mark_frontier, matched_speedu
 from rstitch.analysis.uncertainty import with_intervals
 from rstitch.errors import ConfigError
 from rstitch.methods import BASELINE_ROLES, METHODS, baseline_method
+from rstitch.results.measurement import CONTENTION_ADVICE
 
 FORMATS = (".html", ".md")
 
@@ -73,7 +74,7 @@ def build_report(runs: pd.DataFrame, latency: str = "latency_s", entropy: bool =
     runs = with_intervals(runs, samples, latency)  # error bars, paired comparisons, frontier shares
     paired = paired_with_baseline(samples) if (samples["method"] == BASELINE).any() else samples.iloc[:0]
     report = Report(title)
-    report.sections.append(Section("Runs", tables=[tables.runs_table(runs, latency)]))
+    report.sections.append(Section("Runs", contention_text(runs), tables=[tables.runs_table(runs, latency)]))
     report.sections.append(_frontier_section(runs, latency))
     report.sections.append(Section(
         "Paper tables",
@@ -85,6 +86,16 @@ def build_report(runs: pd.DataFrame, latency: str = "latency_s", entropy: bool =
         report.sections.append(_entropy_section(runs, entropy_samples))
         report.sections.append(_consistency_section(runs, paired, entropy_samples))
     return report
+
+
+def contention_text(runs: pd.DataFrame) -> str:
+    """The runs whose latency was measured under contention, why, and what to do (empty if none)."""
+    flagged = runs[runs["contention"].notna()] if "contention" in runs else runs.iloc[:0]
+    if flagged.empty:
+        return ""
+    listed = "; ".join(f"{r.method} {r.setting} ({r.group}): {r.contention}" for r in flagged.itertuples())
+    advice = CONTENTION_ADVICE[0].upper() + CONTENTION_ADVICE[1:]
+    return f"Latency measured under contention in {len(flagged)} of {len(runs)} runs: {listed}. {advice}."
 
 
 def _frontier_section(runs: pd.DataFrame, latency: str) -> Section:

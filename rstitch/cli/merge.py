@@ -21,6 +21,7 @@ from rstitch.configs import override_key
 from rstitch.data import load_dataset_records
 from rstitch.errors import ConfigError
 from rstitch.results.keys import is_sharded, key_differences, run_key, run_tag, unsharded
+from rstitch.results.measurement import contention_notes, summarize_measurement
 from rstitch.results.metrics import baseline_method
 from rstitch.results.store import RUN_KEY_FILE, SAMPLES_FILE, SUMMARY_FILE, SampleStore, iter_samples, sample_key, write_samples
 from rstitch.results.summary import format_table, summarize_run
@@ -145,6 +146,7 @@ def write_merge(plan: MergePlan) -> dict[str, Any]:
         # The comparison root is <results_root>/<pair>/<dataset>, as for a run of rstitch-run.
         summary = summarize_run(plan.config, method, plan.samples, plan.target.parent.parent)
         summary["merged_from"] = names
+        summary.update(summarize_measurement(plan.samples))  # the shards' conditions, flagged as a run's
         store.write_summary(summary)
     return summary
 
@@ -207,6 +209,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(2)
     for plan, summary in merged:
         print(format_table(summary))
+        for line in contention_notes([summary]):
+            print(line)
         note = speedup_note(plan, summary)
         if note:
             print(note)

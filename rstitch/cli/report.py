@@ -47,6 +47,7 @@ def fail(message: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from rstitch.analysis import load_runs, unfinished_run_dirs
+    from rstitch.analysis.collect import repeated_runs
     from rstitch.analysis.report import FORMATS, build_report, write_latex, write_report
 
     if args.output.suffix not in FORMATS:
@@ -60,6 +61,9 @@ def main(argv: list[str] | None = None) -> None:
         report = build_report(runs, args.latency, args.entropy, args.entropy_samples, args.title)
     except ConfigError as err:
         fail(str(err))
+    for left_out, kept in repeated_runs(args.results):
+        print(f"{PROG}: {left_out} holds the same run (run key) as {kept}, measured again; the first root given wins, "
+              f"so it is left out (pass only one of them to choose)", file=sys.stderr)
     unfinished = unfinished_run_dirs(args.results)
     if unfinished:
         print(f"{PROG}: left out {len(unfinished)} unfinished run(s) without summary.json, e.g. {unfinished[0]}",

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from rstitch.cli.preflight import check_command_line
 from rstitch.configs import CONF_DIR
 from rstitch.errors import ConfigError
 from rstitch.results.keys import run_tag
@@ -94,6 +96,10 @@ def check_results_root(argv: list[str]) -> None:
         existing = existing.parent
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         fail(f"results_root '{root}' is not writable ({existing} is {'read-only' if existing.is_dir() else 'not a directory'})")
+    try:  # permissions are not the whole story (root ignores them; /proc refuses new directories to everyone)
+        os.rmdir(tempfile.mkdtemp(prefix=".rstitch-probe-", dir=existing))
+    except OSError as err:
+        fail(f"results_root '{root}' cannot be created: no new directory can be made in {existing} ({err.strerror})")
 
 
 def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
@@ -114,6 +120,7 @@ def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def app(cfg: DictConfig) -> None:
     from rstitch.results.baseline import missing_baseline_note
+    from rstitch.results.measurement import contention_notes
     from rstitch.results.summary import format_table
     from rstitch.runner import comparison_root, run, run_baseline
 
@@ -137,6 +144,8 @@ def app(cfg: DictConfig) -> None:
         sys.exit(130)
     # Last on the console, after the loggers' output: the table, why a speedup is missing, where the results are.
     print(format_table(*filter(None, [baseline, summary])))
+    for line in contention_notes(filter(None, [baseline, summary])):
+        print(line)
     note = missing_baseline_note(summary, root, HydraConfig.get().overrides.task)
     if note:
         print(note)
@@ -146,6 +155,10 @@ def app(cfg: DictConfig) -> None:
 def main() -> None:
     check_group_choices(sys.argv[1:])
     check_results_root(sys.argv[1:])
+    try:
+        check_command_line(sys.argv[1:])
+    except ConfigError as err:
+        fail(str(err))
     app()
 
 

@@ -2,7 +2,7 @@
 
 Each ``DatasetSpec`` names where the data lives on the Hugging Face hub (id, config, split,
 pinned revision) and how one raw row becomes a ``Record``. The same normalizer is applied
-to a local JSONL/Parquet copy (``path=...``), so offline runs see identical records.
+to a local JSONL/Parquet copy (``dataset.path=...``), so offline runs see identical records.
 """
 from __future__ import annotations
 
@@ -175,7 +175,9 @@ def _read_rows(spec: DatasetSpec, path: str | None, revision: str | None, option
 def read_rows_file(path: str | Path) -> list[Row]:
     """Raw rows of a local ``.jsonl`` (one JSON object per line), ``.parquet`` or ``.csv``
     file (GPQA is published as CSV)."""
-    file = Path(path)
+    file = Path(path).expanduser()
+    if file.is_dir():
+        raise ConfigError(f"dataset.path is a directory, not a file: {file}; name one of its .jsonl, .parquet or .csv files")
     if not file.is_file():
         raise ConfigError(f"dataset file not found: {file}")
     suffix = file.suffix.lower()
@@ -226,15 +228,53 @@ def _read_hub_rows(spec: DatasetSpec, revision: str | None) -> list[Row]:
 def _read_hub_config(spec: DatasetSpec, config: str | None, revision: str | None) -> list[Row]:
     import datasets
 
+    where = f"{spec.hf_id}" + (f" ({config})" if config else "") + f" split {spec.split} @ {revision}"
+    offline = hub_offline()
+    if not offline:
+        _check_hub_reachable(spec, where, revision)
     try:
         table = datasets.load_dataset(spec.hf_id, config, split=spec.split, revision=revision)
     except Exception as err:  # noqa: BLE001 - network, auth (gated sets) and missing-revision errors alike
-        where = f"{spec.hf_id}" + (f" ({config})" if config else "") + f" split {spec.split} @ {revision}"
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(
-            f"cannot load dataset '{spec.name}' from the hub: {where}: {reason}; pass path=... to read a local copy"
-        ) from None
+        raise ConfigError(f"cannot load dataset '{spec.name}' from the hub: {where}: {reason}; {hub_hint(offline)}") from None
     return [dict(row) for row in table]
+
+
+_REACHED: set[tuple[str, str | None]] = set()  # hub datasets probed in this process (MMLU-Redux reads 57 configs)
+LOCAL_COPY_HINT = "pass dataset.path=<a local .jsonl copy> (scripts/export_benchmarks.py writes them, online, once)"
+HUB_PROBE_TIMEOUT_S = 10.0
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE as the hub client reads it (1, true, yes, on)."""
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def hub_hint(offline: bool) -> str:
+    """What to do about a dataset the hub did not give, for the environment at hand."""
+    if offline:
+        return f"HF_HUB_OFFLINE is set and the hub cache has no copy: run once with network to cache it, or {LOCAL_COPY_HINT}"
+    return f"{LOCAL_COPY_HINT}, or, without network, set HF_HUB_OFFLINE=1 to read the copy an earlier online run cached"
+
+
+def _check_hub_reachable(spec: DatasetSpec, where: str, revision: str | None) -> None:
+    """One request with a short timeout before `datasets` starts its own (five retries with
+    backoff, each warning logged twice under Hydra): offline, one error line at once."""
+    import huggingface_hub
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    if (str(spec.hf_id), revision) in _REACHED:
+        return
+    try:
+        huggingface_hub.dataset_info(str(spec.hf_id), revision=revision, timeout=HUB_PROBE_TIMEOUT_S)
+        _REACHED.add((str(spec.hf_id), revision))
+    except (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError):
+        return  # reachable: `datasets` says what is wrong (a gated set needs a token), or reads the cache
+    except Exception as err:  # noqa: BLE001 - no network, proxy, DNS: all the same to the user
+        raise ConfigError(f"cannot load dataset '{spec.name}' from the hub: {where}: the hub is unreachable "
+                          f"({type(err).__name__}); {hub_hint(False)}") from None
 
 
 # --------------------------------------------------------------------------- records

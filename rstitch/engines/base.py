@@ -354,7 +354,8 @@ def check_hub_model(repo_id: str, revision: str | None = None) -> None:
     if isinstance(huggingface_hub.try_to_load_from_cache(repo_id, "config.json", revision=revision), str):
         return
     if constants.HF_HUB_OFFLINE:
-        raise ConfigError(f"model '{repo_id}' is not a local directory and not in the hub cache (HF_HUB_OFFLINE=1); {OFFLINE_HINT}")
+        raise ConfigError(f"model '{repo_id}' is not a local directory and not in the hub cache (HF_HUB_OFFLINE is set); "
+                          "pass a local model directory, or run once with network to cache it")
     try:
         huggingface_hub.model_info(repo_id, revision=revision, timeout=10)
     except (RepositoryNotFoundError, RevisionNotFoundError):

@@ -129,6 +129,7 @@ class LlamaCppModelRunner(ModelRunner):
         torch.set_num_threads(1)
         threads = num_threads or os.cpu_count() or 1
         params.n_threads = params.n_threads_batch = threads
+        self.num_threads = threads  # what a sample's measurement records (runner.engine_threads)
         self.ctx = llama_cpp.llama_init_from_model(self.model, params)
         if not self.ctx:
             raise ConfigError(f"llama.cpp could not create a context of {params.n_ctx} tokens for {gguf}")

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 if TYPE_CHECKING:
@@ -24,9 +27,17 @@ def wandb_summary(summary: dict[str, Any]) -> dict[str, Any]:
     return {**point, **numbers, **intervals}
 
 
+LOGGED_FILE = "wandb_run.json"  # in a run directory: the W&B run that holds it, once finished
+
+
 class NullLogger:
-    def start(self, name: str, config: dict[str, Any], run_id: str) -> None:
+    def start(self, name: str, config: dict[str, Any], run_id: str, run_dir: str | os.PathLike | None = None) -> None:
         pass
+
+    def logged(self, run_dir: str | os.PathLike) -> bool:
+        """Whether this logger already holds the finished run of `run_dir` (a resume with nothing
+        to decode then logs nothing)."""
+        return False
 
     def log_sample(self, record: dict[str, Any]) -> None:
         pass
@@ -38,9 +49,11 @@ class NullLogger:
 class WandbLogger(NullLogger):
     """One W&B run per configuration: its summary holds the Pareto point; a table holds samples.
 
-    The run id derives from the run key, so a resumed run continues the same W&B run. Without an
-    API key (and no explicit mode) it logs offline. `quiet` (W&B's setting) leaves out W&B's run
-    history and summary on the console, which would otherwise bury the result table.
+    The run id derives from the run key, so a resumed run continues the same W&B run, and a
+    finished run (`wandb_run.json` in its directory names the W&B run) resumed with nothing to
+    decode is not logged again: one W&B run per run directory. Without an API key (and no explicit
+    mode) it logs offline. `quiet` silences W&B's console output (its banners, run history and
+    summary would bury the result table); one line of ours says where the run went.
     """
 
     TABLE_COLUMNS = ("id", "sample_index", "correct", "latency_s", "tokens", "tokens_slm", "tokens_llm", "switches", "answer", "gold")
@@ -54,10 +67,22 @@ class WandbLogger(NullLogger):
             mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
         self.mode = cast(WandbMode, mode)  # from the config: wandb.init rejects any other value itself
         self.run: wandb.Run | None = None
+        self.run_dir: Path | None = None
 
-    def start(self, name: str, config: dict[str, Any], run_id: str) -> None:
+    def destination(self) -> dict[str, Any]:
+        return {"project": self.project, "entity": self.entity, "mode": self.mode}
+
+    def logged(self, run_dir: str | os.PathLike) -> bool:
+        try:
+            record = json.loads((Path(run_dir) / LOGGED_FILE).read_text())
+        except (OSError, json.JSONDecodeError):
+            return False
+        return all(record.get(k) == v for k, v in self.destination().items())
+
+    def start(self, name: str, config: dict[str, Any], run_id: str, run_dir: str | os.PathLike | None = None) -> None:
         import wandb
 
+        self.run_dir = Path(run_dir) if run_dir is not None else None
         self.run = wandb.init(
             project=self.project, entity=self.entity, mode=self.mode, group=self.group, tags=self.tags,
             name=name, config=config, id=hashlib.sha1(run_id.encode()).hexdigest()[:16], resume="allow",
@@ -68,7 +93,7 @@ class WandbLogger(NullLogger):
         """W&B's settings of every run this logger starts (the sweep summary's too)."""
         import wandb
 
-        return wandb.Settings(quiet=self.quiet)
+        return wandb.Settings(quiet=self.quiet, silent=self.quiet)
 
     def _started(self) -> wandb.Run:
         assert self.run is not None, "start() opens the W&B run before samples or the summary are logged"
@@ -88,3 +113,8 @@ class WandbLogger(NullLogger):
             table.add_data(*[s.get(c) for c in self.TABLE_COLUMNS])
         run.log({"samples": table})
         run.finish()
+        if self.quiet:  # W&B's own lines are silenced: say once where the run went
+            where = f"offline in {run.dir}" if self.mode == "offline" else f"to {self.mode} project {self.project}"
+            print(f"rstitch-run: W&B run {run.id} logged {where}", file=sys.stderr)
+        if self.run_dir is not None:
+            (self.run_dir / LOGGED_FILE).write_text(json.dumps({"id": run.id, **self.destination()}) + "\n")

@@ -52,7 +52,8 @@ class SweepSummary(Callback):
         from rstitch.logging import WandbLogger
 
         sweep_dir = Path(config.hydra.sweep.dir)
-        run_dirs = self.run_dirs or finished_since(sweep_dir, self.started)
+        # The jobs' runs, and the runs they finished besides (baseline=auto's llm_only), whichever launcher ran them.
+        run_dirs = sorted({d.resolve() for d in [*finished_since(sweep_dir, self.started), *self.run_dirs]})
         logger = instantiate(config.logger)
         if isinstance(logger, WandbLogger):
             try:
@@ -64,13 +65,14 @@ class SweepSummary(Callback):
 
 def sweep_table(run_dirs: list[Path], sweep_dir: Path) -> str:
     """The result table of a multirun's runs, and what to do about missing speedups."""
+    from rstitch.results.measurement import contention_notes
     from rstitch.results.metrics import baseline_method
     from rstitch.results.summary import format_table
 
     summaries = [json.loads((d / SUMMARY_FILE).read_text()) for d in run_dirs]
     if not summaries:
         return f"sweep: no run finished under {sweep_dir}"
-    lines = [format_table(*summaries), f"sweep: {len(summaries)} runs under {sweep_dir}"]
+    lines = [format_table(*summaries), *contention_notes(summaries), f"sweep: {len(summaries)} runs under {sweep_dir}"]
     if any(s.get("speedup") is None and s.get("method") != baseline_method() for s in summaries):
         lines.append(f"speedup -: no {baseline_method()} run with the same comparison key (each run's output says why); "
                      "rerun with baseline=auto, which runs it first")

@@ -1,0 +1,100 @@
+"""What a latency was measured under, and whether that was contention.
+
+Latency is wall clock, so it is only as good as the machine's quietness: a CPU run whose threads
+share the cores with another job measures the other job too (a testbed sweep on two busy cores
+reported speedups of 0.13 where a quiet one gave 2.2). Every sample records its threads, device,
+the CPUs this process may use, the 1-minute load average, and the CPU time the process got during
+the decode; the run's summary aggregates them and names any contention, with what to do about it.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Iterable
+from typing import Any
+
+# A pair whose larger model is this small decodes at batch 1 fastest on one thread: the matmuls are
+# too small to share, and every extra thread contends with the rest of the machine (the testbed,
+# 1.8M parameters, measured fastest on one thread).
+SMALL_MODEL_PARAMETERS = 100_000_000
+# Contention: the load average (which counts this process's own threads) above the CPUs it may use
+# by this factor, or a CPU decode whose process got less CPU time than this per wall-clock second
+# (a busy decode thread gets ~1.0 on a quiet core).
+LOAD_PER_CPU_LIMIT = 1.25
+MIN_CPU_PER_WALL = 0.8
+CONTENTION_ADVICE = ("a latency measured under contention, and any speedup against it, is not a quiet machine's: rerun "
+                     "when the cores are free (delete the run directory, or use another results_root), "
+                     "or keep engine.num_threads to the free cores")
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, e.g. a Slurm allocation), not the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_threads(device: str, largest_model_parameters: int, cpus: int, torch_default: int) -> int:
+    """Compute threads for an engine left at `num_threads: null`: one on a GPU (the CPU only
+    launches kernels) and for small models on a CPU; otherwise torch's default, capped at the CPUs
+    this process may use."""
+    if not device.startswith("cpu") or largest_model_parameters < SMALL_MODEL_PARAMETERS:
+        return 1
+    return max(1, min(torch_default, cpus))
+
+
+def load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # not available on this platform
+        return None
+
+
+def sample_measurement(threads: int, device: str, wall_s: float, cpu_s: float | None) -> dict[str, Any]:
+    """What one sample's decode ran under (`cpu_s`: this process's CPU time during it; None in a
+    batched run, where samples share the decode loop)."""
+    return {"threads": threads, "device": device, "cpus": available_cpus(), "load_1m": load_average(),
+            "cpu_s": cpu_s, "cpu_per_wall": cpu_s / wall_s if cpu_s is not None and wall_s > 0 else None}
+
+
+def contention(device: str, cpus: int, threads: int, load_1m: float | None, cpu_per_wall: float | None) -> str | None:
+    """Why a latency measured under these conditions is not a quiet machine's, or None."""
+    reasons = []
+    if threads > cpus:
+        reasons.append(f"{threads} threads on {cpus} CPUs")
+    if load_1m is not None and load_1m > LOAD_PER_CPU_LIMIT * cpus:
+        reasons.append(f"load average {load_1m:.1f} on {cpus} CPUs")
+    if device.startswith("cpu") and cpu_per_wall is not None and cpu_per_wall < MIN_CPU_PER_WALL:
+        reasons.append(f"the decode got {cpu_per_wall:.2f} CPU-seconds per wall-clock second")
+    return "; ".join(reasons) or None
+
+
+def summarize_measurement(samples: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """summary.json's `measurement` (threads, device, cpus, mean load, CPU time per wall second
+    over the samples that record it) and `contention`: the reason its latency is suspect, or None."""
+    measured = [s["measurement"] for s in samples if s.get("measurement")]
+    if not measured:
+        return {"measurement": None, "contention": None}
+    timed = [m for m in measured if m.get("cpu_s") is not None and m.get("cpu_per_wall")]
+    wall = sum(m["cpu_s"] / m["cpu_per_wall"] for m in timed)
+    loads = [m["load_1m"] for m in measured if m.get("load_1m") is not None]
+    summary = {
+        "threads": max(m["threads"] for m in measured),
+        "device": measured[-1]["device"],
+        "cpus": min(m["cpus"] for m in measured),
+        "load_1m": statistics.fmean(loads) if loads else None,
+        "cpu_per_wall": sum(m["cpu_s"] for m in timed) / wall if wall > 0 else None,
+        "samples": len(measured),
+    }
+    summary["contended_samples"] = sum(
+        contention(m["device"], m["cpus"], m["threads"], m.get("load_1m"), m.get("cpu_per_wall")) is not None for m in measured)
+    reason = contention(summary["device"], summary["cpus"], summary["threads"], summary["load_1m"], summary["cpu_per_wall"])
+    return {"measurement": summary, "contention": reason}
+
+
+def contention_notes(summaries: Iterable[dict[str, Any]]) -> list[str]:
+    """The console's flag: one line per run whose latency was measured under contention, then what to do."""
+    lines = [f"! {s.get('method')} {s.get('run_tag')}: latency measured under contention ({s['contention']})"
+             for s in summaries if s.get("contention")]
+    return [*lines, f"! {CONTENTION_ADVICE}"] if lines else []
