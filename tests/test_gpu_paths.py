@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from rstitch.cli.run import CONF_DIR, compose_config
 from rstitch.engines import Sampler
@@ -62,6 +63,19 @@ def _moved(func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
     return out.as_subclass(torch.Tensor) if leaves else out.as_subclass(OnAccelerator)
 
 
+class FactoriesOnAccelerator(TorchFunctionMode):
+    """Tensors made with `device=<the fake device>` (e.g. `torch.arange(n, device=probs.device)`)
+    are made on the CPU and handed back as `OnAccelerator`."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's protocol
+        kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type == "cuda":
+            out = func(*args, **{**kwargs, "device": "cpu"})
+            return out.as_subclass(OnAccelerator) if isinstance(out, torch.Tensor) else out
+        return func(*args, **kwargs)
+
+
 def _flat(args: tuple, kwargs: dict) -> list[Any]:
     out: list[Any] = []
     for a in (*args, *kwargs.values()):
@@ -85,6 +99,8 @@ def engine_on_fake_cuda(monkeypatch):
     monkeypatch.setattr(HFSequence, "_forward", lambda self, ids, keep: on_accelerator(forward(self, ids, keep)))
     monkeypatch.setattr(HFModelRunner, "forward_batch",
                         lambda self, requests: [on_accelerator(o) for o in forward_batch(self, requests)])
+    with FactoriesOnAccelerator():
+        yield
 
 
 def test_the_fake_device_refuses_what_cuda_refuses():
@@ -96,6 +112,8 @@ def test_the_fake_device_refuses_what_cuda_refuses():
         probs * torch.arange(4.0)
     assert type(probs.cpu()) is torch.Tensor and type(probs.to("cpu")) is torch.Tensor
     assert type(probs * 2) is OnAccelerator and float((probs * torch.tensor(2.0)).sum()) == 2.0
+    with FactoriesOnAccelerator():
+        assert float((probs * torch.arange(4.0, device=probs.device)).sum()) == 1.5
 
 
 def test_sampler_draws_on_the_host_the_same_tokens_from_any_device():
