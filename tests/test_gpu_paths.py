@@ -186,3 +186,27 @@ def test_one_seed_draws_the_same_tokens_on_cuda_and_cpu():
         draws[device] = [sampler.sample_from(probs) for _ in range(50)]
     # the probabilities are computed on each device; where they are equal the draws are too
     assert sum(a == b for a, b in zip(draws["cpu"], draws["cuda"])) >= 45
+
+
+# --- latency estimates ---------------------------------------------------------------------
+def test_a_latency_fit_that_extrapolates_below_zero_is_refused_with_one_line(tmp_path):
+    from rstitch.engines import load_pair
+    from rstitch.errors import ConfigError
+    from rstitch.metrics.latency_model import LatencyModel, latency_file, load_pair_latency, runner_identity
+    from rstitch.testbed import ASSETS_DIR, LLM_DIR, SLM_DIR
+
+    testbed_pair = load_pair({"path": str(SLM_DIR), "name": "testbed-slm"}, {"path": str(LLM_DIR), "name": "testbed-llm"})
+
+    shipped = load_pair_latency(ASSETS_DIR / "latency", testbed_pair)
+    assert shipped is not None and set(shipped) == {"slm", "llm"}  # the shipped fits are positive everywhere
+    # 4 decode points whose time falls with the cache (noise on a GPU): the line crosses zero at n_kv ~ 8k
+    for runner in testbed_pair.models().values():
+        fit = LatencyModel.fit([1, 1, 1, 1], [0, 256, 512, 768], [0.0100, 0.0097, 0.0094, 0.0091],
+                               model=runner.name, device="cpu", dtype="float32")
+        fit.save(latency_file(tmp_path, *runner_identity(runner)))
+    with pytest.raises(ConfigError) as err:
+        load_pair_latency(tmp_path, testbed_pair)
+    message = str(err.value)
+    assert "\n" not in message and "testbed-slm.cpu.float32.json" in message and "predicts -" in message
+    assert "python scripts/profile_latency.py --max-inf 4096 --max-kv 32768" in message
+    assert load_pair_latency(tmp_path, testbed_pair, max_kv=4096) is not None  # positive over a shorter range
