@@ -120,7 +120,7 @@ def random_pair(out: Path, args: argparse.Namespace) -> dict[str, dict]:
         name = shape.pop("name")
         if args.tiny:
             shape.update(TINY)
-        config = Qwen2Config(**shape, tie_word_embeddings=False, max_position_embeddings=32768, rope_theta=10000.0,
+        config = Qwen2Config(**shape, tie_word_embeddings=False, max_position_embeddings=32768,
                              rms_norm_eps=1e-6, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
         torch.manual_seed(0 if role == "slm" else 1)
         with torch.device(args.device):
