@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         specs = random_pair(Path(scratch), args) if args.random_weights else pair_specs(args.pair)
         section(results, "bandwidth", lambda: copy_bandwidth(device), args.json)
+        section(results, "sampling", lambda: sampling_cost(device), args.json)
         for path in args.paths:
             section(results, f"engine[{path}]", lambda path=path: engine_path(specs, path, args, results), args.json)
         section(results, "hf_generate", lambda: hf_anchors(specs, args), args.json)
@@ -167,7 +168,25 @@ def copy_bandwidth(device: torch.device) -> dict[str, float]:
     return {"bytes_per_s": 2 * 4 * n * repeats / seconds}
 
 
-def per_token_ms(pair: ModelPair, role: str, tokens: int) -> float:
+def sampling_cost(device: torch.device, vocab: int = 152064, repeats: int = 50) -> dict[str, float]:
+    """ms per sampled token of the host draw (temperature 0.6, top-p 0.95: probabilities on the
+    device, copied to the host, drawn there) against a greedy argmax read back."""
+    logits = torch.randn(vocab, device=device, generator=None)
+    sampler = Sampler(temperature=0.6, top_p=0.95, seed=0)
+    out = {}
+    for name, pick in (("greedy_ms", lambda: int(logits.argmax())),
+                       ("sampled_ms", lambda: sampler.sample_from(sampler.probs_from_logits(logits)))):
+        pick()
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            pick()
+        sync(device)
+        out[name] = 1000 * (time.perf_counter() - start) / repeats
+    return out
+
+
+def per_token_ms(pair: ModelPair, role: str, tokens: int) -> tuple[float, list[int]]:
     """Greedy decode of `tokens` tokens at batch 1 after the prompt's prefill (EOS ignored)."""
     runner = getattr(pair, role)
     warm = runner.new_sequence(prompt_ids(pair, 1))
@@ -180,7 +199,7 @@ def per_token_ms(pair: ModelPair, role: str, tokens: int) -> float:
     out = seq.generate(tokens, Sampler(), eos_ids=())
     runner.synchronize()
     assert len(out.token_ids) == tokens
-    return 1000 * (time.perf_counter() - start) / tokens
+    return 1000 * (time.perf_counter() - start) / tokens, out.token_ids
 
 
 def random_mix(pair: ModelPair, tokens: int) -> dict[str, float]:
@@ -220,7 +239,7 @@ def engine_path(specs: dict[str, dict], path: str, args: argparse.Namespace, res
         results["weight_bytes"] = {role: sum(p.numel() * p.element_size() for p in r.model.parameters())
                                    for role, r in pair.models().items()}
     for role in ("slm", "llm"):
-        out[f"{role}_ms"] = per_token_ms(pair, role, args.tokens)
+        out[f"{role}_ms"], out[f"{role}_tokens"] = per_token_ms(pair, role, args.tokens)
         print(f"  {path}: {role} {out[f'{role}_ms']:.2f} ms/token", flush=True)
     out["random_p0.5"] = random_mix(pair, args.tokens)
     for batch in args.batch_sizes:
@@ -303,6 +322,21 @@ def report(results: dict, args: argparse.Namespace) -> None:
         print(f"| engine.compile={path} | " + " | ".join(_fmt(got.get(f"tokens_per_s_b{b}")) for b in args.batch_sizes) + " |")
     for anchor in args.hf:
         print(f"| HF generate, {anchor} | " + " | ".join(_fmt(hf.get(f"{anchor}_tokens_per_s_b{b}")) for b in args.batch_sizes) + " |")
+    sampling = results.get("sampling", {})
+    if "sampled_ms" in sampling:
+        print(f"\nhost sampling (V=152064, T=0.6, top-p 0.95): {sampling['sampled_ms']:.3f} ms per sampled token "
+              f"against {sampling['greedy_ms']:.3f} ms for a greedy argmax")
+    base = results.get("engine[off]", {})
+    for path in args.paths:
+        got = results.get(f"engine[{path}]", {})
+        if path == "off" or "llm_tokens" not in got or "llm_tokens" not in base:
+            continue
+        for role in ("slm", "llm"):
+            a, b = base[f"{role}_tokens"], got[f"{role}_tokens"]
+            first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+            agree = sum(x == y for x, y in zip(a, b))
+            print(f"agreement with the eager path, {path} {role}: {agree}/{len(a)} positions equal, "
+                  f"first difference at {'none' if first is None else first}")
     failed = {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
     for name, error in failed.items():
         print(f"FAILED {name}: {error}")
