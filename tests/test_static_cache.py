@@ -209,3 +209,15 @@ def test_cuda_graphs_batch_n_decodes_what_batch_1_decodes(tmp_path):
                              map(json.loads, (tmp_path / str(batch) / "samples.jsonl").read_text().splitlines()))
     assert rows[1] == rows[4]
 
+
+
+def test_a_prefill_wider_than_the_buckets_runs_on_the_same_slots(monkeypatch):
+    monkeypatch.setattr(hf_static, "FULL_STEP_POSITIONS", 4)  # also steps of 8 rows x 1 take the head-after path
+    runner = HFModelRunner(str(SLM_DIR), compile="static")
+    eager = HFModelRunner(str(SLM_DIR))
+    prompt = list(range(3, 300))  # 297 tokens: wider than hf_static.WIDTHS, run uncaptured at its own width
+    fast, slow = runner.new_sequence(prompt, want_hidden=True), eager.new_sequence(prompt, want_hidden=True)
+    assert fast.generate(24, Sampler()).token_ids == slow.generate(24, Sampler()).token_ids
+    a, b = fast.score([5, 6, 7, 8, 9]), slow.score([5, 6, 7, 8, 9])  # width 5 -> bucket 8: more than 4 positions
+    assert [x.argmax for x in a] == [y.argmax for y in b]
+    assert all(torch.allclose(x.hidden, y.hidden, atol=1e-4) for x, y in zip(a, b))

@@ -46,6 +46,10 @@ log = logging.getLogger("rstitch")
 
 MODES = ("auto", "off", "static", "graphs", "inductor")
 WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # forward widths with their own captured step
+# Steps of at most this many positions (rows x width) compute the head and the summaries of every
+# position inside the step; wider ones only the hidden states, then the head on the kept positions
+# (full-vocabulary logits of every position would cost 0.6 MB each in float32).
+FULL_STEP_POSITIONS = 256
 INITIAL_LENGTH = 2048  # positions per slot at first; doubles when outgrown
 STATIC_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}  # lm_head(final norm) and a 4D mask
 
@@ -185,9 +189,15 @@ class _Step:
         self.positions = torch.zeros((rows, width), dtype=torch.long, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: tuple[torch.Tensor, ...] | None = None
-        self.compute: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]] = decoder.compute
+        self.full = rows * width <= FULL_STEP_POSITIONS
+        self.compute: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]] = (
+            decoder.compute if self.full else decoder.hidden_only)
         if capture == "inductor":
-            self.compute = torch.compile(decoder.compute, mode="reduce-overhead", dynamic=False)
+            # Fixed addresses: the in-place writes into the buffers would otherwise count as
+            # mutated inputs, for which the compiled step skips its CUDA graph (as HF's StaticCache marks its own).
+            for buffer in (*decoder.kv.keys, *decoder.kv.values):
+                torch._dynamo.mark_static_address(buffer)
+            self.compute = torch.compile(self.compute, mode="reduce-overhead", dynamic=False)
         if capture in ("graphs", "inductor"):
             self.scratch()
             self._warm_up(capture)
@@ -280,15 +290,15 @@ class StaticDecoder:
             positions[slot, :n] = torch.arange(s.n_cached, s.n_cached + n)
         step.ids.copy_(ids)
         step.positions.copy_(positions)
-        logits, entropy, argmax, hidden = step.run()
+        outputs = step.run()
         # the kept positions of each request, copied out of the step's (reused) outputs
         index = torch.tensor([slot * width + i for slot, r in zip(slots, requests)
                               for i in range(len(r.new_ids) - r.keep, len(r.new_ids))], device=self.kv.device)
-        kept_logits = logits.reshape(-1, logits.shape[-1]).index_select(0, index)
-        summaries = torch.stack([entropy.reshape(-1).index_select(0, index).double(),
-                                 argmax.reshape(-1).index_select(0, index).double()], dim=-1).tolist()  # the one sync
+        kept = [t.reshape(-1, *t.shape[2:]).index_select(0, index) for t in outputs]
+        kept_logits, entropy, argmax, hidden = kept if step.full else (*self.summarize(kept[0]), kept[0])
+        summaries = torch.stack([entropy.double(), argmax.double()], dim=-1).tolist()  # the one sync
         want_hidden = any(s.want_hidden for s in seqs)
-        kept_hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, index).float() if want_hidden else None
+        kept_hidden = hidden.float() if want_hidden else None
         out, start = [], 0
         for r, s in zip(requests, seqs):
             assert isinstance(s, StaticSequence)
@@ -310,6 +320,18 @@ class StaticDecoder:
     def compute(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The step itself, device work only: the model over rows [0, R) with each row's new
         tokens at `positions` of its slot, then logits, entropy (nats) and argmax of every position."""
+        [hidden] = self.hidden_only(ids, positions)
+        return (*self.summarize(hidden), hidden)
+
+    def summarize(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Logits (float32, cut to the shared vocabulary), entropy in nats and argmax at each position."""
+        logits = self.head(hidden)[..., : self.runner.vocab_size].float()
+        log_probs = torch.log_softmax(logits, dim=-1)
+        entropy = -(log_probs.exp() * log_probs).nan_to_num().sum(-1)
+        return logits, entropy, logits.argmax(-1)
+
+    def hidden_only(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor]:
+        """The model's final hidden states [R, W, H] (its keys and values written to the slots)."""
         rows, width = ids.shape
         length = self.kv.length
         allowed = torch.arange(length, device=ids.device)[None, None, :] <= positions[:, :, None]
@@ -323,9 +345,5 @@ class StaticDecoder:
         view = _RowsView(self.kv, rows, positions)
         out = self.base(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                         **cache_kwargs(self.base, view))
-        hidden = out.last_hidden_state
-        logits = self.head(hidden)[..., : self.runner.vocab_size].float()
-        log_probs = torch.log_softmax(logits, dim=-1)
-        entropy = -(log_probs.exp() * log_probs).nan_to_num().sum(-1)
-        return logits, entropy, logits.argmax(-1), hidden
+        return (out.last_hidden_state,)
 
