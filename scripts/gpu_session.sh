@@ -9,7 +9,9 @@
 # `run` writes everything to $OUT: env.txt (device, versions), pytest_gpu.txt (`pytest -m gpu` of
 # the GPU tests), bench_gpu.txt and bench_gpu.json (scripts/bench_gpu.py on random weights of the
 # R-Stitch pair's shapes). Each section has its own time limit, so one that hangs does not take the
-# others' time; the limits (seconds) can be set: INSTALL_S, TESTS_S, BENCH_S, and BENCH_ARGS.
+# others' time; the limits (seconds) can be set: INSTALL_S, TESTS_S, BENCH_S, and BENCH_ARGS
+# (default: 128 tokens per measurement, the graphs path before the eager one, so that a run cut
+# short by its limit has measured the new path first; bench_gpu.json is rewritten after every part).
 set -uo pipefail
 cmd=${1:?usage: gpu_session.sh prepare|run}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,15 +44,15 @@ timeout "${INSTALL_S:-90}" python3 -m pip install -q --no-index --no-deps --targ
 cat "$out/env.txt"
 
 echo "== pytest -m gpu"
-timeout "${TESTS_S:-200}" python3 -m pytest -m gpu -p no:cacheprovider -q -rs --durations=5 \
+timeout "${TESTS_S:-180}" python3 -m pytest -m gpu -p no:cacheprovider -q -rs --durations=5 \
   tests/test_gpu_paths.py tests/test_static_cache.py > "$out/pytest_gpu.txt" 2>&1
 echo "exit $?" >> "$out/pytest_gpu.txt"
 tail -15 "$out/pytest_gpu.txt"
 
 echo "== bench_gpu.py"
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
-timeout "${BENCH_S:-300}" python3 scripts/bench_gpu.py --random-weights --tokenizer .gpu/tok --json "$out/bench_gpu.json" \
-  ${BENCH_ARGS:-} > "$out/bench_gpu.txt" 2> "$out/bench_gpu.err"
+timeout "${BENCH_S:-420}" python3 scripts/bench_gpu.py --random-weights --tokenizer .gpu/tok --json "$out/bench_gpu.json" \
+  ${BENCH_ARGS:---tokens 128 --paths graphs off} > "$out/bench_gpu.txt" 2> "$out/bench_gpu.err"
 echo "exit $?" >> "$out/bench_gpu.txt"
 tail -40 "$out/bench_gpu.txt"
 tail -5 "$out/bench_gpu.err"

@@ -166,7 +166,7 @@ def test_batched_runs_keep_the_engine_outputs_on_their_device(tmp_path, engine_o
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", ["maj", "best_of_n", "process_bon", "beam_search", "specreason", "rsd", "specdec"])
 def test_sampled_methods_run_on_cuda(tmp_path, method):
-    common = [f"method={method}", "dataset.limit=2", "max_new_tokens=32", "decoding.temperature=0.7",
+    common = [f"method={method}", "dataset.limit=2", "max_new_tokens=24", "decoding.temperature=0.7",
               *FEWER_CANDIDATES.get(method, [])]
     cuda = run(_config(tmp_path, *common, "pair.device=cuda"), tmp_path / "cuda")
     assert cuda["decoded_samples"] == 2
