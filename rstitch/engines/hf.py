@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from rstitch.engines.base import ForwardRequest, ModelRunner, Sequence, resolve_model_path, warn_remote_code
+from rstitch.engines.hf_static import StaticDecoder, StaticSequence, resolve_mode
 from rstitch.engines.loading import eos_token_ids, load_tokenizer, model_load_errors, model_name, shared_vocab_size
 from rstitch.errors import ConfigError
 
@@ -73,6 +74,7 @@ class HFModelRunner(ModelRunner):
         revision: str | None = None,  # a hub commit to pin (null: the default branch)
         use_safetensors: bool = True,  # false also loads pickled (.bin) weights, which can run code
         gguf_file: str | None = None,  # a GGUF file in `path`, dequantized to `dtype` at every load
+        compile: Any = "auto",  # noqa: A002 - engine.compile: the static decode path (engines/hf_static.py)
     ):
         super().__init__()
         from transformers.utils import logging as hf_logging
@@ -102,11 +104,17 @@ class HFModelRunner(ModelRunner):
         self.hidden_size = self.model.config.hidden_size
         self.eos_token_ids = eos_token_ids(self.tokenizer, getattr(self.model.generation_config, "eos_token_id", None))
         self._slots: SlotCache | None = None  # made at the first batched forward
+        mode = resolve_mode(compile, self.device)
+        self.static = None if mode == "off" else StaticDecoder(self, mode)
 
-    def new_sequence(self, prompt_ids: Seq[int], want_hidden: bool = False) -> HFSequence:
+    def new_sequence(self, prompt_ids: Seq[int], want_hidden: bool = False) -> Sequence:
+        if self.static is not None:
+            return StaticSequence(self, prompt_ids, want_hidden)
         return HFSequence(self, prompt_ids, want_hidden)
 
     def forward_batch(self, requests: list[ForwardRequest]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        if self.static is not None:
+            return self.static.forward(requests)
         if not batchable(self.model):
             return super().forward_batch(requests)
         if self._slots is None:

@@ -61,7 +61,7 @@ def digit_score(logits: torch.Tensor, digit_ids: list[int], mode: str) -> float:
     if mode == "greedy":
         return float(digit_logits.argmax())
     probs = torch.softmax(digit_logits.float(), dim=-1)  # renormalized over the ten digits
-    return float((probs * torch.arange(10, dtype=probs.dtype)).sum())
+    return float((probs * torch.arange(10, dtype=probs.dtype, device=probs.device)).sum())
 
 
 @register_method("specreason")

@@ -135,16 +135,45 @@ def runner_identity(runner: ModelRunner) -> tuple[str, str, str]:
     return runner.name, getattr(device, "type", str(device)), getattr(runner, "dtype", "float32")
 
 
-def load_pair_latency(directory: str | Path, pair: ModelPair) -> dict[str, LatencyModel] | None:
+# The forwards a run's estimates cover: up to USE_MAX_INF new tokens (a prompt's prefill) over up
+# to USE_MAX_KV cached ones (a long reasoning trace).
+USE_MAX_INF, USE_MAX_KV = 4096, 32768
+
+
+def load_pair_latency(directory: str | Path, pair: ModelPair, max_inf: int = USE_MAX_INF,
+                      max_kv: int = USE_MAX_KV) -> dict[str, LatencyModel] | None:
     """Latency models of both models of `pair` ({"slm": ..., "llm": ...}), or None if either
-    was not profiled for this device and dtype."""
+    was not profiled for this device and dtype. A model that does not predict a positive time
+    over the forwards it will serve is refused (`check_positive`)."""
     found = {}
     for key, runner in pair.models().items():
         path = latency_file(directory, *runner_identity(runner))
         if not path.is_file():
             return None
         found[key] = LatencyModel.load(path)
+        check_positive(found[key], path, max_inf, max_kv)
     return found
+
+
+def check_positive(model: LatencyModel, source: str | Path, max_inf: int = USE_MAX_INF, max_kv: int = USE_MAX_KV) -> None:
+    """One error line unless `model` predicts a positive, finite time for every forward of 1..max_inf
+    new tokens over 0..max_kv cached ones. A fit on a few profiled points can extrapolate below
+    zero (a GPU profile of 4 points gave a run a latency of -4.07 s). Exact: for a fixed n_inf the
+    prediction is linear in n_kv, so both ends of the n_kv range are checked for every n_inf."""
+    from rstitch.errors import ConfigError
+
+    n_inf = np.arange(1, max_inf + 1)
+    for n_kv in (np.zeros_like(n_inf), np.full_like(n_inf, max_kv)):
+        predicted = np.asarray(model.predict(n_inf, n_kv), dtype=np.float64)
+        bad = np.flatnonzero(~(predicted > 0) | ~np.isfinite(predicted))
+        if bad.size:
+            i = int(bad[0])
+            raise ConfigError(
+                f"latency model {source} predicts {predicted[i]:.3g} s for a forward of {int(n_inf[i])} tokens over "
+                f"{int(n_kv[i])} cached ones: not a positive time within the range it serves (up to {max_inf} new "
+                f"over {max_kv} cached tokens); profile '{model.model}' ({model.device}, {model.dtype}) again over that "
+                f"range: python scripts/profile_latency.py --max-inf {max_inf} --max-kv {max_kv} --out <latency_dir> "
+                "(with the run's --pair/--device/--dtype), or set latency_dir=null")
 
 
 # --- profiling ---------------------------------------------------------------------------

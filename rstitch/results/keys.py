@@ -51,7 +51,8 @@ def comparison_key(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "pair": portable(cfg["pair"]),
         "weights": pair_weights(cfg["pair"]),
-        "engine": portable(cfg["engine"]),
+        # engine.compile's default (auto) keeps the key runs had before the knob existed
+        "engine": portable({k: v for k, v in cfg["engine"].items() if (k, v) != ("compile", "auto")}),
         "dataset": portable(dataset_key(cfg["dataset"])),
         **({"data": fingerprint(os.path.expanduser(data_path))} if is_local(data_path) else {}),
         "prompt": portable(cfg["prompt"]),
