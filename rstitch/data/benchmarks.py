@@ -234,7 +234,8 @@ def normalize_question_answer(row: Row, record_id: str) -> Record:
 
 
 def register_benchmarks() -> None:
-    """Add this module's datasets to the registry (rstitch/data/datasets.py calls it at import)."""
+    """Add this module's datasets to the registry (at import, below: the registry imports this
+    module at its first read)."""
     for spec, aliases in _specs():
         register_dataset(spec, aliases=aliases)
 
@@ -288,3 +289,6 @@ def _specs() -> list[tuple[DatasetSpec, tuple[str, ...]]]:
 
 # No commit of GAIR/LIMO could be verified offline; "main" is used until one is (docs/datasets.md).
 LIMO_REVISION = "main"
+
+
+register_benchmarks()
