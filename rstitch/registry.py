@@ -80,7 +80,7 @@ class Registry(MutableMapping[str, T], Generic[T]):
             if self._validate is not None:
                 self._validate(name, loaded)
             self._entries[name] = entry = loaded
-        return entry  # type: ignore[return-value]  (a str entry was replaced above)
+        return entry
 
     def build(self, name: str, **params: Any) -> Any:
         """`entry(**params)` after checking `params` against its signature: a missing or unknown

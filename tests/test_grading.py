@@ -276,7 +276,7 @@ def test_forked_child_uses_its_own_workers():
 
 def test_gold_solutions_grade_as_right():
     assert BENCHMARKS.is_dir(), f"benchmark files missing: expected {BENCHMARKS} beside the repository"
-    from rstitch.grading.gold_check import check_all, report
+    from rstitch.data.gold_check import check_all, report
 
     results = {r.dataset: r for r in check_all(BENCHMARKS)}
     assert {name: r.total for name, r in results.items()} == {

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 import hydra
@@ -12,15 +11,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from rstitch import config_groups
+from rstitch.config_groups import compose_config, resolved_run_config  # noqa: F401  (compose_config: scripts and tests import it from here)
 from rstitch.configs import CONF_DIR
 from rstitch.errors import ConfigError
 from rstitch.results.keys import run_tag
-
-
-def _testbed_asset(name: str) -> str:
-    from rstitch.testbed import ASSETS_DIR
-
-    return str(ASSETS_DIR / name)
 
 
 def _run_tag(*, _root_: DictConfig) -> str:
@@ -29,29 +24,7 @@ def _run_tag(*, _root_: DictConfig) -> str:
                     for k in keys})
 
 
-OmegaConf.register_new_resolver("testbed_asset", _testbed_asset, replace=True)
 OmegaConf.register_new_resolver("run_tag", _run_tag, replace=True)
-
-
-def compose_config(overrides: Sequence[str] = ()) -> dict:
-    """The resolved run config for `overrides`, as `rstitch-run` would compose it (for scripts and
-    notebooks: `runner.run_config(compose_config(["method=llm_only"]))`)."""
-    from hydra import compose, initialize_config_dir
-
-    check_group_choices(list(overrides))
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides))
-    return _run_config(cfg)
-
-
-def _run_config(cfg: DictConfig) -> dict:
-    """Resolved config minus the groups that only feed interpolations (experiment; prm, which
-    the PRM-based methods read as method.prm and so is part of their run key)."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(resolved, dict), "a DictConfig resolves to a dict"
-    for key in ("experiment", "prm"):
-        resolved.pop(key, None)
-    return resolved
 
 
 def fail(message: str) -> None:
@@ -98,17 +71,10 @@ def check_results_root(argv: list[str]) -> None:
 
 def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
     """Catch `group=unknown` before Hydra does, with one line listing the valid choices."""
-    groups = {p.name for p in conf_dir.iterdir() if p.is_dir()}
-    for arg in argv:
-        if arg.startswith("-") or "=" not in arg:
-            continue
-        key, value = arg.lstrip("+~").split("=", 1)
-        if key not in groups or value in ("", "null"):
-            continue
-        valid = sorted(p.stem for p in (conf_dir / key).glob("*.yaml"))
-        for choice in value.split(","):
-            if choice not in valid:
-                fail(f"unknown {key} '{choice}'; valid: {', '.join(valid)}")
+    try:
+        config_groups.check_group_choices(argv, conf_dir)
+    except ConfigError as err:
+        fail(str(err))
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
@@ -120,7 +86,7 @@ def app(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     interrupted = False
     try:
-        resolved = _run_config(cfg)
+        resolved = resolved_run_config(cfg)
         logger = instantiate(resolved.pop("logger"))
         root = comparison_root(resolved.pop("results_root"), resolved)
         baseline = run_baseline(resolved, root, logger=logger)  # baseline=auto: run or resume it first
