@@ -1,0 +1,46 @@
+"""rstitch/training: R-Stitch+'s router training loop and its data (scripts/train_router.py only
+parses arguments and calls these)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rstitch.data.prompts import PromptFormat
+from rstitch.metrics.latency_model import LatencyModel
+from rstitch.testbed import generate_problems
+from rstitch.training.dapo import RolloutSettings
+from rstitch.training.rstitch_plus import TrainSettings, new_router, train_router, training_problems, write_history
+
+
+def test_testbed_training_problems_come_from_the_registry_unchanged():
+    assert training_problems("testbed", 5, seed=3) == [(p.problem, p.answer) for p in generate_problems("train", 5, seed=3)]
+    with pytest.raises(ValueError, match="unknown training data 'nope'; valid: testbed, dapo"):
+        training_problems("nope", 1, 0)
+
+
+def test_a_new_router_starts_at_the_asked_llm_probability(tiny_runners):
+    router = new_router(tiny_runners, init_p_llm=0.9)
+    bias = router.head.bias.detach()
+    assert torch.softmax(bias, dim=0)[1].item() == pytest.approx(0.9)  # the head's prior: logits [0, logit(0.9)]
+
+
+def test_train_router_takes_dapo_steps_and_logs_each(tiny_runners, tmp_path):
+    """Every rollout counts as correct (random models), so rewards differ by latency alone: the
+    groups are informative, the router's weights move, and each step is logged once."""
+    torch.manual_seed(0)
+    router = new_router(tiny_runners, init_p_llm=0.5)
+    before = [p.detach().clone() for p in router.parameters()]
+    latency = {k: LatencyModel(0.0, 0.0, 1e-3 * (1 + 9 * (k == "llm")), 0.0, model=m.name) for k, m in tiny_runners.models().items()}
+    rollout = RolloutSettings(tau=-1.0, max_new_tokens=4, grade_answers=False)  # tau < 0: the router decides every position
+    settings = TrainSettings(lam=10.0, rollout=rollout, batch=1, group=3, updates=2, steps=2)
+    logged: list[dict] = []
+    history = train_router(router, tiny_runners, [("1+1?", "2"), ("2+2?", "4")], PromptFormat(), latency, settings, lr=0.05,
+                           log=logged.append)
+    assert logged == history and [row["step"] for row in history] == [1, 2]
+    assert history[0]["kept_groups"] == 1 and history[0]["router_decisions"] > 0 and history[0]["loss"] == history[0]["loss"]
+    assert any(not torch.equal(a, b) for a, b in zip(before, router.parameters()))
+    write_history(history, tmp_path)
+    assert json.loads((tmp_path / "training_log.json").read_text())[1]["step"] == 2
+    assert (tmp_path / "training_log.csv").read_text().splitlines()[0].startswith("step,reward,accuracy")
