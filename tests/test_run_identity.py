@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 
 from rstitch.cli.run import compose_config
 from rstitch.configs import CONF_DIR
-from rstitch.results.keys import comparison_key, run_tag, short_hash
+from rstitch.results import keys
+from rstitch.results.keys import RUN_KEY_FIELDS, comparison_key, run_dir, run_key, run_tag, short_hash
 from rstitch.runner import comparison_root
 
 # overrides -> (run directory under results_root, comparison-key hash), from the code before the move
@@ -31,11 +32,22 @@ PINNED = [
 ]
 
 
-@pytest.mark.parametrize(("overrides", "run_dir", "key_hash"), PINNED, ids=lambda v: " ".join(v) if isinstance(v, list) else None)
-def test_run_directory_and_key_of_existing_configs_unchanged(overrides, run_dir, key_hash):
+@pytest.mark.parametrize(("overrides", "expected_dir", "key_hash"), PINNED, ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_run_directory_and_key_of_existing_configs_unchanged(overrides, expected_dir, key_hash):
     cfg = compose_config(["logger=none", "results_root=runs", *overrides])
-    assert comparison_root(cfg["results_root"], cfg) / cfg["method"]["name"] / run_tag(cfg) == Path("runs") / run_dir
+    assert run_dir(cfg["results_root"], cfg) == Path("runs") / expected_dir
+    assert comparison_root(cfg["results_root"], cfg) / cfg["method"]["name"] / run_tag(cfg) == Path("runs") / expected_dir
+    assert keys.run_name(cfg) == expected_dir
     assert short_hash(comparison_key(cfg)) == key_hash
+
+
+def test_the_run_key_reads_only_the_declared_fields():
+    """The Hydra resolver hands the key RUN_KEY_FIELDS only: a field the key reads but the list
+    misses would let two configs share a directory (or fail to resolve)."""
+    cfg = compose_config(["logger=none", "method=rsd", "batch_size=2", "on_overflow=truncate"])
+    assert run_key({k: cfg[k] for k in RUN_KEY_FIELDS}) == run_key(cfg)
+    for field in ("max_new_tokens", "n_samples", "batch_size"):
+        assert run_key({**cfg, field: cfg[field] + 1}) != run_key(cfg)
 
 
 @pytest.mark.parametrize(("overrides", "run_dir", "key_hash"), PINNED[:1] + PINNED[4:6])
