@@ -44,3 +44,56 @@ def test_train_router_takes_dapo_steps_and_logs_each(tiny_runners, tmp_path):
     write_history(history, tmp_path)
     assert json.loads((tmp_path / "training_log.json").read_text())[1]["step"] == 2
     assert (tmp_path / "training_log.csv").read_text().splitlines()[0].startswith("step,reward,accuracy")
+
+
+# --------------------------------------------------------------------------- Arbitrage's router
+
+def test_arbitrage_labels_are_balanced_and_evaluated_per_class():
+    import random
+
+    import numpy as np
+
+    from rstitch.training.arbitrage_router import Example, balanced, evaluate
+
+    examples = [Example("p", [], f"d{i}", delta) for i, delta in enumerate([0.5, 0.2, -0.1, 0.0, -0.3, -0.4])]
+    chosen = balanced(examples, random.Random(0))
+    assert sorted(e.delta > 0 for e in chosen) == [False, False, True, True]
+    report = evaluate(np.array([0.9, 0.2, 0.4, 0.6]), [0.5, 0.3, -0.1, -0.2])
+    assert report["accuracy_class1"] == 0.5 and report["accuracy_class0"] == 0.5 and report["positive_frac"] == 0.5
+    assert report["spearman_rho"] == pytest.approx(0.2)  # ranks (4, 1, 2, 3) against (4, 3, 2, 1)
+
+
+class LengthPRM:
+    """Scores a step by its length: the longer of two steps wins (enough to label pairs)."""
+
+    name = "length"
+
+    def score(self, problem: str, steps: list[str]) -> list[float]:
+        return [float(len(s)) for s in steps]
+
+
+def test_arbitrage_paired_steps_label_each_step_and_follow_the_choice(tiny_runners):
+    from rstitch.methods.base import LLM
+    from rstitch.training.arbitrage_router import LabelSettings, paired_steps
+
+    settings = LabelSettings(max_new_tokens=12, max_step_tokens=4, max_steps=3, gen_batch_size=2, follow="target")
+    examples = paired_steps(settings, ["1+1?", "2+3?"], tiny_runners, LengthPRM(), minutes=10)
+    assert examples and all(len(e.history) < 3 for e in examples)
+    # follow=target: every history holds the target's steps only, and grows by one step per round
+    assert all(author == LLM for e in examples for author, _ in e.history)
+    by_problem = [[len(e.history) for e in examples if e.problem == p] for p in ("1+1?", "2+3?")]
+    assert all(lengths == list(range(len(lengths))) for lengths in by_problem)
+
+
+def test_arbitrage_router_trains_and_predicts(tiny_pair):
+    from rstitch.training.arbitrage_router import Example, FitSettings, encode, load_router, predict, train
+
+    model, tokenizer = load_router(tiny_pair["slm"], "cpu")
+    examples = [Example("1+1?", [], "2", 1.0), Example("2+2?", [], "5", -1.0)] * 2
+    ids = encode(tokenizer, examples, max_length=64)
+    before = [p.detach().clone() for p in model.parameters()]
+    report = train(model, ids, [int(e.delta > 0) for e in examples], FitSettings(epochs=2, batch_size=2, lr=1e-2))
+    assert report["steps"] == 4
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    y_hat = predict(model, ids, "cpu")
+    assert y_hat.shape == (4,) and ((0 <= y_hat) & (y_hat <= 1)).all()
