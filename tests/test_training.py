@@ -97,3 +97,45 @@ def test_arbitrage_router_trains_and_predicts(tiny_pair):
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
     y_hat = predict(model, ids, "cpu")
     assert y_hat.shape == (4,) and ((0 <= y_hat) & (y_hat <= 1)).all()
+
+
+# --------------------------------------------------------------------------- the testbed family
+
+def test_family_schedule_warms_up_then_decays_to_a_tenth():
+    from rstitch.training.testbed_family import lr_at
+
+    assert lr_at(0, 1000, 1.0) == pytest.approx(0.01)  # warmup: 100 steps
+    assert lr_at(99, 1000, 1.0) == pytest.approx(1.0)
+    assert lr_at(999, 1000, 1.0) == pytest.approx(0.1, abs=1e-5)
+    assert lr_at(500, 1000, 1.0, time_frac=1.0) == pytest.approx(0.1)  # --schedule-by-time: the cap's fraction wins
+
+
+def test_family_batches_pad_right_and_mask_the_loss():
+    from rstitch.training.testbed_family import collate
+
+    ids, labels, mask = collate(0, [([5, 6, 7], [-100, 6, 7]), ([8], [8])])
+    assert ids.tolist() == [[5, 6, 7], [8, 0, 0]] and mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert labels.tolist() == [[-100, 6, 7], [8, -100, -100]]
+
+
+def test_family_problem_streams_are_deterministic_and_differ_by_phase():
+    from itertools import islice
+
+    from rstitch.training.testbed_family import problem_stream
+
+    first = [p.problem for p in islice(problem_stream(0, "slm"), 5)]
+    assert first == [p.problem for p in islice(problem_stream(0, "slm"), 5)]
+    assert first != [p.problem for p in islice(problem_stream(0, "llm"), 5)]
+
+
+def test_family_labelled_samples_carry_the_checker_s_labels():
+    import random
+
+    from rstitch.testbed import check_steps, generate_problems
+    from rstitch.training.testbed_family import labelled_sample, mixed_steps
+
+    rng = random.Random(0)
+    for problem in generate_problems("train", 20, seed=1):
+        assert all(check_steps(problem, mixed_steps(problem, rng, corrupt=False)))
+        prob, steps, labels = labelled_sample(problem, rng, [])
+        assert prob is problem and labels == check_steps(problem, steps)
