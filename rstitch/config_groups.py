@@ -1,12 +1,65 @@
-"""One entry of a config group (a pair, a prompt format), read as `rstitch-run` composes it: for
-scripts that load a pair or render prompts outside a run."""
+"""The run config as `rstitch-run` composes it (`compose_config`, the group-choice check, the
+`testbed_asset` resolver), and one entry of a config group (a pair, a prompt format) read that way:
+for the CLI, scripts, notebooks and training jobs, which all sit above this module."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
 
 from rstitch.configs import CONF_DIR
 from rstitch.data.prompts import PromptFormat
 from rstitch.errors import ConfigError
+from rstitch.testbed import ASSETS_DIR
+
+
+def _testbed_asset(name: str) -> str:
+    return str(ASSETS_DIR / name)
+
+
+OmegaConf.register_new_resolver("testbed_asset", _testbed_asset, replace=True)
+
+# Groups that only feed interpolations: experiment (presets), prm (the PRM-based methods read it as
+# method.prm, and so it is part of their run key).
+INTERPOLATION_GROUPS = ("experiment", "prm")
+
+
+def compose_config(overrides: Sequence[str] = ()) -> dict:
+    """The resolved run config for `overrides`, as `rstitch-run` would compose it (for scripts and
+    notebooks: `runner.run_config(compose_config(["method=llm_only"]))`); an unknown group choice
+    is a ConfigError listing the valid ones."""
+    from hydra import compose, initialize_config_dir
+
+    check_group_choices(list(overrides))
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides))
+    return resolved_run_config(cfg)
+
+
+def resolved_run_config(cfg: DictConfig) -> dict:
+    """Resolved config minus the groups that only feed interpolations."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict), "a DictConfig resolves to a dict"
+    for key in INTERPOLATION_GROUPS:
+        resolved.pop(key, None)
+    return resolved
+
+
+def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
+    """Catch `group=unknown` before Hydra does: a ConfigError listing the valid choices."""
+    groups = {p.name for p in conf_dir.iterdir() if p.is_dir()}
+    for arg in argv:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        key, value = arg.lstrip("+~").split("=", 1)
+        if key not in groups or value in ("", "null"):
+            continue
+        valid = sorted(p.stem for p in (conf_dir / key).glob("*.yaml"))
+        for choice in value.split(","):
+            if choice not in valid:
+                raise ConfigError(f"unknown {key} '{choice}'; valid: {', '.join(valid)}")
 
 
 def group_choices(group: str) -> list[str]:
@@ -16,8 +69,6 @@ def group_choices(group: str) -> list[str]:
 
 def group_config(group: str, name: str) -> dict[str, Any]:
     """conf/<group>/<name>.yaml composed and resolved (e.g. testbed asset paths) as in a run."""
-    from rstitch.cli.run import compose_config
-
     valid = group_choices(group)
     if name not in valid:
         raise ConfigError(f"unknown {group} '{name}'; valid: {', '.join(valid)}")

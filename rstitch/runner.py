@@ -23,7 +23,7 @@ from rstitch.methods.base import EXTRA_FLOPS, model_flops
 from rstitch.metrics.latency_model import load_pair_latency
 from rstitch.results import SampleStore
 from rstitch.results.baseline import baseline_config, wants_baseline_run
-from rstitch.results.keys import run_key, run_tag
+from rstitch.results.keys import comparison_dir, comparison_run_dir, run_key, run_name
 from rstitch.results.measurement import available_cpus, default_threads, sample_measurement, summarize_measurement
 from rstitch.results.summary import summarize_run
 
@@ -235,7 +235,7 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
         prompts = {r.id: check.prompt_ids(r.id, r.problem, lambda p: prompt.encode(tokenizer, p)) for r, _ in todo}
         fitted = {rid: fit for rid, fit in prompts.items() if fit is not None}
         todo = [(r, k) for r, k in todo if r.id in fitted]
-        name = f"{cfg['pair']['name']}/{cfg['dataset']['name']}/{method.name}/{run_tag(cfg)}"
+        name = run_name(cfg)
         if logger is not None and not todo and logger.logged(run_dir):
             logger = None  # finished and logged before: a resume with nothing to decode logs nothing again
         if logger is not None:
@@ -292,9 +292,7 @@ def throughput(store: SampleStore, todo: list, decode_wall: float) -> dict[str, 
             "samples_per_s": rate(len(decoded)), "decode_tokens_per_s": rate(sum(r["tokens"] for r in decoded))}
 
 
-def comparison_root(results_root: str | Path, cfg: dict[str, Any]) -> Path:
-    """Where runs comparable to `cfg` (same pair and dataset) live."""
-    return Path(results_root) / cfg["pair"]["name"] / cfg["dataset"]["name"]
+comparison_root = comparison_dir  # where runs comparable to a config live (results/keys.py)
 
 
 def run_baseline(cfg: dict[str, Any], results_root: str | Path, logger=None) -> dict[str, Any] | None:
@@ -304,14 +302,14 @@ def run_baseline(cfg: dict[str, Any], results_root: str | Path, logger=None) -> 
     if not wants_baseline_run(cfg):
         return None
     base = baseline_config(cfg)
-    return run(base, Path(results_root) / base["method"]["name"] / run_tag(base), logger=logger, results_root=results_root)
+    return run(base, comparison_run_dir(results_root, base), logger=logger, results_root=results_root)
 
 
 def run_config(cfg: dict[str, Any], logger=None) -> dict[str, Any]:
-    """Run a composed config (see `cli.run.compose_config`) into its standard run directory,
+    """Run a composed config (see `config_groups.compose_config`) into its standard run directory,
     after its baseline when `baseline=auto`."""
     cfg = dict(cfg)
     cfg.pop("logger", None)
-    root = comparison_root(cfg.pop("results_root"), cfg)
+    root = comparison_dir(cfg.pop("results_root"), cfg)
     run_baseline(cfg, root, logger=logger)
-    return run(cfg, root / cfg["method"]["name"] / run_tag(cfg), logger=logger, results_root=root)
+    return run(cfg, comparison_run_dir(root, cfg), logger=logger, results_root=root)

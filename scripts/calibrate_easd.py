@@ -26,7 +26,7 @@ from rstitch.config_groups import group_choices, pair_config, prompt_format
 from rstitch.engines import load_pair
 from rstitch.errors import ConfigError
 from rstitch.methods.easd import store_calibration, user_calibration_file
-from rstitch.methods.easd_calibration import CALIBRATION_SETS, calibrate, check_calibration_set, dataset_prompts, validation_prompts
+from rstitch.training.easd_calibration import CALIBRATION_SETS, calibrate, check_calibration_set, dataset_prompts, validation_prompts
 
 
 def main(argv: list[str] | None = None) -> None:

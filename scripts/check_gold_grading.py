@@ -2,7 +2,7 @@
 
 A sound grader must accept (nearly) all of them: every miss is either an extraction or
 normalization bug to fix, or a genuine quirk of the data to document in docs/grading.md.
-The check itself is rstitch/grading/gold_check.py.
+The check itself is rstitch/data/gold_check.py.
 
     python scripts/check_gold_grading.py [--benchmarks ../shared/benchmarks]
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rstitch.grading.gold_check import check_all, report
+from rstitch.data.gold_check import check_all, report
 
 DEFAULT_BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"  # beside the checkout
 

@@ -15,14 +15,14 @@ import json
 import statistics
 from pathlib import Path
 
+from rstitch.analysis.step_scores import auc_fields, judge_scores, labeled_steps, prm_scores, slm_entropies
 from rstitch.analysis.tables import replace_marked_section
-from rstitch.cli.run import compose_config
+from rstitch.config_groups import compose_config
+from rstitch.data import load_dataset_records
 from rstitch.engines.cache import get_pair
-from rstitch.methods.specreason import digit_score, digit_token_ids, judge_prompt
-from rstitch.metrics import roc_auc, roc_auc_interval
+from rstitch.results.keys import run_dir
 from rstitch.rewards import load_prm
 from rstitch.runner import run_config
-from rstitch.testbed import check_steps, make_problem
 
 TAUS = (0.001, 0.005, 0.01, 0.02, 0.03, 0.05)
 PS = (0.1, 0.3, 0.5, 0.7, 0.9)
@@ -32,64 +32,8 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "testbed.md"
 def evaluate(overrides: list[str]) -> tuple[dict, list[dict], dict]:
     cfg = compose_config(overrides)
     summary = run_config(cfg)
-    run_dir = Path(cfg["results_root"]) / "testbed" / "testbed" / summary["method"] / summary["run_tag"]
-    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    samples = [json.loads(line) for line in (run_dir(cfg["results_root"], cfg) / "samples.jsonl").read_text().splitlines()]
     return summary, samples, cfg
-
-
-def labeled_steps(samples: list[dict], records: dict[str, dict]) -> list[tuple[str, list[str], bool]]:
-    """(problem, steps up to and including this one, correct) for every step of every trace."""
-    out = []
-    for s in samples:
-        meta = records[s["id"]]
-        problem = make_problem(meta["start"], meta["ops"])
-        steps = [t for t in s["response"].split("\n\n") if t.strip()]
-        for i, ok in enumerate(check_steps(problem, steps)):
-            out.append((problem.problem, steps[: i + 1], ok))
-    return out
-
-
-def auc_fields(name: str, scores: list[float], steps: list[tuple[str, list[str], bool]]) -> dict:
-    """ROC-AUC of `scores` on the steps' labels and its 95% interval over problems (a model's wrong
-    steps cluster in the few problems it gets wrong: the interval shows how many it rests on)."""
-    labels, problems = [y for *_, y in steps], [p for p, *_ in steps]
-    return {name: roc_auc(scores, labels), f"{name}_ci95": list(roc_auc_interval(scores, labels, problems))}
-
-
-def prm_scores(prm, steps: list[tuple[str, list[str], bool]]) -> list[float]:
-    scores = {}
-    for problem, prefix, _ in steps:  # score each full trace once; prefixes are its rows
-        key = (problem, len(prefix))
-        if key not in scores:
-            scores[key] = prm.score(problem, prefix)[-1]
-    return [scores[(p, len(x))] for p, x, _ in steps]
-
-
-def judge_scores(pair, steps: list[tuple[str, list[str], bool]]) -> list[float]:
-    llm = pair.llm
-    digits = digit_token_ids(llm)
-    scores = []
-    for problem, prefix, _ in steps:
-        ids = llm.tokenizer.encode(judge_prompt(llm.tokenizer, problem, prefix, "\n\n"), add_special_tokens=False)
-        scores.append(digit_score(llm.new_sequence(ids).next_distribution().logits, digits, "expected"))
-    return scores
-
-
-def slm_entropies(pair, cfg: dict, samples: list[dict], problems: dict[str, str]) -> dict:
-    from rstitch.data.prompts import PromptFormat
-
-    prompt = PromptFormat(**cfg["prompt"])
-    per_trace, all_norm = {True: [], False: []}, []
-    for s in samples:
-        seq = pair.slm.new_sequence(prompt.encode(pair.tokenizer, problems[s["id"]]))
-        dists = seq.score(s["output_token_ids"])[:-1]
-        per_trace[bool(s["correct"])].append(statistics.fmean(d.entropy for d in dists))
-        all_norm.extend(d.normalized_entropy for d in dists)
-    return {
-        "mean_entropy_correct": statistics.fmean(per_trace[True]) if per_trace[True] else float("nan"),
-        "mean_entropy_incorrect": statistics.fmean(per_trace[False]) if per_trace[False] else float("nan"),
-        "frac_norm_entropy_gt_0.01": sum(h > 0.01 for h in all_norm) / len(all_norm),
-    }
 
 
 def family_overrides(family: Path | None) -> list[str]:
@@ -125,8 +69,6 @@ def main() -> None:
     llm_sum, llm_samples, cfg = evaluate(common + ["method=llm_only"])
     slm_sum, slm_samples, _ = evaluate(common + ["method=slm_only"])
     pair = get_pair(cfg["pair"], cfg["engine"])
-    from rstitch.data import load_dataset_records
-
     records = {r.id: r for r in load_dataset_records(**cfg["dataset"])}
     metadata = {k: r.metadata for k, r in records.items()}
     per_token = lambda ss: statistics.median(s["latency_s"] / max(1, s["tokens"]) for s in ss)  # noqa: E731

@@ -20,15 +20,14 @@ import statistics
 from pathlib import Path
 
 from rstitch.analysis.tables import replace_marked_section
-from rstitch.cli.run import compose_config
+from rstitch.config_groups import compose_config
 from rstitch.data import load_dataset_records
 from rstitch.data.prompts import PromptFormat
 from rstitch.engines import load_model
-from rstitch.results.keys import run_tag
-from rstitch.results.metrics import COMPARISON_KEYS, accuracy_uncertainty, compare_with_baseline
-from rstitch.results.store import iter_samples
+from rstitch.results.lookup import config_run_dir as run_dir
+from rstitch.results.lookup import saved_summary, with_speedup
 from rstitch.results.summary import plus_minus, with_interval
-from rstitch.runner import comparison_root, run_config
+from rstitch.runner import run_config
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "results-real.md"
 BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
@@ -53,41 +52,6 @@ def point(common: list[str], method: str, params: dict, decode: bool) -> tuple[d
     cfg = compose_config([*common, f"method={method}", *(f"method.{k}={v}" for k, v in params.items())])
     summary = run_config(cfg) if decode else saved_summary(cfg)
     return cfg, with_speedup(cfg, summary)
-
-
-def with_speedup(cfg: dict, summary: dict | None) -> dict | None:
-    """`slm_only` runs before its `llm_only` baseline exists, so its own summary has no speedup:
-    look the baseline up again now (with the speedup split and the paired comparison; also for a
-    summary written before summaries had intervals). An unfinished run keeps none (its baseline
-    covers other problems)."""
-    if summary is None or summary.get("partial") or summary.get("speedup_ci") is not None:
-        return summary
-    samples = list(iter_samples(run_dir(cfg) / "samples.jsonl"))
-    root = comparison_root(cfg["results_root"], cfg)
-    return {**summary, **accuracy_uncertainty(samples), **compare_with_baseline(summary, samples, root)}
-
-
-def saved_summary(cfg: dict) -> dict | None:
-    path = run_dir(cfg) / "summary.json"
-    return json.loads(path.read_text()) if path.is_file() else partial_summary(cfg)
-
-
-def partial_summary(cfg: dict) -> dict | None:
-    """The summary of an unfinished run's saved samples (the first n problems), without a speedup:
-    its baseline's mean covers other problems. None when nothing is saved."""
-    from rstitch.methods import build_method
-    from rstitch.results.summary import summarize_run
-
-    path = run_dir(cfg) / "samples.jsonl"
-    samples = list(iter_samples(path)) if path.is_file() else []
-    if not samples:
-        return None
-    summary = summarize_run(cfg, build_method(**cfg["method"]), samples, comparison_root(cfg["results_root"], cfg))
-    return {**summary, **dict.fromkeys(COMPARISON_KEYS), "partial": True}
-
-
-def run_dir(cfg: dict) -> Path:
-    return comparison_root(cfg["results_root"], cfg) / cfg["method"]["name"] / run_tag(cfg)
 
 
 def slm_entropy_by_correctness(cfg: dict) -> dict[str, float]:

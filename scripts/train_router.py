@@ -36,7 +36,8 @@ breaks the answer, so a 50/50 router is never right and every group is dropped. 
 P(LLM) = 0.95 (close to R-Stitch) makes about half the rollouts correct.
 
 The DAPO pieces (reward, dynamic sampling, advantages, the clipped loss, routed rollouts) are in
-rstitch/routers/dapo.py; this script is the loop around them.
+rstitch/training/dapo.py and the loop in rstitch/training/rstitch_plus.py; this script parses the
+arguments and calls them. DAPO-Math-17k is the data registry's `dapo_math`.
 
 Training curves (reward, accuracy, latency, LLM-token share, ...) go to W&B (offline without an
 API key; --wandb off to disable) and to training_log.csv / training_log.json beside the checkpoint.
@@ -44,12 +45,6 @@ API key; --wandb off to disable) and to training_log.csv / training_log.json bes
 from __future__ import annotations
 
 import argparse
-import csv
-import json
-import math
-import os
-import re
-import statistics
 import sys
 import tempfile
 import time
@@ -59,89 +54,25 @@ import torch
 
 from rstitch.config_groups import group_choices, pair_config, prompt_format
 from rstitch.engines import load_pair
-from rstitch.methods.base import LLM
 from rstitch.metrics.latency_model import fit_profile, load_pair_latency, profile_runner
-from rstitch.routers.dapo import (
-    CLIP_HIGHER,
-    PAPER_LAMBDA,
-    TESTBED_LAMBDA,
-    RolloutSettings,
-    dapo_update,
-    decision_batch,
-    group_advantages,
-    is_informative,
-    rollout,
-    rollout_budget,
-    trajectory_reward,
-)
-from rstitch.routers.rstitch_router import RouterConfig, RStitchRouter, load_router, save_router
+from rstitch.routers.rstitch_router import save_router
 from rstitch.testbed import ASSETS_DIR
+from rstitch.training.dapo import CLIP_HIGHER, PAPER_LAMBDA, TESTBED_LAMBDA, RolloutSettings, rollout_budget
+from rstitch.training.rstitch_plus import (
+    TRAINING_DATA,
+    TrainSettings,
+    build_smoke_pair,
+    new_router,
+    start_wandb,
+    train_router,
+    training_problems,
+    write_history,
+)
 
 DEFAULT_ROUTER, DEFAULT_LATENCY_DIR = ASSETS_DIR / "rstitch_router", ASSETS_DIR / "latency"  # the testbed's
 
-DAPO_DATASET = "BytedTsinghua-SIA/DAPO-Math-17k"
 
-
-# ----------------------------------------------------------------------------- data and rollouts
-
-def testbed_problems(n: int, seed: int) -> list[tuple[str, str]]:
-    from rstitch.testbed import generate_problems
-
-    return [(p.problem, p.answer) for p in generate_problems("train", n, seed=seed)]
-
-
-def dapo_math_problems(n: int, seed: int) -> list[tuple[str, str]]:
-    """DAPO-Math-17k with its answer-format instructions stripped, so the pair's own prompt format
-    (e.g. R1's \\boxed{} instruction) applies."""
-    from datasets import load_dataset
-
-    rows = load_dataset(DAPO_DATASET, split="train").shuffle(seed=seed).select(range(n))
-    prefix = re.compile(r"^Solve the following math problem step by step\..*?\n\n", re.DOTALL)
-    suffix = re.compile(r"\n\nRemember to put your answer on its own line after \"Answer:\"\.?\s*$")
-    out = []
-    for row in rows:
-        text = suffix.sub("", prefix.sub("", row["prompt"][0]["content"]))
-        out.append((text.strip(), str(row["reward_model"]["ground_truth"])))
-    return out
-
-
-# ----------------------------------------------------------------------------- setup helpers
-
-def build_smoke_pair(out_dir: Path) -> dict[str, dict[str, str]]:
-    """Two tiny random Llamas on a small testbed tokenizer (no download, a few seconds)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from rstitch.testbed.tokenizer import tokenizer_corpus, train_tokenizer
-
-    tok = train_tokenizer(tokenizer_corpus(n_problems=200), vocab_size=300)
-    paths = {}
-    for name, layers, hidden in (("slm", 1, 32), ("llm", 2, 48)):
-        torch.manual_seed(len(name) + layers)
-        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                          num_attention_heads=2, num_key_value_heads=2, eos_token_id=tok.eos_token_id,
-                          pad_token_id=tok.pad_token_id, bos_token_id=None)
-        LlamaForCausalLM(cfg).save_pretrained(out_dir / name)
-        tok.save_pretrained(out_dir / name)
-        paths[name] = {"path": str(out_dir / name), "name": f"smoke-{name}"}
-    return paths
-
-
-def start_wandb(mode: str, out: Path, config: dict):
-    if mode == "off":
-        return None
-    import wandb
-
-    if mode == "auto":
-        mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
-    wandb_dir = Path("runs")  # beside rstitch-run's results (results_root)
-    wandb_dir.mkdir(exist_ok=True)
-    return wandb.init(project="rstitch", name=f"train_router/{out.name}", mode=mode, dir=str(wandb_dir),
-                      config=config, reinit="finish_previous")
-
-
-# ----------------------------------------------------------------------------- main
-
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pair", default="testbed", choices=group_choices("pair"), help="a conf/pair/*.yaml name")
     p.add_argument("--slm", default=None, help="override the pair's SLM path")
@@ -149,7 +80,8 @@ def main() -> None:
     p.add_argument("--device", default=None, help="override the pair's device")
     p.add_argument("--dtype", default=None, help="override the pair's dtype")
     p.add_argument("--prompt", default="chat", choices=group_choices("prompt"), help="a conf/prompt/*.yaml name (r1 for R1 distills)")
-    p.add_argument("--data", default="testbed", choices=["testbed", "dapo"], help=f"testbed train split or {DAPO_DATASET}")
+    p.add_argument("--data", default="testbed", choices=list(TRAINING_DATA), help=", ".join(f"{k}: {v}" for k, v in TRAINING_DATA.items()))
+    p.add_argument("--data-path", default=None, help="a local copy of the training data (e.g. DAPO-Math-17k as .parquet)")
     p.add_argument("--out", type=Path, default=None, help=f"checkpoint dir (default {DEFAULT_ROUTER})")
     p.add_argument("--init", type=Path, default=None, help="start from this router checkpoint")
     p.add_argument("--latency-dir", type=Path, default=DEFAULT_LATENCY_DIR)
@@ -178,16 +110,14 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for small models on a shared CPU)")
     p.add_argument("--wandb", default="auto", choices=["auto", "online", "offline", "off"])
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    t_start = time.perf_counter()
+    return p.parse_args()
 
-    # --- models, data, latency model
+
+def pair_and_latency(args: argparse.Namespace) -> tuple[dict, object, dict]:
+    """The pair's config, the loaded pair and its latency models (fitted on the spot for --smoke)."""
     if args.smoke:
         tmp = Path(tempfile.mkdtemp(prefix="router-smoke-"))
-        models = build_smoke_pair(tmp)
-        pair_cfg = {"name": "smoke", **models, "dtype": "float32", "device": "cpu"}
+        pair_cfg = {"name": "smoke", **build_smoke_pair(tmp), "dtype": "float32", "device": "cpu"}
         args.out = args.out or tmp / "router"
         args.batch, args.group, args.steps, args.max_new_tokens = 4, 4, 3, 24
         args.reward = "latency_only"
@@ -199,104 +129,48 @@ def main() -> None:
     device = args.device or pair_cfg.get("device", "cpu")
     dtype = args.dtype or pair_cfg.get("dtype", "float32")
     pair = load_pair(pair_cfg["slm"], pair_cfg["llm"], dtype=dtype, device=device)
-    lam = args.lam if args.lam is not None else (PAPER_LAMBDA if args.data == "dapo" else TESTBED_LAMBDA)
-    problems = (dapo_math_problems if args.data == "dapo" else testbed_problems)(args.steps * args.batch, args.seed)
-    prompt = prompt_format(args.prompt)
-    if args.smoke:  # profile the tiny models on the spot
+    if args.smoke:
         latency = {k: fit_profile(profile_runner(r, [1, 8, 32], [0, 32, 128], repeats=1), r) for k, r in pair.models().items()}
     else:
         latency = load_pair_latency(args.latency_dir, pair)
         if latency is None:
             sys.exit(f"no latency models for {pair.slm.name}/{pair.llm.name} on {device}/{dtype} in {args.latency_dir}: "
                      f"run scripts/profile_latency.py first")
+    return pair_cfg, pair, latency
 
-    # --- router and optimizer
-    config = RouterConfig(pair.slm.hidden_size, pair.llm.hidden_size)
-    router = load_router(args.init) if args.init else RStitchRouter(config)
-    if not args.init:
-        with torch.no_grad():
-            router.head.bias.copy_(torch.tensor([0.0, math.log(args.init_p_llm / (1 - args.init_p_llm))]))
-    width = max(config.slm_hidden, config.llm_hidden)
-    optimizer = torch.optim.AdamW(router.parameters(), lr=args.lr, weight_decay=0.0)
-    settings = RolloutSettings(args.tau, args.max_new_tokens, args.temperature, grade_answers=args.reward == "accuracy")
-    generator = torch.Generator().manual_seed(args.seed)
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    t_start = time.perf_counter()
+    pair_cfg, pair, latency = pair_and_latency(args)
+    lam = args.lam if args.lam is not None else (PAPER_LAMBDA if args.data == "dapo" else TESTBED_LAMBDA)
+    problems = training_problems(args.data, args.steps * args.batch, args.seed, args.data_path)
+    router = new_router(pair, args.init, args.init_p_llm)
+    settings = TrainSettings(lam, RolloutSettings(args.tau, args.max_new_tokens, args.temperature, grade_answers=args.reward == "accuracy"),
+                             batch=args.batch, group=args.group, clip_eps=args.clip_eps, clip_higher=args.clip_higher,
+                             updates=args.updates, steps=args.steps, minutes=args.minutes, seed=args.seed)
     run_config = {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "lam": lam,
                   "pair": pair_cfg.get("name"), "router_parameters": router.num_parameters()}
-    wandb_run = start_wandb(args.wandb, args.out, run_config)
+    wandb_run = start_wandb(args.wandb, f"train_router/{args.out.name}", run_config)
     print(f"router: {router.num_parameters()} parameters (width {router.config.width}); lam {lam}; "
           f"{args.batch} prompts x G={args.group}; {len(problems)} problems")
 
-    # --- training loop
-    history: list[dict] = []
-    step_times: list[float] = []
-    for step in range(args.steps):
-        elapsed_min = (time.perf_counter() - t_start) / 60
-        if step_times and elapsed_min + statistics.fmean(step_times) / 60 > args.minutes:
-            print(f"stopping at step {step}: the {args.minutes}-minute budget would be exceeded")
-            break
-        t0 = time.perf_counter()
-        router.eval()
-        batch = problems[step * args.batch:(step + 1) * args.batch]
-        all_rollouts, kept = [], []
-        for i, (problem, gold) in enumerate(batch):
-            prompt_ids = prompt.encode(pair.tokenizer, problem)
-            rollouts = [rollout(prompt_ids, gold, pair, router, latency, generator, settings, token_seed=args.seed + 1000 * step + 10 * i + g)
-                        for g in range(args.group)]
-            all_rollouts += rollouts
-            rewards = torch.tensor([trajectory_reward(r.correct, r.latency_ms, lam) for r in rollouts])
-            if is_informative(rewards) and any(r.decisions for r in rollouts):
-                kept.append((rollouts, group_advantages(rewards)))
-
-        # --- DAPO update on the kept groups
-        router.train()
-        info = {"clip_fraction": math.nan, "ratio_mean": math.nan}
-        loss_value = math.nan
-        if kept:
-            loss_value, info = dapo_update(router, optimizer, decision_batch(kept, width), args.updates,
-                                           args.clip_eps, CLIP_HIGHER if args.clip_higher else None)
-        step_times.append(time.perf_counter() - t0)
-
-        # --- log
-        decisions = [d for r in all_rollouts for d in r.decisions]
-        row = {
-            "step": step + 1,
-            "reward": statistics.fmean(trajectory_reward(r.correct, r.latency_ms, lam) for r in all_rollouts),
-            "accuracy": statistics.fmean(float(r.correct) for r in all_rollouts),
-            "latency_ms": statistics.fmean(r.latency_ms for r in all_rollouts),
-            "llm_token_share": sum(r.tokens_llm for r in all_rollouts) / max(1, sum(r.tokens for r in all_rollouts)),
-            "tokens": statistics.fmean(r.tokens for r in all_rollouts),
-            "router_decisions": len(decisions) / len(all_rollouts),
-            "router_llm_rate": sum(d.action == LLM for d in decisions) / max(1, len(decisions)),
-            "kept_groups": len(kept),
-            "loss": loss_value,
-            **info,
-            "step_time_s": step_times[-1],
-            "elapsed_min": (time.perf_counter() - t_start) / 60,
-        }
-        history.append(row)
+    def log(row: dict) -> None:
         if wandb_run is not None:
-            wandb_run.log({f"train/{k}": v for k, v in row.items() if k != "step"}, step=step + 1)
+            wandb_run.log({f"train/{k}": v for k, v in row.items() if k != "step"}, step=row["step"])
         print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)
 
-    # --- save checkpoint and curves
+    history = train_router(router, pair, problems, prompt_format(args.prompt), latency, settings, args.lr, log)
     metadata = {"config": run_config, "steps_done": len(history), "final": history[-1] if history else {},
                 "latency_models": {k: m.model for k, m in latency.items()}}
-    save_router(router.eval(), args.out, metadata)
+    save_router(router, args.out, metadata)
     write_history(history, args.out)
     if wandb_run is not None:
         wandb_run.summary.update(history[-1] if history else {})
         wandb_run.finish()
     print(f"saved router to {args.out} after {len(history)} steps in {(time.perf_counter() - t_start) / 60:.1f} min")
-
-
-def write_history(history: list[dict], out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "training_log.json").write_text(json.dumps(history, indent=1) + "\n")
-    if history:
-        with open(out / "training_log.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(history[0]))
-            writer.writeheader()
-            writer.writerows(history)
 
 
 if __name__ == "__main__":

@@ -137,6 +137,7 @@ def test_wandb_offline_run_holds_the_pareto_point(tmp_path, tiny_pair, problems_
 
 def test_prm_group_feeds_the_prm_methods_and_their_run_key():
     from rstitch.cli.run import compose_config
+    from rstitch.errors import ConfigError
     from rstitch.results.keys import run_tag
 
     rsd_default, rsd_oracle = compose_config(["method=rsd"]), compose_config(["method=rsd", "prm=oracle"])
@@ -144,7 +145,7 @@ def test_prm_group_feeds_the_prm_methods_and_their_run_key():
     assert "prm" not in rsd_oracle and run_tag(rsd_default) != run_tag(rsd_oracle)
     rstitch = compose_config(["method=rstitch", "prm=oracle"])
     assert "prm" not in rstitch and "prm" not in rstitch["method"]
-    with pytest.raises(SystemExit):
+    with pytest.raises(ConfigError, match="unknown prm 'nope'; valid: "):  # a library call raises; rstitch-run prints it
         compose_config(["method=rsd", "prm=nope"])
 
 

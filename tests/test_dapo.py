@@ -3,9 +3,9 @@ import torch
 
 from rstitch.methods.base import LLM, SLM
 from rstitch.methods.rstitch_plus import RouterDecision
-from rstitch.routers import dapo
-from rstitch.routers.dapo import dapo_loss
 from rstitch.routers.rstitch_router import RouterConfig, RStitchRouter
+from rstitch.training import dapo
+from rstitch.training.dapo import dapo_loss
 
 
 def test_reward_penalizes_latency_only_when_correct():

@@ -288,7 +288,7 @@ def test_record_to_dict_round_trips():
 # --------------------------------------------------------------------------- hub and testbed sources
 
 
-UNPINNED = {"limo"}  # calibration only; no commit of GAIR/LIMO could be verified offline (docs/datasets.md)
+UNPINNED = {"limo", "dapo_math"}  # calibration only; no commit of GAIR/LIMO could be verified offline (docs/datasets.md)
 
 
 def test_hub_specs_are_pinned_to_commits():
@@ -434,5 +434,20 @@ def test_every_registered_benchmark_has_a_config_except_calibration_sets():
     conf = Path(__file__).resolve().parents[1] / "conf" / "dataset"
     assert not (conf / "limo.yaml").exists()  # calibration data, refused as an evaluated benchmark
     for name in DATASETS:
-        if name != "limo":
+        if name not in ("limo", "dapo_math"):  # calibration and training data
             assert (conf / f"{name}.yaml").exists(), name
+
+
+def test_dapo_math_goes_through_the_registry_without_its_format_instructions(tmp_path):
+    """R-Stitch+'s training set: the answer-format wrapper is stripped (the pair's prompt format
+    applies), repeated problems are kept once, the gold answer is reward_model.ground_truth."""
+    def row(problem: str, answer: str) -> dict:
+        wrapped = (f"Solve the following math problem step by step. The last line of your response should be of the form "
+                   f"Answer: $Answer\n\n{problem}\n\nRemember to put your answer on its own line after \"Answer:\".")
+        return {"data_source": "math_dapo", "prompt": [{"role": "user", "content": wrapped}],
+                "reward_model": {"ground_truth": answer, "style": "rule-lighteval/MATH_v2"}}
+    path = tmp_path / "dapo.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [row("What is 1+1?", "2"), row("What is 1+1?", "2"), row("Name 3.", "3")]))
+    records = load_dataset_records("dapo_math", path=str(path))
+    assert [(r.problem, r.answer) for r in records] == [("What is 1+1?", "2"), ("Name 3.", "3")]
+    assert [r.id for r in records] == ["dapo_math-0", "dapo_math-1"]

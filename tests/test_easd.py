@@ -11,8 +11,8 @@ from rstitch.errors import ConfigError
 from rstitch.methods import build_method, easd
 from rstitch.methods.base import LLM, SLM
 from rstitch.methods.easd import EntropyPenalty, top_overlap
-from rstitch.methods.easd_calibration import check_calibration_set, dataset_prompts, validation_prompts
 from rstitch.methods.spec_stats import greedy_entropies, mean_of_top_fraction
+from rstitch.training.easd_calibration import check_calibration_set, dataset_prompts, validation_prompts
 
 from conftest import run_script
 from test_specdec import (  # noqa: F401  (fixtures)

@@ -274,7 +274,7 @@ def test_forked_child_uses_its_own_workers():
 
 
 def test_gold_solutions_grade_as_right():
-    from rstitch.grading.gold_check import CASES, check_all, report
+    from rstitch.data.gold_check import CASES, check_all, report
 
     for file_name, _ in CASES.values():
         benchmark_file(file_name)

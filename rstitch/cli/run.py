@@ -5,7 +5,6 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 
 import hydra
@@ -13,55 +12,29 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from rstitch import config_groups
 from rstitch.cli.preflight import check_command_line
+from rstitch.config_groups import compose_config, resolved_run_config  # noqa: F401  (compose_config: scripts and tests import it from here)
 from rstitch.configs import CONF_DIR
 from rstitch.errors import ConfigError
-from rstitch.results.keys import run_tag
+from rstitch.results import keys
 
 
-def _testbed_asset(name: str) -> str:
-    from rstitch.testbed import ASSETS_DIR
-
-    return str(ASSETS_DIR / name)
-
-
-def _run_tag(*, _root_: DictConfig) -> str:
-    keys = ("pair", "engine", "dataset", "prompt", "max_new_tokens", "decoding", "n_samples", "method", "on_overflow", "batch_size")
-    return run_tag({k: OmegaConf.to_container(_root_[k], resolve=True) if isinstance(_root_[k], DictConfig) else _root_.get(k)
-                    for k in keys})
+def _identity(root: DictConfig) -> dict:
+    """The entries of the config a run's identity is computed from, resolved."""
+    return {k: OmegaConf.to_container(root[k], resolve=True) if isinstance(root.get(k), DictConfig) else root.get(k)
+            for k in keys.RUN_KEY_FIELDS}
 
 
-OmegaConf.register_new_resolver("testbed_asset", _testbed_asset, replace=True)
-OmegaConf.register_new_resolver("run_tag", _run_tag, replace=True)
-
-
-def compose_config(overrides: Sequence[str] = ()) -> dict:
-    """The resolved run config for `overrides`, as `rstitch-run` would compose it (for scripts and
-    notebooks: `runner.run_config(compose_config(["method=llm_only"]))`)."""
-    from hydra import compose, initialize_config_dir
-
-    check_group_choices(list(overrides))
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides))
-    return _run_config(cfg)
-
-
-def _run_config(cfg: DictConfig) -> dict:
-    """Resolved config minus the groups that only feed interpolations (experiment; prm, which
-    the PRM-based methods read as method.prm and so is part of their run key)."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(resolved, dict), "a DictConfig resolves to a dict"
-    for key in ("experiment", "prm"):
-        resolved.pop(key, None)
-    return resolved
+# conf/config.yaml names the run directory (hydra.run.dir, hydra.sweep.subdir) through these, so it
+# is the one results/keys.py defines.
+OmegaConf.register_new_resolver("run_dir", lambda *, _root_: str(keys.run_dir(_root_.results_root, _identity(_root_))), replace=True)
+OmegaConf.register_new_resolver("run_subdir", lambda *, _root_: str(keys.run_subdir(_identity(_root_))), replace=True)
 
 
 def fail(message: str) -> None:
     print(f"rstitch-run: error: {message}", file=sys.stderr)
     sys.exit(2)
-
-
-RUN_DIR_DEPTH = 4  # <results_root>/<pair>/<dataset>/<method>/<tag>: the tag and three levels above it
 
 
 def discard_if_empty(run_dir: Path) -> None:
@@ -71,7 +44,7 @@ def discard_if_empty(run_dir: Path) -> None:
     entries = list(run_dir.iterdir())
     if all(p.name in (".hydra", ".lock", "run_key.json") or p.suffix == ".log" for p in entries):
         shutil.rmtree(run_dir)
-        for parent in list(run_dir.parents)[:RUN_DIR_DEPTH - 1]:  # <pair>/<dataset>/<method>, if now empty
+        for parent in list(run_dir.parents)[:keys.RUN_DIR_DEPTH - 1]:  # <pair>/<dataset>/<method>, if now empty
             try:
                 parent.rmdir()
             except OSError:  # not empty (other runs), or not ours to remove
@@ -104,17 +77,10 @@ def check_results_root(argv: list[str]) -> None:
 
 def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
     """Catch `group=unknown` before Hydra does, with one line listing the valid choices."""
-    groups = {p.name for p in conf_dir.iterdir() if p.is_dir()}
-    for arg in argv:
-        if arg.startswith("-") or "=" not in arg:
-            continue
-        key, value = arg.lstrip("+~").split("=", 1)
-        if key not in groups or value in ("", "null"):
-            continue
-        valid = sorted(p.stem for p in (conf_dir / key).glob("*.yaml"))
-        for choice in value.split(","):
-            if choice not in valid:
-                fail(f"unknown {key} '{choice}'; valid: {', '.join(valid)}")
+    try:
+        config_groups.check_group_choices(argv, conf_dir)
+    except ConfigError as err:
+        fail(str(err))
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
@@ -122,14 +88,14 @@ def app(cfg: DictConfig) -> None:
     from rstitch.results.baseline import missing_baseline_note
     from rstitch.results.measurement import contention_notes
     from rstitch.results.summary import format_table
-    from rstitch.runner import comparison_root, run, run_baseline
+    from rstitch.runner import run, run_baseline
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     interrupted = False
     try:
-        resolved = _run_config(cfg)
+        resolved = resolved_run_config(cfg)
         logger = instantiate(resolved.pop("logger"))
-        root = comparison_root(resolved.pop("results_root"), resolved)
+        root = keys.comparison_dir(resolved.pop("results_root"), resolved)
         baseline = run_baseline(resolved, root, logger=logger)  # baseline=auto: run or resume it first
         summary = run(resolved, run_dir, logger=logger, results_root=root)
     except ConfigError as err:

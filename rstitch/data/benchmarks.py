@@ -11,6 +11,7 @@ import gzip
 import io
 import json
 import pickle
+import re
 import zlib
 from collections import Counter
 from collections.abc import Callable
@@ -230,11 +231,40 @@ def normalize_question_answer(row: Row, record_id: str) -> Record:
     return Record(record_id, problem, answer_text(row.get("answer")), _rest(row, "problem", "question", "answer", "id"))
 
 
+# DAPO-Math-17k wraps each problem in its own answer-format instructions; they are stripped, so the
+# pair's prompt format (e.g. R1's \\boxed{} instruction) applies.
+_DAPO_PREFIX = re.compile(r"^Solve the following math problem step by step\..*?\n\n", re.DOTALL)
+_DAPO_SUFFIX = re.compile(r"\n\nRemember to put your answer on its own line after \"Answer:\"\.?\s*$")
+
+
+def _dapo_problem(row: Row) -> str:
+    return _DAPO_SUFFIX.sub("", _DAPO_PREFIX.sub("", row["prompt"][0]["content"])).strip()
+
+
+def unique_prompts(rows: list[Row]) -> list[Row]:
+    """DAPO-Math-17k's rows repeat each problem many times: keep the first of each."""
+    seen: set[str] = set()
+    out = []
+    for row in rows:
+        text = _dapo_problem(row)
+        if text not in seen:
+            seen.add(text)
+            out.append(row)
+    return out
+
+
+def normalize_dapo_math(row: Row, record_id: str) -> Record:
+    """A chat-format prompt (its instructions stripped) and `reward_model.ground_truth`."""
+    return Record(record_id, _dapo_problem(row), answer_text(row["reward_model"]["ground_truth"]),
+                  {"data_source": row.get("data_source")})
+
+
 # --------------------------------------------------------------------------- registry
 
 
 def register_benchmarks() -> None:
-    """Add this module's datasets to the registry (rstitch/data/datasets.py calls it at import)."""
+    """Add this module's datasets to the registry (at import, below: the registry imports this
+    module at its first read)."""
     for spec, aliases in _specs():
         register_dataset(spec, aliases=aliases)
 
@@ -283,8 +313,17 @@ def _specs() -> list[tuple[DatasetSpec, tuple[str, ...]]]:
         _spec("limo", normalize_question_answer,
               hf_id="GAIR/LIMO", split="train", revision=LIMO_REVISION,
               description="LIMO (817 problems): EASD's tau_H calibration set, not an evaluated benchmark"),
+        _spec("dapo_math", normalize_dapo_math,
+              hf_id="BytedTsinghua-SIA/DAPO-Math-17k", split="train", revision=DAPO_MATH_REVISION, id_fields=(),
+              prepare=unique_prompts,
+              description="DAPO-Math-17k: R-Stitch+'s router training set (rstitch.training), not an evaluated benchmark"),
     ]
 
 
-# No commit of GAIR/LIMO could be verified offline; "main" is used until one is (docs/datasets.md).
+# No commit of GAIR/LIMO or DAPO-Math-17k could be verified offline; "main" is used until one is
+# (docs/datasets.md).
 LIMO_REVISION = "main"
+DAPO_MATH_REVISION = "main"
+
+
+register_benchmarks()

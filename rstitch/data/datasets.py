@@ -20,6 +20,7 @@ from typing import Any
 
 from rstitch.errors import ConfigError
 from rstitch.grading.extract import last_boxed
+from rstitch.registry import Registry
 
 Row = Mapping[str, Any]
 
@@ -64,24 +65,20 @@ class DatasetSpec:
     select: Callable[..., list[Record]] | None = None  # on records, with the dataset's options
 
 
-DATASETS: dict[str, DatasetSpec] = {}
-ALIASES: dict[str, str] = {}
+# This module's datasets are registered below; the code, cross-domain and calibration sets of
+# benchmarks.py (which imports this module) when the registry is first read.
+DATASETS: Registry[DatasetSpec] = Registry("dataset", modules=("rstitch.data.benchmarks",), replace=True)
 
 
 def register_dataset(spec: DatasetSpec, aliases: tuple[str, ...] = ()) -> DatasetSpec:
     """Add ``spec`` (and other names for it) to the registry; a later spec of the same name wins."""
-    DATASETS[spec.name] = spec
-    for alias in aliases:
-        ALIASES[alias] = spec.name
+    DATASETS.register(spec.name, spec, aliases)
     return spec
 
 
 def get_dataset_spec(name: str) -> DatasetSpec:
     """The spec registered as ``name`` (or as an alias of it); ConfigError if there is none."""
-    spec = DATASETS.get(ALIASES.get(name, name))
-    if spec is None:
-        raise ConfigError(f"unknown dataset '{name}'; valid: {', '.join(sorted(DATASETS))}")
-    return spec
+    return DATASETS.get_entry(name)
 
 
 def load_dataset_records(
@@ -522,8 +519,3 @@ register_dataset(DatasetSpec(
     description="synthetic arithmetic task of rstitch.testbed",
 ))
 
-
-# Code, cross-domain and calibration sets live in their own module (it imports this one).
-from rstitch.data.benchmarks import register_benchmarks  # noqa: E402
-
-register_benchmarks()

@@ -1,5 +1,5 @@
-"""Decoding methods, one module each, written only against the engine interface."""
-from rstitch.methods import arbitrage, easd, prm_search, random_routing, rsd, rstitch, rstitch_deer, rstitch_plus, single, specdec, specreason  # noqa: F401  (registration)
+"""Decoding methods, one module each, written only against the engine interface. Each registers
+itself in `METHODS`, which imports them at its first read (methods/base.py METHOD_MODULES)."""
 from rstitch.methods.base import (
                                   BASELINE_ROLES,
                                   FAMILIES,

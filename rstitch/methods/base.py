@@ -1,14 +1,15 @@
 """What a decoding method is: given a prompt and a model pair, produce output tokens."""
 from __future__ import annotations
 
-import inspect
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from rstitch.engines import ModelPair, Sampler
 from rstitch.errors import ConfigError
+from rstitch.registry import Registry
 
 SLM, LLM = 0, 1  # token sources
 
@@ -80,21 +81,6 @@ def model_flops(num_parameters: int, tokens: int) -> float:
     return 2.0 * num_parameters * tokens
 
 
-METHODS: dict[str, type[Method]] = {}
-
-
-def register_method(name: str):
-    def wrap(cls: type[Method]) -> type[Method]:
-        if name in METHODS:
-            raise ValueError(f"method '{name}' registered twice")
-        _check_metadata(name, cls)
-        cls.name = name
-        METHODS[name] = cls
-        return cls
-
-    return wrap
-
-
 def _check_metadata(name: str, cls: type[Method]) -> None:
     """A programming error, raised at import: results would otherwise be grouped wrongly."""
     if getattr(cls, "family", None) not in FAMILIES:
@@ -104,14 +90,24 @@ def _check_metadata(name: str, cls: type[Method]) -> None:
     taken = [other for other, c in METHODS.items() if cls.baseline is not None and c.baseline == cls.baseline]
     if taken:
         raise ValueError(f"method '{name}': baseline role '{cls.baseline}' is taken by '{taken[0]}'")
+    cls.name = name
+
+
+# Every method module registers its class here at import; the registry imports them at its first read.
+METHOD_MODULES = tuple(f"rstitch.methods.{m}" for m in (
+    "arbitrage", "easd", "prm_search", "random_routing", "rsd", "rstitch", "rstitch_deer", "rstitch_plus", "single", "specdec",
+    "specreason"))
+METHODS: Registry[type[Method]] = Registry("method", modules=METHOD_MODULES, validate=_check_metadata)
+
+
+def register_method(name: str) -> Callable[[type[Method]], type[Method]]:
+    return METHODS.decorator(name)
 
 
 def method_class(name: str) -> type[Method]:
     """The registered class of `name` (its metadata: family, baseline role); result files name
     their method, so an unknown name is a one-line error, not a silent default."""
-    if name not in METHODS:
-        raise ConfigError(f"unknown method '{name}'; valid: {', '.join(sorted(METHODS))}")
-    return METHODS[name]
+    return METHODS.get_entry(name)
 
 
 def baseline_method(role: str = "target") -> str:
@@ -129,30 +125,9 @@ def method_rank(name: str) -> tuple[int, str]:
 
 
 def build_method(name: str, **params: Any) -> Method:
-    cls = method_class(name)
-    try:
-        check_parameters(cls, params)
-    except TypeError as err:
-        raise ConfigError(f"method '{name}': {err}") from None
-    return cls(**params)  # a TypeError raised in here is a bug of the method: it propagates as one
-
-
-def check_parameters(cls: type, params: dict[str, Any]) -> None:
-    """Raise TypeError for a missing or unknown parameter of `cls(**params)`, by signature. Options
-    passed on by `**options` to the base class's __init__ (step-level methods) are checked there."""
-    inspect.signature(cls).bind(**params)
-    allowed: set[str] = set()
-    for klass in cls.__mro__:
-        if "__init__" not in vars(klass):
-            continue
-        parameters = list(inspect.signature(vars(klass)["__init__"]).parameters.values())[1:]  # without self
-        allowed |= {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
-            break
-    unknown = sorted(set(params) - allowed)
-    if unknown:
-        raise TypeError(f"unknown parameter{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
-                        f"valid: {', '.join(sorted(allowed))}")
+    """The method `name` with its parameters checked against its constructor (one error line for a
+    missing or unknown one)."""
+    return METHODS.build(name, **params)
 
 
 def require_number(method: str, key: str, value: Any, low: float | None = None, high: float | None = None,

@@ -17,33 +17,13 @@ import torch
 
 from rstitch.engines import ModelRunner
 from rstitch.errors import ConfigError
+from rstitch.judge_prompt import JUDGE_INSTRUCTION, JUDGE_PREFIX, judge_prompt  # noqa: F401  (the method's prompt, re-exported)
 from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, register_method, require_int, require_number
 from rstitch.methods.spec_stats import SpecStats
 from rstitch.methods.specdec import SpeculativeDecoder, check_vocabularies
 from rstitch.methods.steps import DraftVerifyMethod, ModelSequences, Step, StepDecoder, StepRun, Verdict
 
 SCORE_MODES = ("greedy", "expected")
-# The judge's question (SpecReason's) and the start of its answer; the testbed's LLM is trained on
-# exactly this prompt (scripts/train_testbed.py), so it is rendered here only, by `judge_prompt`.
-JUDGE_INSTRUCTION = (
-    "Evaluate the last reasoning step solely based on factual correctness and logical validity. "
-    "Ignore style, phrasing, or overall usefulness—only judge whether the step is objectively "
-    "correct and logically follows from prior steps. Assign a score from 0 to 9."
-)
-JUDGE_PREFIX = "I think the quality score is: "
-
-
-def judge_prompt(tokenizer: Any, problem: str, steps: list[str], separator: str) -> str:
-    """The conversation [user: problem, assistant: `steps` joined by `separator`, user:
-    JUDGE_INSTRUCTION] with the generation prompt, then JUDGE_PREFIX; the judge answers one digit."""
-    messages = [
-        {"role": "user", "content": problem},
-        {"role": "assistant", "content": separator.join(steps)},
-        {"role": "user", "content": JUDGE_INSTRUCTION},
-    ]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) + JUDGE_PREFIX
-
-
 def digit_ids(tokenizer: Any, name: str = "the model") -> list[int]:
     """Token ids of the judge's answers "0".."9", each checked to be a single token."""
     ids = [tokenizer.encode(str(d), add_special_tokens=False) for d in range(10)]

@@ -1,17 +1,27 @@
-"""Run identity. The comparison key says which runs are comparable (same pair and weights, data,
-budget, decoding, seed); the run key adds the method and its checkpoints' weights, and names the
-run directory."""
+"""Run identity, defined here only. The comparison key says which runs are comparable (same pair
+and weights, data, budget, decoding, seed); the run key adds the method and its checkpoints'
+weights, and names the run directory:
+
+    <results_root>/<pair>/<dataset>/<method>/<params>_<hash>
+
+The runner, `rstitch-run` (its Hydra config reads `run_dir` and `run_subdir` through resolvers
+registered by cli/run.py), `rstitch-merge` and the scripts all take directories from here."""
 from __future__ import annotations
 
 import hashlib
 import json
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from rstitch.results.weights import fingerprint, is_local, method_weights, pair_weights
 
 SHARD_KEYS = ("shard", "num_shards")
+# The config entries a run's identity is computed from (the run key below reads no others).
+RUN_KEY_FIELDS = ("pair", "engine", "dataset", "prompt", "max_new_tokens", "decoding", "n_samples", "method", "on_overflow",
+                  "batch_size")
+RUN_DIR_DEPTH = 4  # <results_root>/<pair>/<dataset>/<method>/<tag>: the tag and three levels above it
 
 
 def is_sharded(dataset: dict[str, Any]) -> bool:
@@ -107,3 +117,31 @@ def _short_setting(value: Any) -> bool:
         return False
     text = str(value)
     return len(text) <= MAX_TAG_VALUE_CHARS and "/" not in text and os.sep not in text and text.isprintable()
+
+
+# --------------------------------------------------------------------------- the run directory
+
+
+def comparison_dir(results_root: str | Path, cfg: Mapping[str, Any]) -> Path:
+    """Where runs comparable to `cfg` (same pair and dataset) live: <results_root>/<pair>/<dataset>."""
+    return Path(results_root) / cfg["pair"]["name"] / cfg["dataset"]["name"]
+
+
+def run_subdir(cfg: Mapping[str, Any]) -> Path:
+    """The run directory below results_root: <pair>/<dataset>/<method>/<tag>."""
+    return Path(cfg["pair"]["name"]) / cfg["dataset"]["name"] / cfg["method"]["name"] / run_tag(dict(cfg))
+
+
+def run_dir(results_root: str | Path, cfg: Mapping[str, Any]) -> Path:
+    """The directory of `cfg`'s run: <results_root>/<pair>/<dataset>/<method>/<params>_<hash>."""
+    return Path(results_root) / run_subdir(cfg)
+
+
+def comparison_run_dir(comparison_root: str | Path, cfg: Mapping[str, Any]) -> Path:
+    """The same directory, below the comparison directory (`comparison_dir`): <method>/<tag>."""
+    return Path(comparison_root) / cfg["method"]["name"] / run_tag(dict(cfg))
+
+
+def run_name(cfg: Mapping[str, Any]) -> str:
+    """The run's name for loggers (W&B): its directory below results_root."""
+    return run_subdir(cfg).as_posix()

@@ -1,40 +1,33 @@
 """Process reward models: `load_prm(name, **options)` (configs in conf/prm/)."""
 from __future__ import annotations
 
-import importlib
 import json
 from typing import Any
 
 from rstitch.errors import ConfigError
+from rstitch.registry import Registry
 from rstitch.rewards.base import ProcessRewardModel
 
 # name -> "module:Class"; imported lazily so a PRM's dependencies load only when used.
-PRMS = {
+PRMS: Registry[type[ProcessRewardModel]] = Registry("PRM")
+for _name, _entry in {
     "testbed": "rstitch.rewards.likelihood_prm:TestbedPRM",
     "oracle": "rstitch.rewards.oracle:OracleStepChecker",
     "skywork": "rstitch.rewards.hf_prm:SkyworkPRM",
     "qwen_math_prm": "rstitch.rewards.hf_prm:QwenMathPRM",
     "llm_judge": "rstitch.rewards.judge_prm:LLMJudgePRM",
-}
+}.items():
+    PRMS.register(_name, _entry)
 _LOADED: dict[str, ProcessRewardModel] = {}  # reused across the jobs of a sweep, like model pairs
 
 
 def check_prm_name(name: Any) -> str:
-    if name not in PRMS:
-        raise ConfigError(f"unknown PRM '{name}'; valid: {', '.join(sorted(PRMS))}")
-    return name
+    return PRMS.canonical(name)
 
 
 def load_prm(name: str, **options: Any) -> ProcessRewardModel:
-    from rstitch.methods.base import check_parameters  # lazy: the methods import this package
-
-    module, cls_name = PRMS[check_prm_name(name)].split(":")
-    cls = getattr(importlib.import_module(module), cls_name)
-    try:
-        check_parameters(cls, options)
-    except TypeError as err:
-        raise ConfigError(f"PRM '{name}': {err}") from None
-    return cls(**options)  # a TypeError raised in here is a bug of the PRM: it propagates as one
+    """The PRM `name` with its options checked against its constructor (one error line)."""
+    return PRMS.build(name, **options)
 
 
 def resolve_prm(spec: ProcessRewardModel | dict[str, Any]) -> ProcessRewardModel:

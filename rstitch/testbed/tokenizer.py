@@ -23,7 +23,7 @@ from pathlib import Path
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from rstitch.methods.specreason import JUDGE_INSTRUCTION, JUDGE_PREFIX
+from rstitch.judge_prompt import JUDGE_INSTRUCTION, JUDGE_PREFIX
 
 from .corruption import corrupt_steps
 from .problems import STEP_SEPARATOR, STYLES, generate_problems

@@ -9,19 +9,19 @@ from typing import Any
 from tqdm import tqdm
 
 from rstitch.config_groups import group_choices
+from rstitch.data import load_dataset_records
 from rstitch.data.prompts import PromptFormat
 from rstitch.engines import ModelPair
 from rstitch.errors import ConfigError
 from rstitch.methods.spec_stats import greedy_entropies, mean_of_top_fraction
-from rstitch.testbed import generate_problems
 
 CALIBRATION_SETS = {"limo": "GAIR/LIMO"}  # --dataset name -> hub id (train split; field "question")
 
 
 def validation_prompts(tokenizer, n: int, fmt: PromptFormat | None = None) -> list[list[int]]:
-    """The testbed's validation problems rendered as chat prompts."""
+    """The testbed's validation problems (through the data registry) rendered as chat prompts."""
     fmt = fmt or PromptFormat()
-    return [fmt.encode(tokenizer, p.problem) for p in generate_problems("validation", n)]
+    return [fmt.encode(tokenizer, record.problem) for record in load_dataset_records("testbed", split="validation", n=n)]
 
 
 def check_calibration_set(dataset: str) -> str:
@@ -37,8 +37,6 @@ def check_calibration_set(dataset: str) -> str:
 def dataset_prompts(tokenizer, dataset: str, limit: int, fmt: PromptFormat, path: str | None = None) -> list[list[int]]:
     """The first ``limit`` problems of a calibration set, read by the dataset registry (the hub, or
     ``path``: a local copy such as GAIR/LIMO's limo.jsonl)."""
-    from rstitch.data import load_dataset_records
-
     check_calibration_set(dataset)
     return [fmt.encode(tokenizer, record.problem) for record in load_dataset_records(dataset, path=path, limit=limit)]
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rstitch.data import Record, load_dataset_records
+from rstitch.data.datasets import Record, load_dataset_records
 from rstitch.grading import extract_answer, is_equivalent
 
 

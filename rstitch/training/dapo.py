@@ -1,4 +1,4 @@
-"""DAPO for R-Stitch+'s router (scripts/train_router.py drives it; docs/rstitch-plus.md).
+"""DAPO for R-Stitch+'s router (training/rstitch_plus.py runs the loop; docs/rstitch-plus.md).
 
 A group of G routed rollouts per prompt; reward R = r_acc - lam * r_acc * L_hat (the latency
 model's estimate in ms); groups whose rewards are all equal are dropped (dynamic sampling);
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rstitch.config_groups import compose_config
 from rstitch.engines import ModelPair, Sampler
 from rstitch.grading import grade
 from rstitch.methods.base import LLM, DecodeContext
@@ -125,6 +126,4 @@ def rollout_budget(given: int | None, overrides: list[str]) -> int:
     `rstitch-run` composes with `overrides`), so the latency term sees untruncated trajectories."""
     if given is not None:
         return given
-    from rstitch.cli.run import compose_config
-
     return int(compose_config(["logger=none", *overrides])["max_new_tokens"])

@@ -1,0 +1,509 @@
+"""The testbed's model family trained from scratch (scripts/train_testbed.py parses the arguments
+and calls `FamilyTrainer(args).run()`; docs/testbed.md, "Training"): the shared tokenizer, the SLM
+(concise solutions), the LLM (verbose solutions, plus SpecReason's judge), and the PRM's head on
+the LLM, each phase resumable from saved checkpoints (`--only`), and the validation report."""
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+from rstitch.engines.hf import cache_kwargs
+from rstitch.judge_prompt import judge_prompt
+from rstitch.methods.specreason import digit_ids
+from rstitch.metrics import roc_auc
+from rstitch.rewards.likelihood_prm import (
+    CheckedLogProbs,
+    CheckedValues,
+    LikelihoodHead,
+    encode_prm_input,
+    fit_head,
+    step_features,
+)
+from rstitch.testbed import (
+    ASSETS_DIR,
+    STEP_SEPARATOR,
+    Difficulty,
+    TestbedProblem,
+    check_steps,
+    corrupt_steps,
+    extract_boxed,
+    generate_problems,
+    split_steps,
+)
+from rstitch.testbed.tokenizer import build_tokenizer, load_tokenizer, render_prompt
+
+TRAIN_DIFFICULTY = Difficulty()  # the default "medium" mix: 1-6 ops, start and operands <= 50
+STRETCH_DIFFICULTY = Difficulty(max_start=70, max_operand=70)
+
+
+PHASE_STREAM = {"slm": 0, "llm": 1, "prm": 2}
+
+
+def problem_stream(seed: int, phase: str):
+    """Endless deterministic stream of training problems, one per phase: a phase sees the same
+    problems whether the phases before it ran in this process or were loaded (`--only`)."""
+    chunk, base = 0, PHASE_STREAM[phase] * 1_000_000 + seed * 1000
+    while True:
+        yield from generate_problems("train", 4096, seed=base + chunk, difficulty=TRAIN_DIFFICULTY)
+        chunk += 1
+
+def mixed_steps(prob: TestbedProblem, rng: random.Random, corrupt: bool) -> list[str]:
+    """Steps in concise, verbose or mixed style (mixed: each operation step
+    picked from one style), optionally with one injected (propagated) error (corrupt_steps)."""
+    style = rng.choice(["concise", "verbose", "mixed"])
+    if corrupt:
+        state = rng.random()
+        c = corrupt_steps(prob, "concise", random.Random(state))
+        v = corrupt_steps(prob, "verbose", random.Random(state))
+    else:
+        c, v = prob.steps("concise"), prob.steps("verbose")
+    if style == "concise":
+        return c
+    if style == "verbose":
+        return v
+    # c = [op1..opn, box]; v = [start, op1..opn, final]
+    steps = [v[0]] if rng.random() < 0.5 else []
+    for i in range(len(prob.ops)):
+        steps.append(c[i] if rng.random() < 0.5 else v[i + 1])
+    steps.append(c[-1] if rng.random() < 0.5 else v[-1])
+    return steps
+
+
+def labelled_sample(prob: TestbedProblem, rng: random.Random, pools: list[list]) -> tuple[TestbedProblem, list[str], list[bool]]:
+    """(problem, steps, per-step labels): half corrupted/clean templates, the rest real samples
+    of the trained models, each model's pool equally often (the LLM's rare mistakes are the
+    ones a PRM misses first)."""
+    pools = [pool for pool in pools if pool]
+    if pools and rng.random() < 0.5:
+        pool = pools[rng.randrange(len(pools))]
+        prob, steps = pool[rng.randrange(len(pool))]
+    else:
+        steps = mixed_steps(prob, rng, corrupt=rng.random() < 0.6)
+    return prob, steps, check_steps(prob, steps)
+
+def collate(pad: int, batch: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids, labels (-100 off the loss) and attention mask."""
+    n = max(len(x) for x, _ in batch)
+    ids = torch.full((len(batch), n), pad, dtype=torch.long)
+    lab = torch.full((len(batch), n), -100, dtype=torch.long)
+    att = torch.zeros((len(batch), n), dtype=torch.long)
+    for i, (x, y) in enumerate(batch):
+        ids[i, : len(x)] = torch.tensor(x)
+        lab[i, : len(y)] = torch.tensor(y)
+        att[i, : len(x)] = 1
+    return ids, lab, att
+
+def bucketed(make_example, batch_size: int, rng: random.Random, pool: int = 8):
+    """Batches of similar length: draw pool*batch_size examples, sort by length, shuffle the batches."""
+    while True:
+        exs = sorted((make_example() for _ in range(pool * batch_size)), key=lambda e: len(e[0]))
+        batches = [exs[i : i + batch_size] for i in range(0, len(exs), batch_size)]
+        rng.shuffle(batches)
+        yield from batches
+
+def n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def lr_at(step: int, total: int, base: float, time_frac: float = 0.0, warmup: int = 100) -> float:
+    """Linear warmup, then cosine decay to 10% over the run. The run's progress is the step
+    fraction, or with --schedule-by-time the larger of it and the fraction of the time cap used
+    (a phase that hits its time cap then still ends decayed, but depends on the machine's speed)."""
+    warmup = min(warmup, max(1, total // 10))
+    if step < warmup:
+        return base * (step + 1) / warmup
+    frac = max((step - warmup) / max(1, total - warmup), time_frac)
+    return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+
+class FamilyTrainer:
+    """One training run of the testbed family (tokenizer, SLM, LLM with the judge, PRM head), with
+    its options (scripts/train_testbed.py's arguments), output directory and report."""
+
+    # ------------------------------------------------------------------ setup
+
+    def __init__(self, args: Any) -> None:
+        """`args`: scripts/train_testbed.py's options (out, only, seed, sizes, steps, ...). The
+        tokenizer is built here (or loaded from `args.tokenizer`, keeping its token ids)."""
+        self.args = args
+        self.out: Path = args.out
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.phases = set(args.only.split(","))
+        self.t0 = time.time()
+        self.report: dict = {"args": {k: str(v) for k, v in vars(args).items()}}
+        if args.tokenizer is not None:  # continuing from checkpoints: keep their token ids
+            self.tok = load_tokenizer(args.tokenizer)
+            self.tok.save_pretrained(str(self.out / "tokenizer"))
+        else:
+            self.tok = build_tokenizer(self.out / "tokenizer")
+        self.eos, self.pad = self.tok.eos_token_id, self.tok.pad_token_id
+        self.digit_ids = digit_ids(self.tok)  # the judge's answers "0".."9", each a single token (checked)
+        self.log(f"tokenizer: vocab {len(self.tok)}")
+        self.val = generate_problems("validation", args.eval_n, seed=args.seed, difficulty=TRAIN_DIFFICULTY)
+        self.quick_val = self.val[: min(64, len(self.val))]
+        self.data_seed = args.seed if args.data_seed is None else args.data_seed
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.time() - self.t0:7.1f}s] {msg}", flush=True)
+
+    # ------------------------------------------------------------------ examples, training, sampling
+
+    def lm_example(self, prob: TestbedProblem, style: str) -> tuple[list[int], list[int]]:
+        """prompt + solution + eos; loss on the solution and eos only."""
+        prompt = self.tok.encode(render_prompt(self.tok, prob.problem), add_special_tokens=False)
+        target = self.tok.encode(prob.solution(style), add_special_tokens=False) + [self.eos]
+        return prompt + target, [-100] * len(prompt) + target
+
+
+    def stitched_example(self, prob: TestbedProblem, style: str, rng: random.Random) -> tuple[list[int], list[int]]:
+        """A solution begun by the other model, cut at any token, continued by a model of `style`.
+
+        R-Stitch hands single tokens between the models mid-step, so each model must continue the
+        other's text wherever it stops. The LLM ("verbose") continues concise text concisely: it
+        adapts to the text it is given, so a stitched solution keeps one style. The SLM ("concise")
+        finishes a verbose step as written, then goes on concisely. Loss on the continuation only.
+        """
+        if style == "verbose":
+            text, cut_lo, cut_hi = prob.solution("concise"), 1, None
+        else:
+            verbose = prob.steps("verbose")
+            i = rng.randrange(len(verbose))  # step the cut falls in: 0 opening, 1..n operations, n+1 closing
+            concise_rest = prob.steps("concise")[i:] if i <= len(prob.ops) else []
+            head = STEP_SEPARATOR.join(verbose[: i + 1])
+            cut_lo = len(STEP_SEPARATOR.join(verbose[:i])) + (len(STEP_SEPARATOR) if i else 0)
+            cut_hi = len(head)
+            text = STEP_SEPARATOR.join([head, *concise_rest])
+        prompt = self.tok.encode(render_prompt(self.tok, prob.problem), add_special_tokens=False)
+        enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        starts = [a for a, _ in enc["offset_mapping"]]
+        hi = len(text) if cut_hi is None else cut_hi
+        cuts = [j for j, a in enumerate(starts) if j >= 1 and cut_lo <= a < hi] or [len(starts)]
+        cut = rng.choice(cuts)
+        body = enc["input_ids"] + [self.eos]
+        return prompt + body, [-100] * (len(prompt) + cut) + body[cut:]
+
+    def judge_example(self, prob: TestbedProblem, rng: random.Random, sampled: list) -> tuple[list[int], list[int]]:
+        """SpecReason judge: [problem, steps so far, instruction] + prefix -> one digit."""
+        prob, steps, labels = labelled_sample(prob, rng, [sampled])
+        if not steps:
+            steps, labels = prob.steps("concise"), [True] * (len(prob.ops) + 1)
+        wrong = [i for i, ok in enumerate(labels) if not ok]
+        # half of the time rate the first wrong step (the informative case), else a random step
+        t = wrong[0] if wrong and rng.random() < 0.5 else rng.randrange(len(steps))
+        prompt = self.tok.encode(judge_prompt(self.tok, prob.problem, steps[: t + 1], STEP_SEPARATOR), add_special_tokens=False)
+        digit = self.digit_ids[9] if labels[t] else self.digit_ids[0]
+        return prompt + [digit], [-100] * len(prompt) + [digit]
+
+    def llama_config(self, layers: int, hidden: int, **kw) -> LlamaConfig:
+        return LlamaConfig(  # type: ignore[call-arg]
+            vocab_size=len(self.tok),
+            hidden_size=hidden,
+            intermediate_size=3 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            head_dim=32,  # vLLM's CPU attention takes head sizes 32, 64, 80, ... (not hidden / 4)
+            max_position_embeddings=1024,
+            rms_norm_eps=1e-5,
+            rope_theta=10000.0,
+            tie_word_embeddings=True,
+            bos_token_id=self.tok.bos_token_id,
+            eos_token_id=self.eos,
+            pad_token_id=self.pad,
+            **kw,
+        )
+
+    def train_loop(self, model, batches, steps: int, minutes: float, name: str, loss_fn, eval_fn=None, lr: float | None = None) -> dict:
+        lr = self.args.lr if lr is None else lr
+        opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+        model.train()
+        t0, ema, step = time.time(), None, 0
+        for step in range(steps):
+            time_frac = (time.time() - t0) / (minutes * 60)
+            if time_frac > 1:
+                self.log(f"{name}: time cap reached at step {step}")
+                break
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, steps, lr, time_frac if self.args.schedule_by_time else 0.0)
+            loss = loss_fn(model, next(batches))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
+            if step % 100 == 0 or step == steps - 1:
+                self.log(f"{name} step {step}/{steps} loss {ema:.4f} lr {opt.param_groups[0]['lr']:.2e}")
+            if eval_fn and self.args.eval_every and step and step % self.args.eval_every == 0:
+                model.eval()
+                eval_fn(model)
+                model.train()
+        model.eval()
+        return {"steps": step + 1, "minutes": round((time.time() - t0) / 60, 2)}
+
+    def lm_loss(self, model, batch):
+        ids, lab, att = collate(self.pad, batch)
+        logits = model(input_ids=ids, attention_mask=att).logits[:, :-1]
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), lab[:, 1:].reshape(-1), ignore_index=-100)
+
+    @torch.no_grad()
+    def generate(self, model, problems: list[TestbedProblem], max_new: int, temperature: float = 0.0, seed: int = 0, bs: int = 64,
+                 prefixes: list[str] | None = None):
+        """Greedy (or sampled) decoding with the KV cache; returns decoded completions (each
+        continuing its `prefixes` entry, the solution text already written, if given)."""
+        self.tok.padding_side = "left"
+        outs = []
+        g = torch.Generator().manual_seed(seed)
+        prefixes = prefixes or [""] * len(problems)
+        for i in range(0, len(problems), bs):
+            chunk = problems[i : i + bs]
+            prompts = [render_prompt(self.tok, q.problem) + pre for q, pre in zip(chunk, prefixes[i : i + bs])]
+            enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+            ids, att = enc["input_ids"], enc["attention_mask"]
+            pos = (att.cumsum(-1) - 1).clamp(min=0)
+            cache = cache_kwargs(model, DynamicCache(config=model.config))  # filled in place by each forward
+            logits = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=True, **cache).logits[:, -1]
+            done = torch.zeros(len(chunk), dtype=torch.bool)
+            gen = []
+            for _ in range(max_new):
+                if temperature > 0:
+                    nxt = torch.multinomial(F.softmax(logits / temperature, -1), 1, generator=g).squeeze(1)
+                else:
+                    nxt = logits.argmax(-1)
+                nxt = torch.where(done, torch.full_like(nxt, self.pad), nxt)
+                gen.append(nxt)
+                done |= nxt == self.eos
+                if done.all():
+                    break
+                att = torch.cat([att, torch.ones(len(chunk), 1, dtype=att.dtype)], 1)
+                pos = pos[:, -1:] + 1
+                logits = model(input_ids=nxt[:, None], attention_mask=att, position_ids=pos, use_cache=True, **cache).logits[:, -1]
+            gen_ids = torch.stack(gen, 1).tolist()
+            for row in gen_ids:
+                row = [t for t in row if t != self.pad]
+                if self.eos in row:
+                    row = row[: row.index(self.eos)]
+                outs.append(self.tok.decode(row))
+        self.tok.padding_side = "right"
+        return outs
+
+
+    def accuracy(self, model, problems, max_new: int) -> dict:
+        t0 = time.time()
+        texts = self.generate(model, problems, max_new)
+        acc = float(np.mean([extract_boxed(t) == q.answer for t, q in zip(texts, problems)]))
+        ntok = float(np.mean([len(self.tok.encode(t, add_special_tokens=False)) + 1 for t in texts]))
+        return {"accuracy": acc, "mean_output_tokens": ntok, "n": len(problems), "seconds": round(time.time() - t0, 1), "texts": texts}
+
+    def save(self, model, name: str) -> None:
+        d = self.out / name
+        if d.exists():
+            shutil.rmtree(d)
+        model.save_pretrained(d, safe_serialization=True)
+        self.tok.save_pretrained(d)
+
+
+    def labelled(self, problems: list[TestbedProblem], texts: list[str], what: str) -> list[tuple[TestbedProblem, list[str]]]:
+        """(problem, steps) of each text that has steps; logs and reports how many steps are wrong."""
+        samples = [(q, steps) for q, t in zip(problems, texts) if (steps := split_steps(t))]
+        labels = [ok for q, steps in samples for ok in check_steps(q, steps)]
+        wrong = float(1 - np.mean(labels)) if labels else float("nan")
+        self.log(f"{what}: {len(samples)} solutions, {len(labels)} steps, {wrong:.3f} wrong")
+        self.report.setdefault("samples", {})[what] = {"solutions": len(samples), "steps": len(labels), "wrong_step_frac": wrong}
+        return samples
+
+
+    def sample_model(self, model, n: int, max_new: int, seed: int, name: str) -> list[tuple[TestbedProblem, list[str]]]:
+        """Sampled (temperature 1) and greedy solutions of n training problems (none if n is 0)."""
+        if not n:
+            return []
+        probs = generate_problems("train", n, seed=10_000 + seed, difficulty=TRAIN_DIFFICULTY)
+        half = n // 2
+        texts = self.generate(model, probs[:half], max_new) + self.generate(model, probs[half:], max_new, temperature=1.0, seed=seed)
+        return self.labelled(probs, texts, f"{name} samples")
+
+
+    def stretch_samples(self, model, n: int, max_new: int, seed: int, name: str) -> list[tuple[TestbedProblem, list[str]]]:
+        """Greedy solutions of n training problems whose operands run a little past the training
+        range: the model errs there often, and greedily, the way it errs on test problems."""
+        if not n:
+            return []
+        probs = generate_problems("train", n, seed=30_000 + seed, difficulty=STRETCH_DIFFICULTY)
+        return self.labelled(probs, self.generate(model, probs, max_new), f"{name} stretch")
+
+
+    def causal_lm(self, name: str, init: Path | None, layers: int, hidden: int) -> LlamaForCausalLM:
+        """A fresh model of the given shape, or the checkpoint `init` to continue from."""
+        if init is not None:
+            model = LlamaForCausalLM.from_pretrained(init)
+            self.log(f"{name}: continuing from {init}")
+        else:
+            model = LlamaForCausalLM(self.llama_config(layers, hidden))
+        self.log(f"{name}: {model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, {n_params(model) / 1e6:.3f}M params")
+        return model
+
+    @torch.no_grad()
+    def prm_features(self, model, head: LikelihoodHead, items: list[tuple[TestbedProblem, list[str]]], bs: int = 32):
+        """Features and checker labels of every step of `items`, read as `TestbedPRM` reads them
+        (same input ids, same features), with batched forwards of the PRM's language model."""
+        values = CheckedValues(head, self.tok)
+        rows_of = CheckedLogProbs(model.lm_head, values)
+        feats, labels = [], []
+        for i in range(0, len(items), bs):
+            chunk = items[i : i + bs]
+            enc = [encode_prm_input(self.tok, q.problem, steps) for q, steps in chunk]
+            ids, _, att = collate(self.pad, [(x, x) for x, *_ in enc])
+            rows = rows_of(model.model(input_ids=ids, attention_mask=att).last_hidden_state)
+            for b, ((q, steps), (x, start, ends)) in enumerate(zip(chunk, enc)):
+                feats.append(step_features(rows[b, : len(x)], x, start, ends, values, head.floor))
+                labels += check_steps(q, steps)
+        return torch.cat(feats), torch.tensor(labels, dtype=torch.float32)
+
+    # ------------------------------------------------------------------ phases
+
+    def train_slm(self) -> LlamaForCausalLM:
+        """The SLM: concise solutions (and continuations of the LLM's text); loaded when its phase is skipped."""
+        args = self.args
+        if "slm" not in self.phases:
+            return LlamaForCausalLM.from_pretrained(self.out / "slm").eval()
+        torch.manual_seed(args.seed + 1)
+        slm = self.causal_lm("SLM", args.init_slm, args.slm_layers, args.slm_hidden)
+        srng = random.Random(args.seed + 6)
+        slm_stream = problem_stream(self.data_seed, "slm")
+
+        def slm_example():
+            q = next(slm_stream)
+            return self.stitched_example(q, "concise", srng) if srng.random() < args.stitch_frac else self.lm_example(q, "concise")
+
+        batches = bucketed(slm_example, args.batch_size, random.Random(args.seed + 10))
+        self.report["slm_train"] = self.train_loop(
+            slm, batches, args.steps_slm, args.minutes_slm, "slm", self.lm_loss,
+            eval_fn=lambda m: self.log(f"  slm quick val acc {self.accuracy(m, self.quick_val, args.max_new_concise)['accuracy']:.3f}"),
+        )
+        self.report["slm_train"]["params"] = n_params(slm)
+        self.save(slm, "slm")
+        return slm.eval()
+
+    def train_llm(self, slm_samples: list) -> LlamaForCausalLM:
+        """The LLM: verbose solutions, continuations of the SLM's text, and SpecReason's judge on
+        the SLM's sampled steps; loaded when its phase is skipped."""
+        args = self.args
+        if "llm" not in self.phases:
+            return LlamaForCausalLM.from_pretrained(self.out / "llm").eval()
+        torch.manual_seed(args.seed + 2)
+        llm = self.causal_lm("LLM", args.init_llm, args.llm_layers, args.llm_hidden)
+        jrng = random.Random(args.seed + 3)
+        llm_stream = problem_stream(self.data_seed, "llm")
+
+        def llm_example():
+            q = next(llm_stream)
+            draw = jrng.random()
+            if draw < args.judge_frac:
+                return self.judge_example(q, jrng, slm_samples)
+            if draw < args.judge_frac + args.stitch_frac:
+                return self.stitched_example(q, "verbose", jrng)
+            return self.lm_example(q, "verbose")
+
+        batches = bucketed(llm_example, args.batch_size, random.Random(args.seed + 11))
+        self.report["llm_train"] = self.train_loop(
+            llm, batches, args.steps_llm, args.minutes_llm, "llm", self.lm_loss,
+            eval_fn=lambda m: self.log(f"  llm quick val acc {self.accuracy(m, self.quick_val, args.max_new_verbose)['accuracy']:.3f}"),
+        )
+        self.report["llm_train"]["params"] = n_params(llm)
+        self.save(llm, "llm")
+        return llm.eval()
+
+    def fit_prm(self, llm: LlamaForCausalLM, pools: list[list]) -> LikelihoodHead:
+        """The PRM's head on the LLM's features of labelled steps (templates and the models' own
+        samples from `pools`); loaded when its phase is skipped."""
+        if "prm" not in self.phases:
+            return LikelihoodHead.load(self.out / "prm")
+        prng = random.Random(self.args.seed + 5)
+        prm_stream = problem_stream(self.data_seed, "prm")
+        items = [labelled_sample(next(prm_stream), prng, pools)[:2] for _ in range(self.args.prm_solutions)]
+        t0 = time.time()
+        prm_head = LikelihoodHead()
+        x, y = self.prm_features(llm, prm_head, items)
+        fit = fit_head(x, y, prm_head)
+        scores = prm_head.score(x)
+        self.report["prm_train"] = {"solutions": len(items), "steps": len(y), "wrong_step_frac": float(1 - y.mean()),
+                                    "auc": roc_auc(scores.tolist(), y.bool().tolist()), **fit,
+                                    "weight": prm_head.weight, "bias": prm_head.bias, "minutes": round((time.time() - t0) / 60, 2)}
+        self.log(f"PRM head on {len(y)} steps: weight {prm_head.weight}, bias {prm_head.bias}, "
+                 f"train AUC {self.report['prm_train']['auc']:.3f}")
+        if (self.out / "prm").exists():
+            shutil.rmtree(self.out / "prm")
+        (self.out / "prm").mkdir(parents=True)
+        prm_head.save(self.out / "prm")  # the head only: it reads the LLM's weights (conf/prm/testbed.yaml `model`)
+        return prm_head
+
+    def validate(self, slm: LlamaForCausalLM, llm: LlamaForCausalLM, prm_head: LikelihoodHead) -> None:
+        """Accuracy and output length of both models, the PRM's ROC-AUC on each one's steps, and
+        the judge's on the SLM's, on the validation split: report["val"]."""
+        args = self.args
+        self.log("evaluating on validation")
+        slm_eval = self.accuracy(slm, self.val, args.max_new_concise)
+        llm_eval = self.accuracy(llm, self.val, args.max_new_verbose)
+        self.log(f"SLM val acc {slm_eval['accuracy']:.3f}, mean tokens {slm_eval['mean_output_tokens']:.1f} ({slm_eval['seconds']}s)")
+        self.log(f"LLM val acc {llm_eval['accuracy']:.3f}, mean tokens {llm_eval['mean_output_tokens']:.1f} ({llm_eval['seconds']}s)")
+        self.report["val"] = {
+            "slm": {k: v for k, v in slm_eval.items() if k != "texts"},
+            "llm": {k: v for k, v in llm_eval.items() if k != "texts"},
+            "token_ratio_slm_over_llm": slm_eval["mean_output_tokens"] / max(1e-9, llm_eval["mean_output_tokens"]),
+        }
+        for name, ev in (("slm", slm_eval), ("llm", llm_eval)):
+            items = [(q, split_steps(t)) for q, t in zip(self.val, ev["texts"]) if split_steps(t)]
+            x, lab = self.prm_features(llm, prm_head, items) if items else (torch.zeros(0, 2), torch.zeros(0))
+            self.report["val"][f"prm_auc_{name}_steps"] = roc_auc(prm_head.score(x).tolist(), lab.bool().tolist())
+            self.report["val"][f"{name}_wrong_step_frac"] = float(1 - lab.mean()) if len(lab) else float("nan")
+        self.report["val"]["judge_auc_slm_steps"] = self.judge_auc(llm, slm_eval["texts"])
+
+    @torch.no_grad()
+    def judge_auc(self, llm: LlamaForCausalLM, slm_texts: list[str]) -> float:
+        """The judge's expected digit (from P over "0".."9") against the checker's label, on one
+        random step of each of the first 100 SLM validation solutions."""
+        vrng = random.Random(self.args.seed + 6)
+        j_scores, j_labels = [], []
+        for q, t in zip(self.val[:100], slm_texts[:100]):
+            steps = split_steps(t)
+            if not steps:
+                continue
+            labels = check_steps(q, steps)
+            k = vrng.randrange(len(steps))
+            ids = self.tok.encode(judge_prompt(self.tok, q.problem, steps[: k + 1], STEP_SEPARATOR), add_special_tokens=False)
+            lp = llm(input_ids=torch.tensor([ids])).logits[0, -1, self.digit_ids].log_softmax(-1)
+            j_scores.append(float((lp.exp() * torch.arange(10)).sum()))
+            j_labels.append(labels[k])
+        return roc_auc(j_scores, j_labels)
+
+    def run(self) -> dict:
+        """Every phase in order (skipped ones load their checkpoints), then the report
+        (train_report.json in the output directory)."""
+        args = self.args
+        slm = self.train_slm()
+        slm_samples = self.sample_model(slm, args.sample_slm, args.max_new_concise, seed=1, name="SLM")
+        llm = self.train_llm(slm_samples)
+        llm_samples = self.sample_model(llm, args.sample_llm, args.max_new_verbose, seed=2, name="LLM")
+        llm_stretch = self.stretch_samples(llm, args.stretch_llm, args.max_new_verbose, seed=4, name="LLM") if "prm" in self.phases else []
+        prm_head = self.fit_prm(llm, [slm_samples, llm_samples, llm_stretch])
+        self.validate(slm, llm, prm_head)
+        self.report["total_minutes"] = round((time.time() - self.t0) / 60, 2)
+        self.log(json.dumps(self.report["val"], indent=1))
+        (self.out / "train_report.json").write_text(json.dumps(self.report, indent=1))
+        self.log(f"done in {self.report['total_minutes']} min -> {self.out}")
+        if self.out.resolve() == ASSETS_DIR.resolve():
+            # Everything downstream was fitted to the family it replaced; stale routers fail silently.
+            self.log("the package's R-Stitch+ router, Arbitrage router, EASD tau_H and latency model belong to the previous family: "
+                     "rerun scripts/train_router.py, scripts/train_arbitrage_router.py and scripts/calibrate_easd.py "
+                     "(docs/testbed.md, 'Training')")
+        return self.report
