@@ -56,8 +56,9 @@ def load_cases(path: str | Path) -> list[PeerCase]:
     return cases
 
 
-def our_verdict(case: PeerCase) -> bool:
-    return grade(case.response, case.gold, multiple_choice=case.multiple_choice)
+def our_verdict(case: PeerCase, timeout_s: float = 5.0) -> bool:
+    """Our grader's verdict, with the runner's time limit unless told otherwise."""
+    return grade(case.response, case.gold, multiple_choice=case.multiple_choice, timeout_s=timeout_s)
 
 
 def math_verify_verdict(case: PeerCase) -> bool:
