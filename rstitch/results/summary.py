@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rstitch.grading.version import GRADER_VERSION
 from rstitch.results.keys import comparison_key, run_tag
 from rstitch.results.metrics import find_speedups, summarize_samples
 from rstitch.results.store import find_summaries
@@ -28,6 +29,7 @@ def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, A
         "config": cfg,
         "speedup": None,
         "speedup_tokens_per_s": None,
+        "grader_version": GRADER_VERSION,  # rstitch-regrade grades a run of an older grader again
     }
     own = method.summarize(samples)
     clash = sorted(set(own) & set(common))
