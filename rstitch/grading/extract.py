@@ -311,7 +311,7 @@ def _stated_value(value: str) -> str | None:
     number_then_words = _NUMBER_THEN_WORDS_RE.match(value)  # "18 dollars" -> "18"
     if number_then_words:
         return number_then_words.group(1)
-    if _is_prose(_without_spans(value)):
+    if _is_prose(_blanked(value, _math_spans(value))):
         return _last_span_or_number(value) or value
     return value
 
@@ -366,12 +366,14 @@ def _math_spans(text: str) -> list[tuple[int, int, str]]:
     return spans
 
 
-def _without_spans(text: str) -> str:
-    """``text`` with its math spans blanked (positions kept)."""
-    chars = list(text)
-    for start, end, _ in _math_spans(text):
-        chars[start:end] = " " * (end - start)
-    return "".join(chars)
+def _blanked(text: str, spans: list[tuple[int, int, str]]) -> str:
+    """``text`` with ``spans`` blanked (positions kept)."""
+    pieces, position = [], 0
+    for start, end, _ in spans:
+        pieces += [text[position:start], " " * (end - start)]
+        position = end
+    pieces.append(text[position:])
+    return "".join(pieces)
 
 
 _BARE_FRACTION_RE = re.compile(r"-?\\[dtc]?frac\s*\{[^{}$]*\}\s*\{[^{}$]*\}")
@@ -385,25 +387,26 @@ def _reads_as_math(content: str) -> bool:
     return bool(content.strip()) and len(words) < 2 and not currency
 
 
-def _answer_spans(text: str) -> list[tuple[int, int, str]]:
-    """The math spans of ``text`` that read as math, and LaTeX fractions written outside any span
-    (math-verify reads those too), in order; the whole text when it is all LaTeX, undelimited."""
-    spans = [s for s in _math_spans(text) if _reads_as_math(s[2])]
-    if not spans and "\\" in text and len(text) <= MAX_UNDELIMITED_CHARS and not _is_prose(text):
-        return [(0, len(text), text)]
-    blanked = _without_spans(text)
-    spans += [(m.start(), m.end(), m.group(0)) for m in _BARE_FRACTION_RE.finditer(blanked)]
-    return sorted(spans)
-
-
 def _last_span_or_number(text: str) -> str | None:
-    """The last math span that reads as math (not "$5 and $10" prose between currency signs),
-    unless a bare number comes after it; else the last number."""
-    spans = _answer_spans(text)
-    numbers = list(_NUMBER_RE.finditer(_without_spans(text))) if spans else list(_NUMBER_RE.finditer(text))
-    if spans and (not numbers or spans[-1][1] > numbers[-1].start()):
-        return _span_value(spans[-1][2])
-    return numbers[-1].group(0) if numbers else None
+    """The last math span that reads as math (not "$5 and $10" prose between currency signs) or
+    LaTeX fraction written outside a span (math-verify reads those too), unless a bare number
+    comes after it; else the last number. A short response that is all LaTeX, undelimited, is
+    its own answer."""
+    last = next((s for s in reversed(_math_spans(text)) if _reads_as_math(s[2])), None)
+    if last is None and "\\" in text and len(text) <= MAX_UNDELIMITED_CHARS and not _is_prose(text):
+        return _span_value(text)
+    after = last[1] if last is not None else 0
+    fraction = None
+    for fraction in _BARE_FRACTION_RE.finditer(text, after):
+        pass
+    if fraction is not None:
+        last, after = (fraction.start(), fraction.end(), fraction.group(0)), fraction.end()
+    number = None
+    for number in _NUMBER_RE.finditer(text[after:]):
+        pass
+    if number is not None:
+        return number.group(0)
+    return _span_value(last[2]) if last is not None else None
 
 
 def _span_value(content: str) -> str:

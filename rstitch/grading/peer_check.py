@@ -114,6 +114,8 @@ def report(cases: list[PeerCase], results: list[Agreement]) -> str:
         lines.append(f"{name:<{width}}  {len(members):>5}  {cells}")
     total = "  ".join(f"{r.agreeing(cases):>5} ({r.agreeing(cases) / len(cases):5.1%})" for r in results)
     lines.append(f"{'all':<{width}}  {len(cases):>5}  {total}")
+    for other in results[1:]:
+        lines.append(f"{other.name} differs from them on: {', '.join(c.id for c in other.disagreements(cases)) or 'none'}")
     ours = results[0]
     lines.append("")
     lines.append(f"{ours.name} differs from the peers' expectation on {len(ours.disagreements(cases))} cases:")
