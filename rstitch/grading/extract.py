@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections import deque
 from dataclasses import dataclass
 
 BOX_COMMANDS = ("\\boxed", "\\fbox", "\\framebox")
@@ -396,17 +397,18 @@ def _last_span_or_number(text: str) -> str | None:
     if last is None and "\\" in text and len(text) <= MAX_UNDELIMITED_CHARS and not _is_prose(text):
         return _span_value(text)
     after = last[1] if last is not None else 0
-    fraction = None
-    for fraction in _BARE_FRACTION_RE.finditer(text, after):
-        pass
+    fraction = _last_match(_BARE_FRACTION_RE, text, after)
     if fraction is not None:
         last, after = (fraction.start(), fraction.end(), fraction.group(0)), fraction.end()
-    number = None
-    for number in _NUMBER_RE.finditer(text[after:]):
-        pass
+    number = _last_match(_NUMBER_RE, text[after:])
     if number is not None:
         return number.group(0)
     return _span_value(last[2]) if last is not None else None
+
+
+def _last_match(pattern: re.Pattern[str], text: str, pos: int = 0) -> re.Match[str] | None:
+    last = deque(pattern.finditer(text, pos), maxlen=1)  # keeps one match at a time
+    return last[0] if last else None
 
 
 def _span_value(content: str) -> str:
