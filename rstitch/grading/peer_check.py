@@ -3,7 +3,8 @@
 The cases (tests/fixtures/grading_peers.jsonl) are written in our words after the classes that
 huggingface/Math-Verify's tests, hendrycks/math's ``math_equivalence_test.py`` and open-r1's reward
 tests check. Each row holds a ``response``, a ``gold`` answer and ``expected``, the verdict the
-peer's test asserts; ``ours`` (with ``why``) marks a case where our grader decides otherwise on
+peer's test asserts (for our own variants of a class, source "rstitch, a variant after ...", the
+verdict we hold right); ``ours`` (with ``why``) marks a case where our grader decides otherwise on
 purpose. ``scripts/check_grading_peers.py`` prints our agreement and math-verify's, run directly
 on the same cases.
 """
@@ -34,6 +35,11 @@ class PeerCase:
     multiple_choice: bool = False
     mv_targets: tuple[str, ...] = ("latex", "expr")  # the extraction targets the peer test gives math-verify
     mv_precision: int = 6
+
+    @property
+    def from_peer(self) -> bool:
+        """False for our own variants of a peer's class ("rstitch, a variant after ...")."""
+        return not self.source.startswith("rstitch")
 
     @property
     def intended(self) -> bool:
@@ -114,6 +120,9 @@ def report(cases: list[PeerCase], results: list[Agreement]) -> str:
         lines.append(f"{name:<{width}}  {len(members):>5}  {cells}")
     total = "  ".join(f"{r.agreeing(cases):>5} ({r.agreeing(cases) / len(cases):5.1%})" for r in results)
     lines.append(f"{'all':<{width}}  {len(cases):>5}  {total}")
+    peers = [c for c in cases if c.from_peer]
+    total = "  ".join(f"{r.agreeing(peers):>5} ({r.agreeing(peers) / len(peers):5.1%})" for r in results)
+    lines.append(f"{'the peers own cases':<{width}}  {len(peers):>5}  {total}")
     for other in results[1:]:
         lines.append(f"{other.name} differs from them on: {', '.join(c.id for c in other.disagreements(cases)) or 'none'}")
     ours = results[0]
