@@ -35,7 +35,7 @@ _ANSWER_STATEMENT_RE = re.compile(
 )
 # A decimal comma ("1,22") is one number only where it stands alone: "1,2,3" is a list. A number
 # glued to letters before it is part of a name ("x2", "H2O"), not a value.
-_NUMBER_RE = re.compile(r"(?<![A-Za-z_\d])(?:-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,])|-?[1-9]\d{0,2}(?: \d{3})+(?![\d.,])"
+_NUMBER_RE = re.compile(r"(?=[-.\d])(?<![A-Za-z_\d])(?:-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,])|-?[1-9]\d{0,2}(?: \d{3})+(?![\d.,])"
                         r"|(?<![\d,])-?\d+,\d+(?![\d,])|-?\d+/\d+|-?\d+(?:\.\d+)?|-?\.\d+)")
 _NUMBER_THEN_WORDS_RE = re.compile(r"^(-?[\d,]*\.?\d+(?:/\d+)?)\s+[A-Za-z][A-Za-z ]*$")
 # "The largest $n$ is 34": the value a prose statement states follows its last copula.
