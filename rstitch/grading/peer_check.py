@@ -122,7 +122,8 @@ def report(cases: list[PeerCase], results: list[Agreement]) -> str:
     lines.append(f"{'all':<{width}}  {len(cases):>5}  {total}")
     peers = [c for c in cases if c.from_peer]
     total = "  ".join(f"{r.agreeing(peers):>5} ({r.agreeing(peers) / len(peers):5.1%})" for r in results)
-    lines.append(f"{"the peers' cases":<{width}}  {len(peers):>5}  {total}")
+    label = "the peers' cases"
+    lines.append(f"{label:<{width}}  {len(peers):>5}  {total}")
     for other in results[1:]:
         lines.append(f"{other.name} differs from them on: {', '.join(c.id for c in other.disagreements(cases)) or 'none'}")
     ours = results[0]
