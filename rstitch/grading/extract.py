@@ -348,6 +348,8 @@ def _math_spans(text: str) -> list[tuple[int, int, str]]:
     """(start, end, content) of every math span, in order, found in one pass over the delimiters.
     A "$" right after a digit is a currency sign, not an opener ("costs 5$")."""
     spans: list[tuple[int, int, str]] = []
+    if "$" not in text and "\\(" not in text and "\\[" not in text:  # most text: no scan at all
+        return spans
     opener: re.Match | None = None
     for token in _DELIMITER_RE.finditer(text):
         mark = token.group(0)
@@ -400,7 +402,7 @@ def _last_span_or_number(text: str) -> str | None:
     fraction = _last_match(_BARE_FRACTION_RE, text, after)
     if fraction is not None:
         last, after = (fraction.start(), fraction.end(), fraction.group(0)), fraction.end()
-    number = _last_match(_NUMBER_RE, text[after:])
+    number = _last_match(_NUMBER_RE, text, after)
     if number is not None:
         return number.group(0)
     return _span_value(last[2]) if last is not None else None
