@@ -8,6 +8,8 @@ import time
 import pytest
 
 from rstitch.grading import extract_answer, grade, is_equivalent, last_boxed, normalize_answer, quick_compare, verify
+from rstitch.grading.extract import Extracted, extract_final
+from rstitch.grading.version import GRADER_VERSION, graded_by_older_grader, summary_grader_version
 
 from conftest import SHARED_BENCHMARKS, benchmark_file
 
@@ -79,6 +81,68 @@ def test_extraction_stays_fast_on_adversarial_text(response):
     for multiple_choice in (False, True):
         extract_answer(response, multiple_choice=multiple_choice)
     assert time.monotonic() - start < 2.0
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        # one answer written in several boxes
+        ("$$\\boxed{(2, 2)} \\quad \\text{and} \\quad \\boxed{(6, 2)}$$", "(2, 2), (6, 2)"),
+        ("\\boxed{1},\\boxed{2},\\boxed{3}", "1, 2, 3"),
+        ("\\boxed{k = 45} \\text{ and } \\boxed{n = 2}", "k = 45, n = 2"),
+        ("$$\\boxed{(3, 3)} \\text{ for part (a) and } \\boxed{(1, 1)}$$", "(3, 3), (1, 1)"),
+        ("\\boxed{5} and \\boxed{5}", "5"),  # a repeated box is no second part
+        # boxes that are drafts, not parts
+        ("first \\boxed{3}. On reflection the count is \\boxed{4}.", "4"),
+        ("\\boxed{3}\n\n**Final Answer**\n\\boxed{5}", "5"),
+        ("\\boxed{1} no no no no no \\boxed{2}", "2"),
+        # a final-answer statement after the last box wins over it
+        ("so the interest is $\\boxed{255}$. In total $10,455$. Final Answer: The final answer is $10,455$.", "10,455"),
+        ("The step is \\boxed{12}. Final answer: the area is 96.", "96"),
+        ("\\boxed{7}. The final answer should be checked once more.", "7"),  # states no value
+        # a final-answer sentence yields the value it states
+        ("Final Answer: The largest $n$ is 34.", "34"),
+        ("Final Answer: The volume of $ABCDEFGH$ is 120. I hope it is correct.", "120"),
+        ("The answer is $x = 5$.", "x = 5"),
+        # no box: the last LaTeX span, unless a bare number follows it
+        ("Therefore $x \\geq 5$ is the solution.", "x \\geq 5"),
+        ("The identity matrix is $\\begin{pmatrix}1 & 0 \\\\ 0 & 1\\end{pmatrix}$.", "\\begin{pmatrix}1 & 0 \\\\ 0 & 1\\end{pmatrix}"),
+        ("We have $x = 2$, so there are 12 apples.", "12"),
+        ("Adding, $3 + 4 = 7 = y$.", "y"),  # a chain of equalities gives its last side
+        ("He paid $20 and got $5 back.", "5"),  # currency signs, not a span
+        ("\\frac{10}{9}", "\\frac{10}{9}"),  # a response that is one undelimited expression
+        ("so the chance is \\frac{2}{3} in the end", "\\frac{2}{3}"),
+        ("The code reads QXRT7B.", None),  # a digit inside a name is no number
+        ("That is 1 000 in all.", "1 000"),
+        ("Total: 2,74 per unit", "2,74"),  # a decimal comma standing alone is one number
+        ("the numbers 1,2,3", "3"),
+    ],
+)
+def test_extract_the_answer_meant(response, expected):
+    assert extract_answer(response) == expected
+
+
+def test_extract_final_keeps_the_parts_of_several_boxes():
+    found = extract_final("\\boxed{1} and \\boxed{2}")
+    assert found == Extracted("1, 2", ("1", "2"))
+    assert verify.shaped_like_gold(found, "(1, 2)") == "(1, 2)"
+    assert verify.shaped_like_gold(found, "\\{1,2\\}") == "\\{1, 2\\}"
+    assert verify.shaped_like_gold(found, "(1, 2), (3, 4)") == "1, 2"  # two tuples: not one bracket
+    assert verify.shaped_like_gold(found, "(1, 2, 3)") == "1, 2"  # a part missing stays visible
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("A. Because B is not valid", "A"),  # the answer opens with its letter
+        ("(C) since the other three contradict the data", "C"),
+        ("Because B is valid", None),  # a letter in prose is no choice
+        ("I would go with D", None),
+        ("A) 2\nB) 3\nC) 4\nD) 5\nLet me think about it.", None),  # restating the options is no answer
+    ],
+)
+def test_letters_without_an_anchor(response, expected):
+    assert extract_answer(response, multiple_choice=True) == expected
 
 
 def test_last_boxed_skips_escaped_braces():
@@ -153,6 +217,83 @@ def test_normalize_answer():
 )
 def test_grade(response, gold, expected):
     assert grade(response, gold) is expected
+
+
+@pytest.mark.parametrize(
+    ("response", "gold", "expected"),
+    [
+        # several boxes against the gold's structure
+        ("$$\\boxed{(2, 2)} \\quad \\text{and} \\quad \\boxed{(6, 2)}$$", "(2, 2), (6, 2)", True),
+        ("\\boxed{1},\\boxed{2},\\boxed{3}", "\\{1,2,3\\}", True),
+        ("\\boxed{k = 45} \\text{ and } \\boxed{n = 2}", "k = 45, n = 2", True),
+        ("\\boxed{2} \\text{ and } \\boxed{5}", "(2, 5)", True),
+        ("\\boxed{5} \\text{ and } \\boxed{2}", "(2, 5)", False),  # a tuple keeps its order
+        ("\\boxed{1} and \\boxed{2}", "1, 2, 3", False),
+        # final-answer statements
+        ("Final Answer: The largest $n$ is 34.", "34", True),
+        ("$0.05 \\cdot 10,200 \\cdot \\frac{1}{2} = \\boxed{255}$. Final Answer: The final answer is $10,455$.", "10455", True),
+        # percent and unit words
+        ("\\boxed{28 percent}", "28\\%", True),
+        ("\\boxed{28 pct}", "28\\%", True),
+        ("\\boxed{28 percentage}", "28\\%", True),
+        ("\\boxed{28 \\text{ percent}}", "28\\%", True),
+        ("\\boxed{29 percent}", "28\\%", False),
+        ("\\boxed{15 cm^2}", "15", True),
+        ("\\boxed{125 miles}", "125\\text{ miles}", True),
+        ("\\boxed{\\frac{1}{3} meters}", "\\frac{1}{3}", True),
+        ("\\boxed{2 pi}", "2", False),  # math in words is no unit
+        # LaTeX spans in prose
+        ("Therefore $x \\geq 5$ is the solution.", "x \\ge 5", True),
+        ("Therefore $x \\geq 5$ is the solution.", "5", False),
+        ("The identity matrix is $\\begin{pmatrix}1 & 0 \\\\ 0 & 1\\end{pmatrix}$.", "\\begin{pmatrix}1 & 0 \\\\ 0 & 1\\end{pmatrix}", True),
+        # math-verify's parse drops 1/\\mathrm{e}: we pass e
+        ("$1 + \\frac{1}{\\mathrm{e}}$", "1 - \\frac{1}{\\mathrm{e}}", False),
+        ("$1 - \\frac{1}{e}$", "1 - \\frac{1}{\\mathrm{e}}", True),
+    ],
+)
+def test_grade_reads_the_answer_meant(response, gold, expected):
+    assert grade(response, gold) is expected
+
+
+@pytest.mark.parametrize(
+    ("response", "gold", "expected"),
+    [
+        # decimal commas: read as a decimal point against one number, as a list against a list
+        ("\\boxed{1,22}", "1.22", True),
+        ("\\boxed{1.22}", "1,22", True),
+        ("\\boxed{0.111}", "0,111", True),  # "0,111" is no thousands grouping
+        ("\\boxed{1,22}", "1, 22", True),
+        ("\\boxed{1.22}", "1, 22", False),
+        ("\\boxed{1,220}", "1.22", False),  # three digits after the comma: thousands
+        ("\\boxed{1,220}", "1220", True),
+        # comma lists: a bare list is a set of answers, a bracketed tuple is ordered
+        ("\\boxed{4, 10, -2}", "10, 4, -2", True),
+        ("\\boxed{4, 12, 2}", "10, 4, 2", False),
+        ("\\boxed{(4, 10, -2)}", "(10, 4, -2)", False),
+        ("\\boxed{(10, 4, -2)}", "(10, 4, -2)", True),
+    ],
+)
+def test_policy_cases(response, gold, expected):
+    assert grade(response, gold) is expected
+
+
+def test_letter_policy_both_ways():
+    assert grade("A. Because B is not valid", "A", multiple_choice=True)
+    assert not grade("A. Because B is not valid", "B", multiple_choice=True)
+    assert not grade("Because B is valid", "B", multiple_choice=True)
+
+
+def test_percent_and_unit_words_normalize_like_text_percent():
+    for written in ("28 percent", "28 pct", "28 percentage", "28 \\text{ percent}", "28\\%", "28 \\text{pct}"):
+        assert normalize_answer(written) == "28", written
+    assert normalize_answer("15 cm^2") == normalize_answer("15\\mbox{ cm}^2") == "15"
+    assert normalize_answer("2 pi") != "2"
+
+
+def test_grader_version_of_a_summary():
+    assert summary_grader_version({}) == 1  # summaries from before versions were recorded
+    assert summary_grader_version({"grader_version": GRADER_VERSION}) == GRADER_VERSION
+    assert graded_by_older_grader({}) and not graded_by_older_grader({"grader_version": GRADER_VERSION})
 
 
 @pytest.mark.parametrize(

@@ -107,6 +107,13 @@ def unfinished_run_dirs(paths: PathsLike) -> list[Path]:
                    for p in root.rglob(SAMPLES_FILE) if not (p.parent / SUMMARY_FILE).exists()})
 
 
+def older_grader_run_dirs(paths: PathsLike) -> list[Path]:
+    """Finished runs whose verdicts an older grader set (`rstitch-regrade` grades them again)."""
+    from rstitch.grading.version import graded_by_older_grader
+
+    return [d for d in find_run_dirs(paths) if graded_by_older_grader(_read_json(d / SUMMARY_FILE))]
+
+
 def read_summary(run_dir: str | os.PathLike) -> dict[str, Any]:
     summary = _read_json(Path(run_dir) / SUMMARY_FILE)
     if "config" not in summary:

@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     if unfinished:
         print(f"{PROG}: left out {len(unfinished)} unfinished run(s) without summary.json, e.g. {unfinished[0]}",
               file=sys.stderr)
+    _flag_older_grader(args.results)
     written = write_report(report, args.output)
     if args.latex:
         written.append(write_latex(report, args.latex))
@@ -77,6 +78,15 @@ def main(argv: list[str] | None = None) -> None:
     print(f"report: {written[0]}")
     if args.latex:
         print(f"latex: {args.latex}")
+
+
+def _flag_older_grader(results: list[Path]) -> None:
+    from rstitch.analysis.collect import older_grader_run_dirs
+
+    stale = older_grader_run_dirs(results)
+    if stale:
+        print(f"{PROG}: {len(stale)} run(s) graded by an older grader, e.g. {stale[0]}; grade them again with "
+              f"rstitch-regrade {' '.join(map(str, results))}", file=sys.stderr)
 
 
 def _log_to_wandb(report, runs, args: argparse.Namespace) -> None:

@@ -1,18 +1,31 @@
 """Pull the final answer out of a model response.
 
-Order of preference: the last complete ``\\boxed{...}`` (also ``\\fbox``, ``\\framebox`` and
-``\\boxed 5``), then an explicit "final answer is X" / "answer: X" statement, then the last
-number. Multiple-choice responses are reduced to a single option letter.
+Order of preference (docs/grading.md, "Extraction"):
+
+1. the last complete ``\\boxed{...}`` (also ``\\fbox``, ``\\framebox`` and ``\\boxed 5``), joined
+   with the boxes right before it when only "and", "or", commas or spacing separate them (one
+   answer written in several boxes), unless a "final answer" statement follows the last box;
+2. an explicit "final answer is X" / "answer: X" statement, read down to the value it states;
+3. the last math span (``$...$``, ``\\(...\\)``, ``\\[...\\]``), unless a bare number follows it;
+4. the last number.
+
+Multiple-choice responses are reduced to a single option letter.
 """
 from __future__ import annotations
 
 import bisect
 import re
+from collections import deque
+from dataclasses import dataclass
 
 BOX_COMMANDS = ("\\boxed", "\\fbox", "\\framebox")
 THINK_END = "</think>"
 OPTION_LETTERS = "ABCDEFGHIJ"
 MAX_OPTIONAL_ARGS = 2  # \\framebox[width][pos]{...} takes at most two
+MAX_JOINED_BOXES = 12  # an answer of more parts than this is a list of drafts, not one answer
+MAX_BOX_SEPARATOR_CHARS = 70  # "\\quad \\text{ for part (a) and } \\quad" fits; a paragraph does not
+MAX_SEPARATOR_WORDS = 5
+MAX_UNDELIMITED_CHARS = 500  # a response that is one undelimited LaTeX expression is short
 
 _BOX_RE = re.compile(r"\\(?:" + "|".join(command[1:] for command in BOX_COMMANDS) + r")(?![A-Za-z])")
 _ANSWER_STATEMENT_RE = re.compile(
@@ -20,8 +33,13 @@ _ANSWER_STATEMENT_RE = re.compile(
     r"\s*[:：]?\s*(?:\*\*)?\s*",
     re.IGNORECASE,
 )
-_NUMBER_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+/\d+|-?\d+(?:\.\d+)?|-?\.\d+")
+# A decimal comma ("1,22") is one number only where it stands alone: "1,2,3" is a list. A number
+# glued to letters before it is part of a name ("x2", "H2O"), not a value.
+_NUMBER_RE = re.compile(r"(?=[-.\d])(?<![A-Za-z_\d])(?:-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,])|-?[1-9]\d{0,2}(?: \d{3})+(?![\d.,])"
+                        r"|(?<![\d,])-?\d+,\d+(?![\d,])|-?\d+/\d+|-?\d+(?:\.\d+)?|-?\.\d+)")
 _NUMBER_THEN_WORDS_RE = re.compile(r"^(-?[\d,]*\.?\d+(?:/\d+)?)\s+[A-Za-z][A-Za-z ]*$")
+# "The largest $n$ is 34": the value a prose statement states follows its last copula.
+_COPULA_RE = re.compile(r"\s(?:is|are|was|were|equals|would\s+be)\s+(?=\S)", re.IGNORECASE)
 _BOXED_LETTER_RE = re.compile(rf"^\(?([{OPTION_LETTERS}])\)?(?:[.):]\s*.*)?$", re.DOTALL)
 # In running text only A-D count as options, and a bare letter must end its clause, so that
 # "the answer is A bit tricky" or "answer: I think" are not read as choices.
@@ -35,38 +53,50 @@ _MC_CHOICE_RE = re.compile(
     re.MULTILINE,
 )
 _MC_LAST_LINE_RE = re.compile(r"^(?:\*\*)?\(?([A-D])\)(?:\*\*)?(?:\s|$)|^(?:\*\*)?([A-D])(?:\*\*)?\.?$")
+# "A. Because ..." opening the answer: a letter, then "." or ")", then the reason.
+_MC_FIRST_LINE_RE = re.compile(r"^(?:\*\*)?\(?([A-D])(?:\*\*)?[.)](?:\*\*)?\s+\S")
+_OPTION_LINE_RE = re.compile(r"^\s*(?:\*\*)?\(?([A-J])[.)]\s", re.MULTILINE)
 _SPACE_RUN_RE = re.compile(r"[^\S\n]+")
 _NEWLINE_RUN_RE = re.compile(r"\s*\n\s*")
 _TEXT_WRAPPER_RE = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\{([^{}]*)\}")
 
 
+@dataclass(frozen=True)
+class Extracted:
+    """The answer a response states. ``parts`` holds the contents of several boxes that together
+    form it (``\\boxed{1}, \\boxed{2}``), in order; ``text`` is then those joined by ", "."""
+
+    text: str
+    parts: tuple[str, ...] = ()
+
+
 def extract_answer(response: str, multiple_choice: bool = False) -> str | None:
-    """The final answer stated in ``response``, or None when there is none.
+    """The final answer stated in ``response``, or None when there is none."""
+    found = extract_final(response, multiple_choice=multiple_choice)
+    return found.text if found is not None else None
+
+
+def extract_final(response: str, multiple_choice: bool = False) -> Extracted | None:
+    """The final answer of ``response`` with its parts, or None when there is none.
 
     Text after ``</think>`` is searched first so a reasoning model's drafts do not win over
     its final statement; the whole response is the fallback.
     """
-    extract = _extract_letter if multiple_choice else _extract_math
     for part in _search_order(_squeeze_whitespace(response)):
-        answer = extract(part)
-        if answer is not None:
-            return answer
+        if multiple_choice:
+            letter = _extract_letter(part)
+            found = Extracted(letter) if letter is not None else None
+        else:
+            found = _extract_math(part)
+        if found is not None:
+            return found
     return None
 
 
 def last_boxed(text: str) -> str | None:
     """Content of the last complete, non-empty ``\\boxed{...}``-style command in ``text``."""
-    # Once a box fails to close, no earlier box can close past its start: stop scanning there,
-    # which keeps a response full of unclosed boxes linear instead of quadratic.
-    limit = len(text)
-    closers = _Closers(text)
-    for match in reversed(list(_BOX_RE.finditer(text))):
-        content, opened_at = _box_argument(text, match.end(), limit, closers)
-        if content:
-            return content
-        if content is None and opened_at is not None:
-            limit = opened_at
-    return None
+    box = next(_boxes_from_end(text), None)
+    return box.content if box is not None else None
 
 
 def _squeeze_whitespace(text: str) -> str:
@@ -81,6 +111,16 @@ def _search_order(response: str) -> list[str]:
         if final_part.strip():
             return [final_part, response]
     return [response]
+
+
+# --------------------------------------------------------------------------- boxes
+
+
+@dataclass(frozen=True)
+class _Box:
+    content: str
+    start: int  # index of the backslash of the command
+    end: int    # index just past the closing brace (or the bare token)
 
 
 class _Closers:
@@ -98,8 +138,24 @@ class _Closers:
         return self._positions[k] if k < len(self._positions) and self._positions[k] < limit else -1
 
 
-def _box_argument(text: str, start: int, limit: int, closers: _Closers) -> tuple[str | None, int | None]:
-    """(argument, index of its opening brace) of a box command whose name ends at ``start``;
+def _boxes_from_end(text: str):
+    """The complete, non-empty boxes of ``text``, last first."""
+    # Once a box fails to close, no earlier box can close past its start: stop scanning there,
+    # which keeps a response full of unclosed boxes linear instead of quadratic.
+    limit = len(text)
+    closers = _Closers(text)
+    for match in reversed(list(_BOX_RE.finditer(text))):
+        if match.start() >= limit:
+            continue
+        content, opened_at, end = _box_argument(text, match.end(), limit, closers)
+        if content:
+            yield _Box(content, match.start(), end)
+        if content is None and opened_at is not None:
+            limit = opened_at
+
+
+def _box_argument(text: str, start: int, limit: int, closers: _Closers) -> tuple[str | None, int | None, int]:
+    """(argument, index of its opening brace, end) of a box command whose name ends at ``start``;
     the argument is None when the braces do not close before ``limit``."""
     i = _skip_spaces(text, start)
     for _ in range(MAX_OPTIONAL_ARGS):  # \\framebox[width][pos]{...}
@@ -107,18 +163,22 @@ def _box_argument(text: str, start: int, limit: int, closers: _Closers) -> tuple
             break
         close = closers.find(i, limit)
         if close < 0:
-            return None, None
+            return None, None, start
         start = close + 1
         i = _skip_spaces(text, start)
     if text.startswith("[", i):  # more optional arguments than any box command takes: not a box
-        return None, None
+        return None, None, start
     if text.startswith("{", i):
         end = _matching_brace(text, i, limit)
-        return (text[i + 1 : end].strip() if end is not None else None), i
+        if end is None:
+            return None, i, start
+        return text[i + 1 : end].strip(), i, end + 1
     if i == start:  # "\\boxed5" is not LaTeX for a box; only "\\boxed 5" is
-        return None, None
+        return None, None, start
     token = re.match(r"[^\s$]+", text[i : i + 200])
-    return (token.group(0).rstrip(".,;") if token else None), None
+    if not token:
+        return None, None, start
+    return token.group(0).rstrip(".,;"), None, i + len(token.group(0))
 
 
 def _skip_spaces(text: str, i: int) -> int:
@@ -145,11 +205,70 @@ def _matching_brace(text: str, open_index: int, limit: int) -> int | None:
     return None
 
 
+# Between two boxes of one answer: spacing, math delimiters, punctuation, markup and a few words
+# ("\\quad \\text{and} \\quad", ", ", "\\text{ for part (a) and }").
+_SEPARATOR_NOISE_RE = re.compile(r"\\q?quad|\\[,;:! ]|~|\$|\\[()\[\]]|\*\*|\\(?:text|textbf|mbox|mathrm)\s*\{|[{}]")
+_CONJUNCTION_RE = re.compile(r"^(?:[,;]\s*)?(?:and|or|&)?\s*[,;]?$", re.IGNORECASE)
+_SENTENCE_BREAK_RE = re.compile(r"[.:!?](?:\s|$)|\n\s*\n")
+
+
+def _joins_boxes(separator: str) -> bool:
+    """True when ``separator``, the text between two boxes, only joins them into one answer:
+    nothing but spacing, commas or semicolons, or a short phrase containing "and" / "or"."""
+    if len(separator) > MAX_BOX_SEPARATOR_CHARS or _SENTENCE_BREAK_RE.search(separator):
+        return False
+    words = _SEPARATOR_NOISE_RE.sub(" ", separator).split()
+    plain = " ".join(words)
+    if _CONJUNCTION_RE.match(plain):
+        return True
+    tokens = [w.strip(",;").lower() for w in words]
+    return len(tokens) <= MAX_SEPARATOR_WORDS and bool({"and", "or"} & set(tokens))
+
+
+def _last_boxes(text: str) -> tuple[list[_Box], int] | None:
+    """The last box and the boxes right before it that form one answer with it, in order, and
+    where the last one ends."""
+    boxes = _boxes_from_end(text)
+    last = next(boxes, None)
+    if last is None:
+        return None
+    joined = [last]
+    for box in boxes:
+        if len(joined) == MAX_JOINED_BOXES or box.end > joined[-1].start:
+            break
+        if box.content == joined[-1].content or not _joins_boxes(text[box.end : joined[-1].start]):
+            break
+        joined.append(box)
+    return joined[::-1], last.end
+
+
 # --------------------------------------------------------------------------- free-form answers
 
 
-def _extract_math(text: str) -> str | None:
-    return last_boxed(text) or _answer_statement(text) or _last_number(text)
+def _extract_math(text: str) -> Extracted | None:
+    boxed = _last_boxes(text)
+    if boxed is not None:
+        boxes, end = boxed
+        later = _final_statement_after(text, end)
+        if later is not None:
+            return Extracted(later)
+        if len(boxes) == 1:
+            return Extracted(boxes[0].content)
+        parts = tuple(box.content for box in boxes)
+        return Extracted(", ".join(parts), parts)
+    value = _answer_statement(text) or _last_span_or_number(text)
+    return Extracted(value) if value else None
+
+
+def _final_statement_after(text: str, start: int) -> str | None:
+    """The value of a "final answer" statement that comes after the last box, if one states a
+    value: the box was an intermediate result."""
+    for match in reversed(list(_ANSWER_STATEMENT_RE.finditer(text, start))):
+        if "final" in match.group(0).lower():
+            value = _statement_value(_rest_of_line(text, match.end()))
+            if value and re.search(r"[\d\\]", value):
+                return value
+    return None
 
 
 def _answer_statement(text: str) -> str | None:
@@ -174,11 +293,37 @@ def _statement_value(line: str) -> str | None:
     boxed = last_boxed(line)
     if boxed:
         return boxed
-    # Plain prose: the value ends at the first sentence break.
+    # Plain prose: the value ends at the first sentence break ("." not inside a number).
     value = re.split(r"\.(?:\s|$)|;|\*\*", line, maxsplit=1)[0]
     value = value.strip().rstrip(".").strip()
+    # a lone delimiter ("$" of a span that goes on below) states nothing
+    return _stated_value(value) if re.search(r"[A-Za-z0-9]", value) else None
+
+
+def _stated_value(value: str) -> str | None:
+    """What a statement's sentence states: "18 dollars" -> "18"; "The largest $n$ is 34" -> "34";
+    a sentence that is still prose gives its last math span, else its last number."""
+    copulas = list(_COPULA_RE.finditer(value))
+    if copulas and _is_prose(value[: copulas[-1].start()]):
+        value = value[copulas[-1].end() :].strip()
+        math = _leading_math(value)
+        if math is not None:
+            return math.strip() or None
     number_then_words = _NUMBER_THEN_WORDS_RE.match(value)  # "18 dollars" -> "18"
-    return (number_then_words.group(1) if number_then_words else value) or None
+    if number_then_words:
+        return number_then_words.group(1)
+    if _is_prose(_blanked(value, _math_spans(value))):
+        return _last_span_or_number(value) or value
+    return value
+
+
+_PROSE_WORD_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}\b|\b(?:to|of|is|in|at|or|by|an|on|if|so|as|it|we|be)\b")
+_LATEX_WORD_RE = re.compile(r"\\(?:text\w*|mathrm|mathbf|mbox|operatorname|begin|end)\s*\{[^{}]*\}|\\[A-Za-z]+")
+
+
+def _is_prose(text: str) -> bool:
+    """True when ``text`` holds words of running text (LaTeX commands and \\text{} aside)."""
+    return bool(_PROSE_WORD_RE.search(_LATEX_WORD_RE.sub(" ", text)))
 
 
 def _leading_math(line: str) -> str | None:
@@ -192,9 +337,96 @@ def _leading_math(line: str) -> str | None:
     return None
 
 
-def _last_number(text: str) -> str | None:
-    numbers = _NUMBER_RE.findall(text)
-    return numbers[-1] if numbers else None
+# --------------------------------------------------------------------------- math spans
+
+_DELIMITER_RE = re.compile(r"\\\$|\$\$|\$|\\\(|\\\)|\\\[|\\\]")
+_CLOSER = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}
+_INLINE = ("$", "\\(")  # inline math does not run across a line break
+
+
+def _math_spans(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, content) of every math span, in order, found in one pass over the delimiters.
+    A "$" right after a digit is a currency sign, not an opener ("costs 5$")."""
+    spans: list[tuple[int, int, str]] = []
+    if "$" not in text and "\\(" not in text and "\\[" not in text:  # most text: no scan at all
+        return spans
+    opener: re.Match | None = None
+    for token in _DELIMITER_RE.finditer(text):
+        mark = token.group(0)
+        if mark == "\\$":
+            continue
+        if opener is None:
+            if mark in _CLOSER and not (mark == "$" and token.start() > 0 and text[token.start() - 1].isdigit()):
+                opener = token
+            continue
+        content = text[opener.end() : token.start()]
+        if opener.group(0) in _INLINE and "\n" in content:
+            opener = token if mark in _CLOSER else None  # the old opener was a stray: start again here
+            continue
+        if mark == _CLOSER[opener.group(0)]:
+            spans.append((opener.start(), token.end(), content))
+            opener = None
+    return spans
+
+
+def _blanked(text: str, spans: list[tuple[int, int, str]]) -> str:
+    """``text`` with ``spans`` blanked (positions kept)."""
+    pieces, position = [], 0
+    for start, end, _ in spans:
+        pieces += [text[position:start], " " * (end - start)]
+        position = end
+    pieces.append(text[position:])
+    return "".join(pieces)
+
+
+_BARE_FRACTION_RE = re.compile(r"-?\\[dtc]?frac\s*\{[^{}$]*\}\s*\{[^{}$]*\}")
+
+
+def _reads_as_math(content: str) -> bool:
+    """A span's content is math, not prose between two currency signs ("$5 and $10",
+    "$20 for the ticket and $"): no two words of text, and no number followed by words."""
+    words = _PROSE_WORD_RE.findall(_LATEX_WORD_RE.sub(" ", content))
+    currency = content[:1].isdigit() and content[-1:].isspace() and bool(words)
+    return bool(content.strip()) and len(words) < 2 and not currency
+
+
+def _last_span_or_number(text: str) -> str | None:
+    """The last math span that reads as math (not "$5 and $10" prose between currency signs) or
+    LaTeX fraction written outside a span (math-verify reads those too), unless a bare number
+    comes after it; else the last number. A short response that is all LaTeX, undelimited, is
+    its own answer."""
+    last = next((s for s in reversed(_math_spans(text)) if _reads_as_math(s[2])), None)
+    if last is None and "\\" in text and len(text) <= MAX_UNDELIMITED_CHARS and not _is_prose(text):
+        return _span_value(text)
+    after = last[1] if last is not None else 0
+    fraction = _last_match(_BARE_FRACTION_RE, text, after)
+    if fraction is not None:
+        last, after = (fraction.start(), fraction.end(), fraction.group(0)), fraction.end()
+    number = _last_match(_NUMBER_RE, text, after)
+    if number is not None:
+        return number.group(0)
+    return _span_value(last[2]) if last is not None else None
+
+
+def _last_match(pattern: re.Pattern[str], text: str, pos: int = 0) -> re.Match[str] | None:
+    last = deque(pattern.finditer(text, pos), maxlen=1)  # keeps one match at a time
+    return last[0] if last else None
+
+
+def _span_value(content: str) -> str:
+    """A span's answer: a chain of equalities ("3 + 4 = 7 = x") gives its last side."""
+    content = content.strip().rstrip(".,").strip()
+    if "," in content or ";" in content:  # "a = 1, b = 2" is one answer
+        return content
+    sides, depth, start = [], 0, 0
+    for i, char in enumerate(content):
+        depth += char == "{"
+        depth -= char == "}"
+        if char == "=" and depth == 0 and (i == 0 or content[i - 1] not in "<>!\\"):
+            sides.append(content[start:i])
+            start = i + 1
+    sides.append(content[start:])
+    return sides[-1].strip() if len(sides) > 2 else content
 
 
 # --------------------------------------------------------------------------- multiple choice
@@ -210,7 +442,7 @@ def _extract_letter(text: str) -> str | None:
         found = pattern.findall(text)
         if found:
             return "".join(found[-1])  # one of the two groups is empty
-    return _letter_on_last_line(text)
+    return _letter_on_last_line(text) or _letter_opening_the_answer(text)
 
 
 def _letter_of(content: str) -> str | None:
@@ -226,3 +458,14 @@ def _letter_on_last_line(text: str) -> str | None:
         return None
     match = _MC_LAST_LINE_RE.match(lines[-1])
     return (match.group(1) or match.group(2)) if match else None
+
+
+def _letter_opening_the_answer(text: str) -> str | None:
+    """"A. Because ..." : an answer that opens with its option letter and then gives the reason.
+    A response that lists the options ("A) x", "B) y") is not one."""
+    stripped = text.strip()
+    match = _MC_FIRST_LINE_RE.match(stripped)
+    if not match:
+        return None
+    labels = set(_OPTION_LINE_RE.findall(stripped))
+    return match.group(1) if labels <= {match.group(1)} else None

@@ -24,7 +24,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from rstitch.grading.extract import extract_answer
+from rstitch.grading.extract import Extracted, extract_final
 
 logger = logging.getLogger(__name__)
 
@@ -43,14 +43,52 @@ def grade(response: str, gold: str, multiple_choice: bool = False, timeout_s: fl
     ``metadata["tolerance"]``, OlympiadBench's ``error``) also accepts numbers within it of the
     gold's: see ``within_tolerance``.
     """
-    predicted = extract_answer(response, multiple_choice=multiple_choice)
-    if predicted is None:
+    found = extract_final(response, multiple_choice=multiple_choice)
+    return _grade_found(found, gold, multiple_choice, timeout_s, tolerance)
+
+
+def _grade_found(found: Extracted | None, gold: str, multiple_choice: bool, timeout_s: float,
+                 tolerance: Sequence[float | None] | None) -> bool:
+    if found is None:
         return False
     if multiple_choice:
-        return predicted.strip().upper() == _gold_letter(gold)
+        return found.text.strip().upper() == _gold_letter(gold)
+    predicted = shaped_like_gold(found, str(gold))
     if tolerance and within_tolerance(predicted, gold, tolerance):
         return True
     return is_equivalent(predicted, gold, timeout_s=timeout_s)
+
+
+_BRACKETS = (("\\left(", "\\right)"), ("\\left[", "\\right]"), ("\\{", "\\}"), ("(", ")"), ("[", "]"))
+
+
+def shaped_like_gold(found: Extracted, gold: str) -> str:
+    """The answer to compare with ``gold``: an answer written in several boxes is the list of
+    their contents, in the gold's brackets when the gold is one bracketed tuple, interval or set
+    of as many parts (``\\boxed{1}, \\boxed{2}`` against ``(1, 2)`` is ``(1, 2)``)."""
+    if not found.parts:
+        return found.text
+    joined = ", ".join(found.parts)
+    text = _strip_delimiters(gold.strip())
+    for opener, closer in _BRACKETS:
+        if text.startswith(opener) and text.endswith(closer):
+            inner = text[len(opener) : len(text) - len(closer)]
+            if _encloses_all(inner) and len(split_parts(inner)) == len(found.parts):
+                return f"{opener}{joined}{closer}"
+            break
+    return joined
+
+
+def _encloses_all(inner: str) -> bool:
+    """True when ``inner``, the text between a gold's first and last bracket, never closes the
+    first one early ("(1, 2), (3, 4)" is two tuples, not one)."""
+    depth = 0
+    for char in inner:
+        depth += char in "([{"
+        depth -= char in ")]}"
+        if depth < 0:
+            return False
+    return True
 
 
 TOLERANCE_SLACK = 1.01  # OlympiadBench's judge accepts |gold - answer| <= error * 1.01 (float rounding)
@@ -110,8 +148,9 @@ def grade_sample(response: str, gold: str, multiple_choice: bool = False, timeou
             return _grade_structured(response, gold, answer_type, metadata or {})
         choice = answer_type == "multiple_choice"
         tolerance = (metadata or {}).get("tolerance")
-        return {"answer": extract_answer(response, multiple_choice=choice),
-                "correct": grade(response, gold, multiple_choice=choice, timeout_s=timeout_s, tolerance=tolerance)}
+        found = extract_final(response, multiple_choice=choice)
+        return {"answer": found.text if found is not None else None,
+                "correct": _grade_found(found, gold, choice, timeout_s, tolerance)}
     except Exception as err:  # noqa: BLE001 - recorded on the sample and counted in the summary
         reason = f"{type(err).__name__}: {err}"[:500]
         logger.warning("grading failed; sample counted as wrong (%s)", reason)
@@ -145,6 +184,7 @@ def is_equivalent(predicted: str, gold: str, timeout_s: float = 5.0, fast_path: 
         return False
     if len(predicted) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:  # keeps every regex below cheap
         return predicted.strip() == gold.strip()
+    predicted, gold = read_decimal_commas(predicted, gold)
     quick = quick_compare(predicted, gold) if fast_path else None
     if quick is not None:
         return quick
@@ -162,7 +202,17 @@ _DROPPED_TOKENS = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\displayst
 _DEGREE_RE = re.compile(r"\^\s*\{?\\circ\}?|°")
 _TEXT_WRAPPER_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
 _LATEX_THOUSANDS_RE = re.compile(r"\{,\}|,\\!\s*")  # "10{,}080", "10,\! 080"
-_THOUSANDS_RE = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+_THOUSANDS_RE = re.compile(r"^-?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?$")  # "0,111" is no thousands grouping
+_DECIMAL_COMMA_RE = re.compile(r"^-?\d+,\d+$")
+# Words for percent and units after a number: "28 percent", "28 \\text{pct}", "15 cm^2", "125\\textnormal{ miles}".
+_PERCENT_WORD_RE = re.compile(r"(?<=[\d}])\s*(?:\\(?:text|mbox|textnormal)\s*\{\s*)?(?:percentage|percent|pct)s?\b\s*\}?",
+                              re.IGNORECASE)
+# math written in words is not a unit: "2 pi", "6 and 8", "3 mod 5"
+_UNIT_WORDS = r"(?!(?:pi|sqrt|and|or|inf\w*|mod|log|ln|sin|cos|tan|cot|sec|csc|exp)\b)[A-Za-z]{2,}(?:\s+[A-Za-z]{2,})*"
+_NUMBER_WITH_UNIT_RE = re.compile(
+    rf"^(-?[\d.,]*\d(?:/\d+)?)\s*(?:\\(?:text|mbox|textnormal|mathrm)\s*\{{\s*{_UNIT_WORDS}\s*\}}|{_UNIT_WORDS})"
+    r"(?:\^\{?\d\}?)?$")
+_BARE_UNIT_RE = re.compile(rf"(?<=[\d}}])\s+({_UNIT_WORDS})(\^\{{?\d\}}?)?$")
 _DECIMAL_RE = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)$")
 _SCIENTIFIC_RE = re.compile(r"^([-+]?(?:\d+\.?\d*|\.\d+))(?:[eE]|\\times10\^\{?)([-+]?\d+)\}?$")
 _INTEGER_RE = re.compile(r"^[-+]?\d+$")
@@ -198,6 +248,8 @@ def normalize_answer(answer: str) -> str:
     \\left/\\right, \\text{} wrappers, degree or percent signs, dollar signs, final period or
     thousands separators ("1,000" and "10,\\!080" but not the list "2, 125")."""
     text = _strip_delimiters(answer.strip())
+    text = _PERCENT_WORD_RE.sub("", text)
+    text = _NUMBER_WITH_UNIT_RE.sub(r"\1", text.strip())
     text = _TEXT_WRAPPER_RE.sub(r"\1", text)
     text = _LATEX_THOUSANDS_RE.sub(",", text)
     for token in _DROPPED_TOKENS:
@@ -211,6 +263,21 @@ def normalize_answer(answer: str) -> str:
     text = re.sub(r"\s+", "", text)
     parenthesized = _PARENTHESIZED_NUMBER_RE.match(text)  # AoPS writes "\\textbf{(073)}"
     return parenthesized.group(1) if parenthesized else text
+
+
+def read_decimal_commas(predicted: str, gold: str) -> tuple[str, str]:
+    """A decimal comma ("1,22") is read as a decimal point when the other side is one plain
+    number; against a list ("1, 22") it stays a list. "1,220" is a thousands grouping either way."""
+    pred, ref = (_strip_delimiters(s.strip()) for s in (predicted, gold))
+    if _is_decimal_comma(pred) and _as_number(normalize_answer(gold)) is not None:
+        return pred.replace(",", "."), gold
+    if _is_decimal_comma(ref) and _as_number(normalize_answer(predicted)) is not None:
+        return predicted, ref.replace(",", ".")
+    return predicted, gold
+
+
+def _is_decimal_comma(text: str) -> bool:
+    return bool(_DECIMAL_COMMA_RE.match(text)) and not _THOUSANDS_RE.match(text)
 
 
 def _strip_delimiters(text: str) -> str:
@@ -243,6 +310,11 @@ def _as_latex(answer: str) -> str:
     if scientific:  # "4.5e33" would otherwise parse as 4.5 * E * 33
         text = f"{scientific.group(1)}\\times10^{{{int(scientific.group(2))}}}"
     text = text.replace("\\%", "").replace("%", "")
+    text = _PERCENT_WORD_RE.sub("", text)
+    # math-verify drops a unit in \\text{}, but reads bare words as products of symbols
+    text = _BARE_UNIT_RE.sub(r" \\text{ \1}\2", text)
+    # math-verify cannot parse \\mathrm{e} inside a fraction and compares what is left as a string
+    text = re.sub(r"\\(?:mathrm|operatorname)\s*\{\s*([ei])\s*\}", r"\1", text)
     return f"\\boxed{{{text}}}"
 
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rstitch.grading.version import GRADER_VERSION
 from rstitch.results.keys import comparison_key, run_tag
 from rstitch.results.metrics import COMPARISON_KEYS, compare_with_baseline, self_comparison, summarize_samples
 
@@ -29,6 +30,7 @@ def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, A
         "comparison_key": comparison_key(cfg),
         "config": cfg,
         **dict.fromkeys(COMPARISON_KEYS),
+        "grader_version": GRADER_VERSION,  # rstitch-regrade grades a run of an older grader again
     }
     own = method.summarize(samples)
     clash = sorted(set(own) & set(common))

@@ -1,0 +1,208 @@
+"""`rstitch-regrade`: grade the saved samples of finished runs again with the current grader.
+
+    rstitch-regrade runs/                 # every finished run under runs/ graded by an older grader
+    rstitch-regrade runs/ --dry-run       # count the verdicts that would change, write nothing
+    rstitch-regrade runs/testbed --force  # also runs already graded by the current grader
+
+Nothing is decoded: each sample's saved response is graded against its saved gold, with the
+grading metadata (multiple choice, tolerance, answer type) of its dataset record. A run's
+samples.jsonl and then its summary.json (which records the grader version) are each replaced
+whole, so a crash leaves each file old or new, never a mix; a run whose samples were rewritten
+but whose summary was not still records the old version and is simply graded again next time.
+The run directory's lock is held throughout, so a run being decoded is waited for.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rstitch.errors import ConfigError
+from rstitch.grading import grade_sample
+from rstitch.grading.version import GRADER_VERSION, summary_grader_version
+from rstitch.results.store import RUN_KEY_FILE, SAMPLES_FILE, SUMMARY_FILE, SampleStore, iter_samples, write_samples
+from rstitch.results.summary import summarize_run
+
+PROG = "rstitch-regrade"
+# What a grader writes on a sample (grade_sample and the structured graders): replaced as a whole.
+GRADE_KEYS = ("answer", "correct", "grading_error", "code", "cell_accuracy")
+SPEEDUP_KEYS = ("speedup", "speedup_tokens_per_s")
+
+
+@dataclass
+class Regraded:
+    run_dir: Path
+    method: str
+    samples: int
+    changed: int            # samples whose verdict flipped
+    gained: int             # of those, wrong -> right
+    accuracy_before: float | None
+    accuracy_after: float | None
+    version_before: int
+    written: bool
+
+
+def find_runs(roots: Sequence[str | Path]) -> tuple[list[Path], list[Path]]:
+    """(finished run directories, unfinished ones) under ``roots``. An unfinished run (samples, no
+    summary) has no resolved config to load its records with, and its resume grades only the
+    samples still to come: it is regraded with --force once finished."""
+    finished: dict[Path, None] = {}
+    unfinished: dict[Path, None] = {}
+    for root in map(Path, roots):
+        if not root.is_dir():
+            raise ConfigError(f"no such results directory: {root}")
+        for key_file in sorted(root.rglob(RUN_KEY_FILE)):
+            run_dir = key_file.parent.resolve()
+            target = finished if (run_dir / SUMMARY_FILE).is_file() else unfinished
+            if (run_dir / SAMPLES_FILE).is_file():
+                target.setdefault(run_dir, None)
+    if not finished and not unfinished:
+        raise ConfigError(f"no runs ({RUN_KEY_FILE} and {SAMPLES_FILE}) under {', '.join(map(str, roots))}")
+    return list(finished), list(unfinished)
+
+
+class RecordIndex:
+    """The dataset records of each run's selection, by id, loaded once per dataset config."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, dict[str, Any]] = {}
+
+    def records(self, dataset_cfg: dict[str, Any]) -> dict[str, Any]:
+        key = json.dumps(dataset_cfg, sort_keys=True, default=str)
+        if key not in self._cache:
+            from rstitch.data import load_dataset_records  # lazy: the loaders import the hub client
+
+            try:
+                loaded = load_dataset_records(**dataset_cfg)
+            except ConfigError:
+                raise
+            except Exception as err:  # noqa: BLE001 - one line naming the dataset, not a traceback
+                raise ConfigError(f"cannot load dataset '{dataset_cfg.get('name')}' for its records' grading "
+                                  f"metadata ({type(err).__name__}: {err})") from None
+            self._cache[key] = {record.id: record for record in loaded}
+        return self._cache[key]
+
+
+def regrade_samples(samples: list[dict[str, Any]], records: dict[str, Any], run_dir: Path) -> tuple[list[dict[str, Any]], int, int]:
+    """The samples graded again, in their order, with (verdicts changed, of which now right)."""
+    out, changed, gained = [], 0, 0
+    for sample in samples:
+        record = records.get(str(sample["id"]))
+        if record is None:
+            raise ConfigError(f"{run_dir}: sample {sample['id']!r} is not in its dataset selection; cannot regrade")
+        metadata = record.metadata
+        verdict = grade_sample(sample.get("response") or "", sample.get("gold", record.answer),
+                               multiple_choice=bool(metadata.get("multiple_choice")), metadata=metadata)
+        new = {k: v for k, v in sample.items() if k not in GRADE_KEYS}
+        new.update(verdict)
+        if bool(new.get("correct")) != bool(sample.get("correct")):
+            changed += 1
+            gained += bool(new.get("correct"))
+        out.append(new)
+    return out, changed, gained
+
+
+def regrade_run(run_dir: Path, index: RecordIndex, force: bool = False, dry_run: bool = False) -> Regraded | None:
+    """Grade one finished run again; None when its summary already records the current grader."""
+    old = json.loads((run_dir / SUMMARY_FILE).read_text())
+    version = summary_grader_version(old)
+    if version == GRADER_VERSION and not force:
+        return None
+    config = old.get("config")
+    if not isinstance(config, dict):
+        raise ConfigError(f"{run_dir / SUMMARY_FILE} has no resolved config; cannot regrade it")
+    records = index.records(config["dataset"])
+    run_key = json.loads((run_dir / RUN_KEY_FILE).read_text())
+    with SampleStore(run_dir, run_key) as store:  # the run's lock: a run still decoding is waited for
+        samples, changed, gained = regrade_samples(list(iter_samples(run_dir / SAMPLES_FILE)), records, run_dir)
+        summary = _summary(config, samples, run_dir, old)
+        if not dry_run:
+            write_samples(run_dir, samples)  # first the samples; the summary, with the version, last
+            store.write_summary(summary)
+    return Regraded(run_dir, old.get("method", config["method"]["name"]), len(samples), changed, gained,
+                    old.get("accuracy"), summary.get("accuracy"), version, not dry_run)
+
+
+def _summary(config: dict[str, Any], samples: list[dict[str, Any]], run_dir: Path, old: dict[str, Any]) -> dict[str, Any]:
+    from rstitch.methods import build_method  # lazy: the method registry imports the engines
+
+    # The comparison root is <results_root>/<pair>/<dataset>, as for a run of rstitch-run.
+    new = summarize_run(config, build_method(**config["method"]), samples, run_dir.parent.parent)
+    for key in SPEEDUP_KEYS:  # latencies did not change: a speedup whose baseline is not at hand stands
+        if new.get(key) is None and old.get(key) is not None:
+            new[key] = old[key]
+    return {**{k: v for k, v in old.items() if k not in new}, **new}  # e.g. merged_from
+
+
+def regrade(roots: Sequence[str | Path], force: bool = False, dry_run: bool = False) -> tuple[list[Regraded], list[Path], int]:
+    """(the runs graded again, the unfinished runs left alone, the runs already current)."""
+    finished, unfinished = find_runs(roots)
+    index = RecordIndex()
+    done, current = [], 0
+    for run_dir in finished:
+        result = regrade_run(run_dir, index, force=force, dry_run=dry_run)
+        if result is None:
+            current += 1
+        else:
+            done.append(result)
+            print(_run_line(result), flush=True)
+    return done, unfinished, current
+
+
+def _run_line(r: Regraded) -> str:
+    accuracy = f"{_fmt(r.accuracy_before)} -> {_fmt(r.accuracy_after)}"
+    verb = "regraded" if r.written else "would regrade"
+    return (f"{verb} {r.run_dir} (grader {r.version_before} -> {GRADER_VERSION}): {r.changed} of {r.samples} "
+            f"verdicts changed (+{r.gained} right, -{r.changed - r.gained}), accuracy {accuracy}")
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def method_table(results: list[Regraded]) -> str:
+    """Verdicts changed per method, over all runs graded again."""
+    rows: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    for r in results:
+        row = rows[r.method]
+        row[0] += 1
+        row[1] += r.samples
+        row[2] += r.changed
+        row[3] += r.gained
+    lines = [f"{'method':<20} {'runs':>5} {'samples':>8} {'changed':>8} {'to right':>9} {'to wrong':>9}"]
+    for method, (runs, samples, changed, gained) in sorted(rows.items()):
+        lines.append(f"{method:<20} {runs:>5} {samples:>8} {changed:>8} {gained:>9} {changed - gained:>9}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", nargs="+", type=Path, help="results roots or run directories")
+    parser.add_argument("--force", action="store_true", help="also grade runs already graded by the current grader")
+    parser.add_argument("--dry-run", action="store_true", help="count the changes, write nothing")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        results, unfinished, current = regrade(args.results, force=args.force, dry_run=args.dry_run)
+    except ConfigError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    if unfinished:
+        print(f"{PROG}: left out {len(unfinished)} unfinished run(s) without {SUMMARY_FILE}, e.g. {unfinished[0]}; "
+              f"once resumed to the end, grade them again with {PROG} --force", file=sys.stderr)
+    if results:
+        print(method_table(results))
+    print(f"{len(results)} run(s) {'would be ' if args.dry_run else ''}graded again with grader {GRADER_VERSION}; "
+          f"{current} already current")
+
+
+if __name__ == "__main__":
+    main()
