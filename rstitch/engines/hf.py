@@ -13,14 +13,21 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from rstitch.engines.base import ForwardRequest, ModelRunner, Sequence, resolve_model_path, warn_remote_code
+from rstitch.engines.base import (
+    DTYPES,  # noqa: F401 (re-exported: the one table lives in engines/base.py)
+    Capabilities,
+    EngineIdentity,
+    ForwardRequest,
+    ModelRunner,
+    Sequence,
+    resolve_model_path,
+    torch_dtype,
+    warn_remote_code,
+)
 from rstitch.engines.loading import eos_token_ids, load_tokenizer, model_load_errors, model_name, shared_vocab_size
-from rstitch.errors import ConfigError
 
 if TYPE_CHECKING:
     from transformers import DynamicCache, PreTrainedModel
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class HFSequence(Sequence):
@@ -77,8 +84,7 @@ class HFModelRunner(ModelRunner):
         super().__init__()
         from transformers.utils import logging as hf_logging
 
-        if dtype not in DTYPES:
-            raise ConfigError(f"unknown dtype '{dtype}'; valid: {', '.join(DTYPES)}")
+        torch_dtype(dtype)  # one line for an unknown name, before anything loads
         self.path = path  # as configured (a packaged:<name> stays one)
         path = resolve_model_path(path)
         if trust_remote_code:
@@ -101,6 +107,8 @@ class HFModelRunner(ModelRunner):
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
         self.hidden_size = self.model.config.hidden_size
         self.eos_token_ids = eos_token_ids(self.tokenizer, getattr(self.model.generation_config, "eos_token_id", None))
+        self.identity = EngineIdentity("hf", self.name, self.device.type, dtype)
+        self.capabilities = Capabilities(hidden_states=True, batched_forward=batchable(self.model), exact_distributions=True)
         self._slots: SlotCache | None = None  # made at the first batched forward
 
     def new_sequence(self, prompt_ids: Seq[int], want_hidden: bool = False) -> HFSequence:
@@ -331,6 +339,6 @@ def load_causal_lm(path: str, dtype: str, device: str, *, trust_remote_code: boo
     model = _WEIGHTS.get(key)
     if model is None:
         # transformers wraps PreTrainedModel.to in a decorator typed as if the model were its first argument.
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **options).to(device).eval()  # type: ignore[arg-type]
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype), **options).to(device).eval()  # type: ignore[arg-type]
         _WEIGHTS[key] = model
     return model
