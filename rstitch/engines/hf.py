@@ -25,9 +25,13 @@ from rstitch.engines.base import (
     warn_remote_code,
 )
 from rstitch.engines.loading import eos_token_ids, load_tokenizer, model_load_errors, model_name, shared_vocab_size
+from rstitch.errors import ConfigError
 
 if TYPE_CHECKING:
     from transformers import DynamicCache, PreTrainedModel
+
+
+CAUSAL_LM = "AutoModelForCausalLM"
 
 
 class HFSequence(Sequence):
@@ -45,6 +49,8 @@ class HFSequence(Sequence):
         runner = self.runner
         if self.slot is not None:  # batched before: its state lives in the slot
             return batched_forward(runner, [ForwardRequest(runner, self, new_ids, keep)])[0]
+        if not runner.causal_lm:
+            return self._head_forward(new_ids, keep)
         input_ids = torch.tensor([new_ids], dtype=torch.long, device=runner.device)
         out = runner.model(
             input_ids=input_ids,
@@ -56,6 +62,21 @@ class HFSequence(Sequence):
         logits = out.logits[0, -keep:, : runner.vocab_size].float()
         hidden = out.hidden_states[-1][0, -keep:].float() if self.want_hidden else None
         return logits, hidden
+
+    def _head_forward(self, new_ids: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A model of another auto class (a PRM's, a router's): its backbone, then its own head
+        (`output_head`) on the final hidden states, whose rows stand for the logits; a bare backbone's
+        rows are those states. Without `use_cache` the whole token list runs again (remote code
+        that predates cache objects)."""
+        runner = self.runner
+        base = runner.model.base_model
+        ids = new_ids if runner.use_cache else self.tokens[: self.n_cached] + new_ids
+        cache = cache_kwargs(base, self.cache) if runner.use_cache else {}
+        out = base(input_ids=torch.tensor([ids], dtype=torch.long, device=runner.device), use_cache=runner.use_cache, **cache)
+        final = out.last_hidden_state[0, -keep:]
+        head = runner.output_head
+        rows = final if head is None else head(final.to(next(head.parameters()).dtype))
+        return rows[:, : runner.vocab_size].float(), final.float() if self.want_hidden else None
 
     def _crop(self, n_keep: int) -> None:
         if self.slot is not None:
@@ -80,6 +101,8 @@ class HFModelRunner(ModelRunner):
         revision: str | None = None,  # a hub commit to pin (null: the default branch)
         use_safetensors: bool = True,  # false also loads pickled (.bin) weights, which can run code
         gguf_file: str | None = None,  # a GGUF file in `path`, dequantized to `dtype` at every load
+        auto_class: str = CAUSAL_LM,  # another transformers auto class: a scoring model (PRM, router) read through its own head
+        use_cache: bool = True,  # false: every forward reruns the whole sequence (remote code without cache objects)
     ):
         super().__init__()
         from transformers.utils import logging as hf_logging
@@ -102,20 +125,23 @@ class HFModelRunner(ModelRunner):
                                             gguf_file=gguf_file)
             self.model = load_causal_lm(path, dtype, device, trust_remote_code=trust_remote_code, revision=revision,
                                         use_safetensors=use_safetensors, gguf_file=gguf_file,
-                                        attn_implementation=attn_implementation)
+                                        attn_implementation=attn_implementation, auto_class=auto_class)
+        self.causal_lm, self.use_cache = auto_class == CAUSAL_LM, use_cache
+        self.output_head = output_head(self.model, auto_class)
         self.vocab_size = shared_vocab_size(self.tokenizer, self.model.config.vocab_size)
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
         self.hidden_size = self.model.config.hidden_size
-        self.eos_token_ids = eos_token_ids(self.tokenizer, getattr(self.model.generation_config, "eos_token_id", None))
+        self.eos_token_ids = eos_token_ids(self.tokenizer, getattr(getattr(self.model, "generation_config", None), "eos_token_id", None))
         self.identity = EngineIdentity("hf", self.name, self.device.type, dtype)
-        self.capabilities = Capabilities(hidden_states=True, batched_forward=batchable(self.model), exact_distributions=True)
+        self.capabilities = Capabilities(hidden_states=True, batched_forward=self.causal_lm and batchable(self.model),
+                                         exact_distributions=True)
         self._slots: SlotCache | None = None  # made at the first batched forward
 
     def new_sequence(self, prompt_ids: Seq[int], want_hidden: bool = False) -> HFSequence:
         return HFSequence(self, prompt_ids, want_hidden)
 
     def forward_batch(self, requests: list[ForwardRequest]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        if not batchable(self.model):
+        if not self.capabilities.batched_forward:
             return super().forward_batch(requests)
         if self._slots is None:
             self._slots = SlotCache(self.model.config, self.model.dtype, self.device)
@@ -321,24 +347,39 @@ def _slot(runner: HFModelRunner, seq: HFSequence) -> int:
     return seq.slot
 
 
+def output_head(model: PreTrainedModel, auto_class: str) -> torch.nn.Module | None:
+    """The module that turns final hidden states into a model's outputs: the LM head of a causal
+    LM, the `score` (or `classifier`) head of a classification model, None for a bare backbone."""
+    if auto_class == CAUSAL_LM:
+        return model.get_output_embeddings()
+    head = next((h for h in (getattr(model, "score", None), getattr(model, "classifier", None)) if h is not None), None)
+    if head is None and model.base_model is not model:
+        raise ConfigError(f"engine 'hf': a {type(model).__name__} ({auto_class}) has no score or classifier head to read")
+    return head
+
+
 _WEIGHTS: weakref.WeakValueDictionary[str, PreTrainedModel] = weakref.WeakValueDictionary()
 
 
 def load_causal_lm(path: str, dtype: str, device: str, *, trust_remote_code: bool = False, revision: str | None = None,
                    use_safetensors: bool = True, gguf_file: str | None = None,
-                   attn_implementation: str | None = None) -> PreTrainedModel:
-    """A causal LM in eval mode, shared while in use: a judge PRM on the pair's own LLM reads the
-    same weights instead of a second copy (inference only; every user keeps its own KV caches)."""
-    from transformers import AutoModelForCausalLM
+                   attn_implementation: str | None = None, auto_class: str = CAUSAL_LM) -> PreTrainedModel:
+    """A causal LM (or a model of another transformers `auto_class`) in eval mode, shared while in
+    use: a judge PRM on the pair's own LLM reads the same weights instead of a second copy
+    (inference only; every user keeps its own KV caches)."""
+    import transformers
 
+    model_class = getattr(transformers, auto_class, None) if auto_class.startswith("AutoModel") else None
+    if model_class is None:
+        raise ConfigError(f"engine 'hf': unknown auto_class '{auto_class}' (a transformers AutoModel... class)")
     options = {"trust_remote_code": trust_remote_code, "revision": revision, "attn_implementation": attn_implementation}
     # A GGUF file is its own format: the safetensors-only rule is for checkpoint directories.
     options.update({"gguf_file": gguf_file} if gguf_file else {"use_safetensors": use_safetensors})
     options = {k: v for k, v in options.items() if v is not None}
-    key = json.dumps([path, dtype, str(device), options], sort_keys=True)
+    key = json.dumps([path, dtype, str(device), options, auto_class], sort_keys=True)
     model = _WEIGHTS.get(key)
     if model is None:
         # transformers wraps PreTrainedModel.to in a decorator typed as if the model were its first argument.
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype), **options).to(device).eval()  # type: ignore[arg-type]
+        model = model_class.from_pretrained(path, dtype=torch_dtype(dtype), **options).to(device).eval()
         _WEIGHTS[key] = model
     return model
