@@ -64,7 +64,7 @@ class Capabilities:
     exact_distributions: bool = True  # logits over the full vocabulary: exact entropy and any token's probability
 
     DESCRIPTIONS: ClassVar[dict[str, str]] = {
-        "hidden_states": "give last hidden states",
+        "hidden_states": "give hidden states",
         "batched_forward": "run several sequences in one forward",
         "exact_distributions": "give exact full-vocabulary distributions",
     }
@@ -74,8 +74,7 @@ def require(runner: ModelRunner, capability: str, user: str) -> None:
     """The one check of a capability: a one-line `ConfigError` when `runner` lacks it."""
     if not getattr(runner.capabilities, capability):
         what = Capabilities.DESCRIPTIONS[capability]
-        raise ConfigError(f"{user} needs an engine that can {what}; engine '{runner.identity.engine}' "
-                          f"({runner.name}) cannot")
+        raise ConfigError(f"engine '{runner.identity.engine}' cannot {what} (model '{runner.name}'), which {user} needs")
 
 
 # The batched sample the scheduler runs now (engines/batching.py sets it): kept here, below
@@ -220,7 +219,7 @@ class Sequence(ABC):
 
     def __init__(self, runner: ModelRunner, prompt_ids: Seq[int], want_hidden: bool = False):
         if want_hidden:
-            require(runner, "hidden_states", "a sequence that reads hidden states (R-Stitch+'s router)")
+            require(runner, "hidden_states", "a sequence with want_hidden (R-Stitch+'s router, a PRM's own head)")
         self.runner = runner
         self.tokens: list[int] = list(prompt_ids)
         self.want_hidden = want_hidden
