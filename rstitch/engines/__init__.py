@@ -60,6 +60,9 @@ def load_scoring_model(engine: str, path: str, user: str, needs: tuple[str, ...]
     path checks as a pair's models; `needs` are the capabilities `user` reads, checked once here."""
     check_engine_installed(engine)
     runner = load_model(engine, **{**options, **_resolved({"path": path})})
+    # Its forwards stay out of the scheduler's batches: a batched run's latency estimate is the pair's
+    # fitted forwards plus each sample's own time, and a scorer's forwards are part of that own time.
+    runner.joins_batches = False
     for capability in needs:
         require(runner, capability, user)
     return runner

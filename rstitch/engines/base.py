@@ -444,6 +444,9 @@ class ModelRunner(ABC):
     eos_token_ids: list[int]
     identity: EngineIdentity
     capabilities: Capabilities = Capabilities()
+    # False: forwards run at once inside the sample's own time even in a batched run (a scorer's,
+    # which the batch-1 latency estimate counts as the sample's own work: engines.load_scoring_model).
+    joins_batches: bool = True
 
     def __init__(self) -> None:
         self.cost = CostCounter()
@@ -459,7 +462,7 @@ class ModelRunner(ABC):
     def run_forward(self, seq: Sequence, new_ids: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor | None, float]:
         """`seq._forward` and its wall time; inside a batched run (batch_size > 1) the request
         waits for one batched forward with the other samples' requests to this model."""
-        task = current_task()
+        task = current_task() if self.joins_batches else None
         if task is not None:
             (logits, hidden), seconds = task.submit(ForwardRequest(self, seq, new_ids, keep))
             return logits, hidden, seconds
@@ -470,7 +473,7 @@ class ModelRunner(ABC):
     def run_request(self, request: Any) -> tuple[Any, float]:
         """A backend's own kind of request (e.g. vLLM's run of tokens) and its wall time: in a
         batched run it waits for this model's next `forward_batch` with the other samples'."""
-        task = current_task()
+        task = current_task() if self.joins_batches else None
         if task is not None:
             return task.submit(request)
         start = time.perf_counter()
