@@ -30,7 +30,6 @@ from rstitch.errors import ConfigError
 if TYPE_CHECKING:
     from transformers import DynamicCache, PreTrainedModel
 
-
 CAUSAL_LM = "AutoModelForCausalLM"
 
 
@@ -379,7 +378,6 @@ def load_causal_lm(path: str, dtype: str, device: str, *, trust_remote_code: boo
     key = json.dumps([path, dtype, str(device), options, auto_class], sort_keys=True)
     model = _WEIGHTS.get(key)
     if model is None:
-        # transformers wraps PreTrainedModel.to in a decorator typed as if the model were its first argument.
         model = model_class.from_pretrained(path, dtype=torch_dtype(dtype), **options).to(device).eval()
         _WEIGHTS[key] = model
     return model
