@@ -305,13 +305,7 @@ class VLLMModelRunner(ModelRunner):
         memory share of the hidden-state engine, opened only for sequences that want hidden
         states (`hidden_kv_cache_memory_bytes` null: `kv_cache_memory_bytes`)."""
         super().__init__()
-        torch_dtype(dtype)  # one line for an unknown name, before anything loads
-        if isinstance(max_lookahead, bool) or not isinstance(max_lookahead, int) or max_lookahead < 1:
-            raise ConfigError(f"engine.max_lookahead must be an integer >= 1, got {max_lookahead!r}")
-        # Checked now: the hidden-state engine is loaded only at the first sequence that wants it.
-        if not _is_fraction(hidden_gpu_memory_utilization):
-            raise ConfigError(
-                f"engine.hidden_gpu_memory_utilization must be in (0, 1], got {hidden_gpu_memory_utilization!r}")
+        _check_options(dtype, max_lookahead, hidden_gpu_memory_utilization)
         self.path = path  # as configured (a packaged:<name> stays one)
         path = resolve_model_path(path)  # what vLLM loads: a directory or a hub id
         if num_threads:
@@ -480,6 +474,16 @@ class VLLMModelRunner(ModelRunner):
         ids = torch.tensor(flat.token_ids[start:end], dtype=torch.long)
         values = torch.tensor(flat.logprobs[start:end], dtype=torch.float32)
         return complete_topk(ids, values, self.model_vocab_size)[: self.vocab_size]
+
+
+def _check_options(dtype: str, max_lookahead: Any, hidden_gpu_memory_utilization: Any) -> None:
+    """One line for a bad option, before anything loads."""
+    torch_dtype(dtype)
+    if isinstance(max_lookahead, bool) or not isinstance(max_lookahead, int) or max_lookahead < 1:
+        raise ConfigError(f"engine.max_lookahead must be an integer >= 1, got {max_lookahead!r}")
+    # Checked now: the hidden-state engine is loaded only at the first sequence that wants it.
+    if not _is_fraction(hidden_gpu_memory_utilization):
+        raise ConfigError(f"engine.hidden_gpu_memory_utilization must be in (0, 1], got {hidden_gpu_memory_utilization!r}")
 
 
 def vllm_identity(name: str, vllm_config: Any, dtype: str) -> EngineIdentity:
