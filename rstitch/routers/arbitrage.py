@@ -63,5 +63,5 @@ class ArbitrageRouter:
     def predict(self, problem: str, history: Sequence[tuple[int, str]], draft: str) -> float:
         """y_hat = P(the target model's step would score higher than `draft`)."""
         ids = encode_router_input(self.tokenizer, problem, history, draft, self.separator)
-        logits = self.scorer.last_row(ids)
+        logits = self.scorer.rows(ids)[-1]  # every new position, as the classifier always ran (bit for bit)
         return float(torch.softmax(logits, dim=-1)[1])
