@@ -54,7 +54,7 @@ def main() -> None:
         flips += int(alone.argmax() != together[0][0].argmax())
         heads = [int(rows[0].argmax()) for rows in together]
         positions = [pos + 1 for pos in positions]
-    print(f"{runner.name} ({runner.dtype}), {args.rows} rows, {args.steps} steps: max |logit difference| {worst:.4g}, "
+    print(f"{runner.name} ({runner.identity.precision}), {args.rows} rows, {args.steps} steps: max |logit difference| {worst:.4g}, "
           f"greedy token differs at {flips} of {args.steps} steps, smallest top-2 gap {gap:.4g}")
 
 

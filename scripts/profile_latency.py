@@ -37,7 +37,6 @@ from rstitch.metrics.latency_model import (
     ProfilePoint,
     estimate_latency,
     fit_profile,
-    latency_file,
     profile_runner,
     r_squared,
 )
@@ -86,11 +85,11 @@ def refit(directory: Path, relative: bool, scale_by_inf: bool) -> None:
         points = [ProfilePoint(int(n), int(kv), float(s)) for n, kv, s in old.info.get("points", [])]
         if not points:
             continue
-        model = fit_profile(points, relative=relative, scale_by_inf=scale_by_inf, identity=(old.model, old.device, old.dtype))
+        model = fit_profile(points, relative=relative, scale_by_inf=scale_by_inf, identity=(old.model, old.device, old.dtype, old.engine))
         model.info.update(fit_report(model, points))
         model.info.update({k: v for k, v in old.info.items() if k not in model.info and not k.startswith(("r2_", "mean_abs"))})
         model.info["weighting"] = "relative (1/T)" if relative else "unweighted"
-        print(describe("refit", model, model.save(latency_file(directory, old.model, old.device, old.dtype))))
+        print(describe("refit", model, model.save(model.path_in(directory))))
 
 
 def check_trajectories(pair, models, prompt: PromptFormat, n: int, taus: list[float], max_new_tokens: int) -> dict:
@@ -184,7 +183,7 @@ def main() -> None:
                            "profile_s": time.perf_counter() - t0,
                            "weighting": "unweighted" if args.unweighted else "relative (1/T)",
                            "points": [[q.n_inf, q.n_kv, q.seconds] for q in points]})
-        path = model.save(latency_file(args.out, model.model, model.device, model.dtype))
+        path = model.save(model.path_in(args.out))
         models[key] = model
         print(describe(key, model, path))
 

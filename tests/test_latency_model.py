@@ -143,3 +143,35 @@ def test_profile_script_refits_saved_points_with_the_scale(tmp_path):
     assert "refit (m)" in out and refit.scale_by_inf == LatencyModel.fit(n_inf, n_kv, seconds, scale_by_inf=True).scale_by_inf
     assert refit.info["mean_abs_rel_error_decode"] < refit.info["formula_mean_abs_rel_error_decode"] / 3
     assert refit.info["points"] == formula_only.info["points"]  # kept for the next refit
+
+
+def test_each_engine_stores_and_finds_its_profiles_under_its_own_identity(tmp_path):
+    """A vLLM runner's profiles are its own: saved under its identity, found by a vLLM pair, never
+    the HF engine's file of the same model, device and dtype (nor the other way round)."""
+    from types import SimpleNamespace
+
+    from rstitch.engines import EngineIdentity, ModelPair
+    from rstitch.engines.vllm import vllm_identity  # vLLM itself is imported only when a model loads
+    from rstitch.metrics.latency_model import ProfilePoint, load_pair_latency, runner_identity
+
+    def pair(engine: str):
+        def stand_in(name):
+            return SimpleNamespace(name=name, identity=EngineIdentity(engine, name, "cuda", "bfloat16"))
+        return ModelPair(stand_in("slm"), stand_in("llm"))
+
+    vllm_config = SimpleNamespace(device_config=SimpleNamespace(device_type="cuda"))
+    assert vllm_identity("llm", vllm_config, "bfloat16") == pair("vllm").llm.identity
+    points = [ProfilePoint(n, kv, 1e-3 * n + 1e-6 * n * kv + 2e-4) for n in (1, 4, 16) for kv in (0, 64, 256)]
+    for runner in pair("vllm").models().values():
+        fitted = fit_profile(points, runner, scale_by_inf=False)
+        assert fitted.engine == "vllm" and fitted.path_in(tmp_path).name == f"{runner.name}.vllm.cuda.bfloat16.json"
+        fitted.save(fitted.path_in(tmp_path))
+    assert load_pair_latency(tmp_path, pair("hf")) is None  # the HF engine's files are not there
+    found = load_pair_latency(tmp_path, pair("vllm"))
+    assert found is not None and {m.engine for m in found.values()} == {"vllm"}
+    hf = fit_profile(points, pair("hf").llm, scale_by_inf=False)
+    assert hf.path_in(tmp_path).name == "llm.cuda.bfloat16.json"  # the names HF profiles always had
+    assert latency_file(tmp_path, *runner_identity(pair("hf").slm)).name == "slm.cuda.bfloat16.json"
+    # A refit keeps the engine (identity given as saved: model, device, dtype, engine).
+    assert fit_profile(points, identity=("llm", "cuda", "bfloat16", "vllm")).engine == "vllm"
+    assert LatencyModel.load(found["llm"].path_in(tmp_path)).engine == "vllm"

@@ -88,8 +88,8 @@ def test_latency_profiles_are_named_apart_from_the_hf_engines(setup):
 
     pair = setup[0]
     for model in pair.models().values():
-        assert model.dtype == "gguf-Q4_K_Medium"  # llama.cpp's description of both packaged files
-        assert latency_file("d", *runner_identity(model)).name == f"{model.name}.cpu.gguf-Q4_K_Medium.json"
+        assert model.identity.precision == "gguf-Q4_K_Medium"  # llama.cpp's description of both packaged files
+        assert latency_file("d", *runner_identity(model)).name == f"{model.name}.llamacpp.cpu.gguf-Q4_K_Medium.json"
 
 
 def test_hybrids_at_their_extremes_reproduce_the_single_models(setup, single_models, check_hybrid_invariants):

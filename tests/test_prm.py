@@ -234,3 +234,34 @@ def test_shipped_testbed_prm_ranks_right_steps_above_wrong_ones():
                     (good if ok else bad).append(score)
     pairs = [(g > b) + 0.5 * (g == b) for g in good for b in bad]
     assert sum(pairs) / len(pairs) > 0.9  # ROC-AUC of right vs wrong steps
+
+
+def test_llm_judge_reads_yes_against_no_at_the_last_position_through_the_engine(tmp_path, char_tokenizer):
+    from transformers import AutoTokenizer
+
+    from rstitch.rewards.judge_prm import LLMJudgePRM
+
+    char_tokenizer.save_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    tok.add_tokens(["Yes", "No"])
+    model = tiny_config("LlamaForCausalLM", tok)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30.0)  # answers far from 1/2
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    judge = LLMJudgePRM(str(tmp_path))
+    yes, no = tok.convert_tokens_to_ids(["Yes", "No"])
+    expected = []
+    for k in range(1, len(STEPS) + 1):
+        logits = full_forward(model, judge.prompt_ids(PROBLEM, STEPS[:k]))[-1]
+        expected.append(float(torch.softmax(logits[[yes, no]], -1)[0]))
+    scores = judge.score(PROBLEM, STEPS)
+    assert scores == pytest.approx(expected, abs=1e-5) and max(scores) - min(scores) > 1e-3
+    assert judge.num_parameters == sum(p.numel() for p in model.parameters())
+    # A new step costs the tokens after the prefix its prompt shares with the last call, in one forward.
+    before = judge.cost.copy()
+    judge.score(PROBLEM, STEPS + ["so 11 it is"])
+    spent = judge.cost.since(before)
+    old, new = judge.prompt_ids(PROBLEM, STEPS), judge.prompt_ids(PROBLEM, STEPS + ["so 11 it is"])
+    shared = next(i for i, (a, b) in enumerate(zip(old, new)) if a != b)
+    assert (spent.forward_calls, spent.tokens_processed) == (1, len(new) - shared)

@@ -9,7 +9,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from rstitch.engines import packaged
-from rstitch.engines.base import CostCounter, Generation, ModelRunner, Sequence, SwitchRule, TokenDistribution, check_hub_model, resolve_model_path
+from rstitch.engines.base import (
+    Capabilities,
+    CostCounter,
+    EngineIdentity,
+    Generation,
+    ModelRunner,
+    Sequence,
+    SwitchRule,
+    TokenDistribution,
+    check_hub_model,
+    require,
+    resolve_model_path,
+)
 from rstitch.engines.sampling import Sampler
 from rstitch.errors import ConfigError
 
@@ -41,6 +53,19 @@ def load_model(engine: str, path: str, **options: Any) -> ModelRunner:
     except TypeError as err:  # an option this engine does not have
         raise ConfigError(f"engine '{engine}': {err}") from None
     return cls(path, **options)
+
+
+def load_scoring_model(engine: str, path: str, user: str, needs: tuple[str, ...] = (), **options: Any) -> ModelRunner:
+    """One model outside a pair (a PRM, a judge, a router), loaded by `engine` after the same
+    path checks as a pair's models; `needs` are the capabilities `user` reads, checked once here."""
+    check_engine_installed(engine)
+    runner = load_model(engine, **{**options, **_resolved({"path": path})})
+    # Its forwards stay out of the scheduler's batches: a batched run's latency estimate is the pair's
+    # fitted forwards plus each sample's own time, and a scorer's forwards are part of that own time.
+    runner.joins_batches = False
+    for capability in needs:
+        require(runner, capability, user)
+    return runner
 
 
 @dataclass
@@ -100,6 +125,7 @@ def check_same_tokenizer(a: ModelRunner, b: ModelRunner) -> None:
 
 
 __all__ = [
-    "ENGINES", "CostCounter", "Generation", "ModelPair", "ModelRunner", "Sampler", "Sequence",
-    "SwitchRule", "TokenDistribution", "check_same_tokenizer", "load_model", "load_pair",
+    "ENGINES", "Capabilities", "CostCounter", "EngineIdentity", "Generation", "ModelPair", "ModelRunner", "Sampler",
+    "Sequence", "SwitchRule", "TokenDistribution", "check_same_tokenizer", "load_model", "load_pair",
+    "load_scoring_model", "require",
 ]

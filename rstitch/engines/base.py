@@ -4,7 +4,12 @@ An engine wraps one model (`ModelRunner`). Each decoded sample opens one `Sequen
 its own token list and KV cache. Tokens are *appended* lazily and processed on the next call
 that needs a distribution (partial prefill: only tokens not yet in the cache run through the
 model). `rollback(n)` drops the last n tokens and their cache entries. Backends implement only
-`ModelRunner._new_state`, `Sequence._forward` and `Sequence._crop`; everything else is shared.
+`ModelRunner.new_sequence`, `Sequence._forward` and `Sequence._crop`; everything else is shared.
+
+Every runner declares, once, what it is (`identity`: engine, model, device, dtype or weight
+format; latency profiles are stored and found under it) and what it can do (`capabilities`:
+hidden states, batched forwards, exact full-vocabulary distributions); `require` is the one
+check of a capability, a one-line `ConfigError` naming the engines that have it.
 """
 from __future__ import annotations
 
@@ -18,12 +23,68 @@ from collections.abc import Collection
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from rstitch.engines.sampling import Sampler
 from rstitch.errors import ConfigError
+
+# The one table of floating-point weight types every engine, PRM and router accepts.
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def torch_dtype(dtype: str, owner: str = "") -> torch.dtype:
+    """The torch dtype of a config's `dtype` name; one error line for any other name."""
+    if dtype not in DTYPES:
+        what = f"{owner} dtype" if owner else "dtype"
+        raise ConfigError(f"unknown {what} '{dtype}'; valid: {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+@dataclass(frozen=True)
+class EngineIdentity:
+    """What a runner is, for everything keyed by it (latency profiles): the engine's registry
+    name, the model's name, the device type and the precision (a dtype, or a weight format such as
+    a GGUF file's `gguf-Q4_K_Medium`)."""
+
+    engine: str
+    model: str
+    device: str
+    precision: str
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do beyond the interface every engine has (distributions, scoring,
+    rollback, partial prefill, generation)."""
+
+    hidden_states: bool = True  # `want_hidden` sequences return the last hidden state
+    batched_forward: bool = False  # `forward_batch` runs many sequences in one call (else one by one)
+    exact_distributions: bool = True  # logits over the full vocabulary: exact entropy and any token's probability
+
+    DESCRIPTIONS: ClassVar[dict[str, str]] = {
+        "hidden_states": "give hidden states",
+        "batched_forward": "run several sequences in one forward",
+        "exact_distributions": "give exact full-vocabulary distributions",
+    }
+
+
+def require(runner: ModelRunner, capability: str, user: str) -> None:
+    """The one check of a capability: a one-line `ConfigError` when `runner` lacks it."""
+    if not getattr(runner.capabilities, capability):
+        what = Capabilities.DESCRIPTIONS[capability]
+        raise ConfigError(f"engine '{runner.identity.engine}' cannot {what} (model '{runner.name}'), which {user} needs")
+
+
+# The batched sample the scheduler runs now (engines/batching.py sets it): kept here, below
+# batching, so that the interface never imports the scheduler.
+_CURRENT_TASK: list[Any] = [None]
+
+
+def current_task() -> Any:
+    """The batched sample being decoded (a `batching.Task`), or None (batch size 1, or outside a run)."""
+    return _CURRENT_TASK[0]
 
 
 @dataclass
@@ -157,6 +218,8 @@ class Sequence(ABC):
     """One model's view of one sample: tokens, KV cache, and the logits of the last forward."""
 
     def __init__(self, runner: ModelRunner, prompt_ids: Seq[int], want_hidden: bool = False):
+        if want_hidden:
+            require(runner, "hidden_states", "a sequence with want_hidden (R-Stitch+'s router, a PRM's own head)")
         self.runner = runner
         self.tokens: list[int] = list(prompt_ids)
         self.want_hidden = want_hidden
@@ -370,7 +433,9 @@ def warn_remote_code(path: str) -> None:
 
 
 class ModelRunner(ABC):
-    """One loaded model: its tokenizer, size, cost counters and a factory of sequences."""
+    """One loaded model: its tokenizer, size, cost counters and a factory of sequences. A backend
+    sets `identity` once its model is loaded and declares `capabilities` (a class attribute, or
+    set in `__init__` where they depend on the model or the options)."""
 
     name: str
     tokenizer: Any
@@ -378,10 +443,18 @@ class ModelRunner(ABC):
     num_parameters: int
     hidden_size: int
     eos_token_ids: list[int]
-    gives_hidden_states: bool = True  # `want_hidden` sequences return the last hidden state
+    identity: EngineIdentity
+    capabilities: Capabilities = Capabilities()
+    # False: forwards run at once inside the sample's own time even in a batched run (a scorer's,
+    # which the batch-1 latency estimate counts as the sample's own work: engines.load_scoring_model).
+    joins_batches: bool = True
 
     def __init__(self) -> None:
         self.cost = CostCounter()
+
+    @property
+    def gives_hidden_states(self) -> bool:
+        return self.capabilities.hidden_states
 
     @abstractmethod
     def new_sequence(self, prompt_ids: Seq[int], want_hidden: bool = False) -> Sequence:
@@ -390,9 +463,7 @@ class ModelRunner(ABC):
     def run_forward(self, seq: Sequence, new_ids: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor | None, float]:
         """`seq._forward` and its wall time; inside a batched run (batch_size > 1) the request
         waits for one batched forward with the other samples' requests to this model."""
-        from rstitch.engines import batching
-
-        task = batching.current_task()
+        task = current_task() if self.joins_batches else None
         if task is not None:
             (logits, hidden), seconds = task.submit(ForwardRequest(self, seq, new_ids, keep))
             return logits, hidden, seconds
@@ -403,9 +474,7 @@ class ModelRunner(ABC):
     def run_request(self, request: Any) -> tuple[Any, float]:
         """A backend's own kind of request (e.g. vLLM's run of tokens) and its wall time: in a
         batched run it waits for this model's next `forward_batch` with the other samples'."""
-        from rstitch.engines import batching
-
-        task = batching.current_task()
+        task = current_task() if self.joins_batches else None
         if task is not None:
             return task.submit(request)
         start = time.perf_counter()

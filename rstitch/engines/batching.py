@@ -21,15 +21,14 @@ from typing import Any
 
 import greenlet
 
-from rstitch.engines.base import CostCounter, ModelRunner, live_counters
+from rstitch.engines.base import _CURRENT_TASK, CostCounter, ModelRunner, current_task, live_counters
 
-_CURRENT: list[Task | None] = [None]  # the sample running now (all run in the scheduler's thread)
+__all__ = ["BatchAborted", "BatchScheduler", "Finished", "Task", "current_task"]
+
+# The sample running now (all run in the scheduler's thread) is base's slot, so that the engine
+# interface reads it without importing this module.
+_CURRENT = _CURRENT_TASK
 _SCALARS = tuple(f.name for f in fields(CostCounter) if f.name != "forward_shapes")
-
-
-def current_task() -> Task | None:
-    """The batched sample the calling thread decodes, or None (batch size 1, or outside a run)."""
-    return _CURRENT[0]
 
 
 class BatchAborted(Exception):

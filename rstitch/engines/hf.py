@@ -3,8 +3,6 @@ in batched runs one slot per sequence in a shared cache (`SlotCache`), and one p
 the sequences waiting on a model."""
 from __future__ import annotations
 
-import functools
-import inspect
 import json
 import time
 import weakref
@@ -13,7 +11,18 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from rstitch.engines.base import ForwardRequest, ModelRunner, Sequence, resolve_model_path, warn_remote_code
+from rstitch.engines.base import (
+    DTYPES,  # noqa: F401 (re-exported: the one table lives in engines/base.py)
+    Capabilities,
+    EngineIdentity,
+    ForwardRequest,
+    ModelRunner,
+    Sequence,
+    resolve_model_path,
+    torch_dtype,
+    warn_remote_code,
+)
+from rstitch.engines.hf_forward import cache_kwargs, width_groups  # noqa: F401 (cache_kwargs: engines.hf.cache_kwargs is the documented name)
 from rstitch.engines.hf_static import StaticDecoder, StaticSequence, resolve_mode
 from rstitch.engines.loading import eos_token_ids, load_tokenizer, model_load_errors, model_name, shared_vocab_size
 from rstitch.errors import ConfigError
@@ -21,7 +30,7 @@ from rstitch.errors import ConfigError
 if TYPE_CHECKING:
     from transformers import DynamicCache, PreTrainedModel
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+CAUSAL_LM = "AutoModelForCausalLM"
 
 
 class HFSequence(Sequence):
@@ -39,6 +48,8 @@ class HFSequence(Sequence):
         runner = self.runner
         if self.slot is not None:  # batched before: its state lives in the slot
             return batched_forward(runner, [ForwardRequest(runner, self, new_ids, keep)])[0]
+        if not runner.causal_lm:
+            return self._head_forward(new_ids, keep)
         input_ids = torch.tensor([new_ids], dtype=torch.long, device=runner.device)
         out = runner.model(
             input_ids=input_ids,
@@ -50,6 +61,21 @@ class HFSequence(Sequence):
         logits = out.logits[0, -keep:, : runner.vocab_size].float()
         hidden = out.hidden_states[-1][0, -keep:].float() if self.want_hidden else None
         return logits, hidden
+
+    def _head_forward(self, new_ids: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A model of another auto class (a PRM's, a router's): its backbone, then its own head
+        (`output_head`) on the final hidden states, whose rows stand for the logits; a bare backbone's
+        rows are those states. Without `use_cache` the whole token list runs again (remote code
+        that predates cache objects)."""
+        runner = self.runner
+        base = runner.model.base_model
+        ids = new_ids if runner.use_cache else self.tokens[: self.n_cached] + new_ids
+        cache = cache_kwargs(base, self.cache) if runner.use_cache else {}
+        out = base(input_ids=torch.tensor([ids], dtype=torch.long, device=runner.device), use_cache=runner.use_cache, **cache)
+        final = out.last_hidden_state[0, -keep:]
+        head = runner.output_head
+        rows = final if head is None else head(final.to(next(head.parameters()).dtype))
+        return rows[:, : runner.vocab_size].float(), final.float() if self.want_hidden else None
 
     def _crop(self, n_keep: int) -> None:
         if self.slot is not None:
@@ -75,12 +101,13 @@ class HFModelRunner(ModelRunner):
         use_safetensors: bool = True,  # false also loads pickled (.bin) weights, which can run code
         gguf_file: str | None = None,  # a GGUF file in `path`, dequantized to `dtype` at every load
         compile: Any = "auto",  # noqa: A002 - engine.compile: the static decode path (engines/hf_static.py)
+        auto_class: str = CAUSAL_LM,  # another transformers auto class: a scoring model (PRM, router) read through its own head
+        use_cache: bool = True,  # false: every forward reruns the whole sequence (remote code without cache objects)
     ):
         super().__init__()
         from transformers.utils import logging as hf_logging
 
-        if dtype not in DTYPES:
-            raise ConfigError(f"unknown dtype '{dtype}'; valid: {', '.join(DTYPES)}")
+        torch_dtype(dtype)  # one line for an unknown name, before anything loads
         self.path = path  # as configured (a packaged:<name> stays one)
         path = resolve_model_path(path)
         if trust_remote_code:
@@ -98,11 +125,16 @@ class HFModelRunner(ModelRunner):
                                             gguf_file=gguf_file)
             self.model = load_causal_lm(path, dtype, device, trust_remote_code=trust_remote_code, revision=revision,
                                         use_safetensors=use_safetensors, gguf_file=gguf_file,
-                                        attn_implementation=attn_implementation)
+                                        attn_implementation=attn_implementation, auto_class=auto_class)
+        self.causal_lm, self.use_cache = auto_class == CAUSAL_LM, use_cache
+        self.output_head = output_head(self.model, auto_class)
         self.vocab_size = shared_vocab_size(self.tokenizer, self.model.config.vocab_size)
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
         self.hidden_size = self.model.config.hidden_size
-        self.eos_token_ids = eos_token_ids(self.tokenizer, getattr(self.model.generation_config, "eos_token_id", None))
+        self.eos_token_ids = eos_token_ids(self.tokenizer, getattr(getattr(self.model, "generation_config", None), "eos_token_id", None))
+        self.identity = EngineIdentity("hf", self.name, self.device.type, dtype)
+        self.capabilities = Capabilities(hidden_states=True, batched_forward=self.causal_lm and batchable(self.model),
+                                         exact_distributions=True)
         self._slots: SlotCache | None = None  # made at the first batched forward
         mode = resolve_mode(compile, self.device)
         self.static = None if mode == "off" else StaticDecoder(self, mode)
@@ -115,7 +147,7 @@ class HFModelRunner(ModelRunner):
     def forward_batch(self, requests: list[ForwardRequest]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         if self.static is not None:
             return self.static.forward(requests)
-        if not batchable(self.model):
+        if not self.capabilities.batched_forward:
             return super().forward_batch(requests)
         if self._slots is None:
             self._slots = SlotCache(self.model.config, self.model.dtype, self.device)
@@ -144,30 +176,6 @@ BATCHED_ATTENTION = {"sdpa", "eager"}
 def batchable(model: PreTrainedModel) -> bool:
     config = model.config
     return config.model_type in BATCHED_MODEL_TYPES and config._attn_implementation in BATCHED_ATTENTION
-
-
-# A forward's fixed cost in padded tokens (testbed LLM on CPU: ~3 ms against ~0.1 ms per padded
-# token): rows of very different widths (a catch-up prefill beside single-token steps) run as
-# separate forwards when padding them together would cost more than that.
-FORWARD_COST_TOKENS = 32
-
-
-def width_groups(widths: list[int]) -> list[list[int]]:
-    """Rows (by index) split into padded forwards of similar widths, minimizing the sum over
-    forwards of FORWARD_COST_TOKENS + rows x widest row (exact, over the rows sorted by width)."""
-    order = sorted(range(len(widths)), key=lambda i: widths[i])
-    best = [0.0] + [float("inf")] * len(order)  # best[j]: cost of the first j sorted rows
-    cut = [0] * (len(order) + 1)
-    for j in range(1, len(order) + 1):
-        for i in range(j):
-            cost = best[i] + FORWARD_COST_TOKENS + (j - i) * widths[order[j - 1]]
-            if cost < best[j]:
-                best[j], cut[j] = cost, i
-    groups, j = [], len(order)
-    while j:
-        groups.append(sorted(order[cut[j]:j]))
-        j = cut[j]
-    return groups[::-1]
 
 
 class SlotCache:
@@ -290,19 +298,6 @@ def batched_forward(runner: HFModelRunner, requests: list[ForwardRequest]) -> li
     return [(lg, h if s.want_hidden else None) for lg, h, s in zip(logits, hidden, seqs)]
 
 
-def cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
-    """`cache` as the keyword `model`'s forward takes it: `cache` from transformers 5.24 on (the
-    old `past_key_values` warns at every call there and goes in 5.40), `past_key_values` before
-    (5.19-5.23: the vLLM engine's environment) and in remote-code models."""
-    # A class is hashable; torch's stubs declare Module.__hash__ in a form the Hashable protocol rejects.
-    return {_cache_argument(type(model)): cache}  # type: ignore[arg-type]
-
-
-@functools.cache
-def _cache_argument(model_class: type[torch.nn.Module]) -> str:
-    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
-
-
 def _slot(runner: HFModelRunner, seq: HFSequence) -> int:
     """`seq`'s slot of the runner's SlotCache, taken at its first batched forward (its
     DynamicCache's entries copied there)."""
@@ -321,24 +316,38 @@ def _slot(runner: HFModelRunner, seq: HFSequence) -> int:
     return seq.slot
 
 
+def output_head(model: PreTrainedModel, auto_class: str) -> torch.nn.Module | None:
+    """The module that turns final hidden states into a model's outputs: the LM head of a causal
+    LM, the `score` (or `classifier`) head of a classification model, None for a bare backbone."""
+    if auto_class == CAUSAL_LM:
+        return model.get_output_embeddings()
+    head = next((h for h in (getattr(model, "score", None), getattr(model, "classifier", None)) if h is not None), None)
+    if head is None and model.base_model is not model:
+        raise ConfigError(f"engine 'hf': a {type(model).__name__} ({auto_class}) has no score or classifier head to read")
+    return head
+
+
 _WEIGHTS: weakref.WeakValueDictionary[str, PreTrainedModel] = weakref.WeakValueDictionary()
 
 
 def load_causal_lm(path: str, dtype: str, device: str, *, trust_remote_code: bool = False, revision: str | None = None,
                    use_safetensors: bool = True, gguf_file: str | None = None,
-                   attn_implementation: str | None = None) -> PreTrainedModel:
-    """A causal LM in eval mode, shared while in use: a judge PRM on the pair's own LLM reads the
-    same weights instead of a second copy (inference only; every user keeps its own KV caches)."""
-    from transformers import AutoModelForCausalLM
+                   attn_implementation: str | None = None, auto_class: str = CAUSAL_LM) -> PreTrainedModel:
+    """A causal LM (or a model of another transformers `auto_class`) in eval mode, shared while in
+    use: a judge PRM on the pair's own LLM reads the same weights instead of a second copy
+    (inference only; every user keeps its own KV caches)."""
+    import transformers
 
+    model_class = getattr(transformers, auto_class, None) if auto_class.startswith("AutoModel") else None
+    if model_class is None:
+        raise ConfigError(f"engine 'hf': unknown auto_class '{auto_class}' (a transformers AutoModel... class)")
     options = {"trust_remote_code": trust_remote_code, "revision": revision, "attn_implementation": attn_implementation}
     # A GGUF file is its own format: the safetensors-only rule is for checkpoint directories.
     options.update({"gguf_file": gguf_file} if gguf_file else {"use_safetensors": use_safetensors})
     options = {k: v for k, v in options.items() if v is not None}
-    key = json.dumps([path, dtype, str(device), options], sort_keys=True)
+    key = json.dumps([path, dtype, str(device), options, auto_class], sort_keys=True)
     model = _WEIGHTS.get(key)
     if model is None:
-        # transformers wraps PreTrainedModel.to in a decorator typed as if the model were its first argument.
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **options).to(device).eval()  # type: ignore[arg-type]
+        model = model_class.from_pretrained(path, dtype=torch_dtype(dtype), **options).to(device).eval()
         _WEIGHTS[key] = model
     return model

@@ -263,7 +263,7 @@ class StaticDecoder:
     def forward(self, requests: list[ForwardRequest]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """The requests' forwards (each a StaticSequence of this runner) in one step, or one
         per group of similar widths (hf.width_groups) when a long prefill meets decode steps."""
-        from rstitch.engines.hf import width_groups
+        from rstitch.engines.hf_forward import width_groups
 
         outputs: list[Any] = [None] * len(requests)
         for group in width_groups([len(r.new_ids) for r in requests]):
@@ -340,7 +340,7 @@ class StaticDecoder:
         else:
             floor = torch.finfo(self.model.dtype).min
             mask = torch.zeros(allowed.shape, dtype=self.model.dtype, device=ids.device).masked_fill(~allowed, floor)[:, None]
-        from rstitch.engines.hf import cache_kwargs
+        from rstitch.engines.hf_forward import cache_kwargs
 
         view = _RowsView(self.kv, rows, positions)
         out = self.base(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,

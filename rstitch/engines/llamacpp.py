@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from rstitch.engines import packaged
-from rstitch.engines.base import ForwardRequest, ModelRunner, Sequence
+from rstitch.engines.base import Capabilities, EngineIdentity, ForwardRequest, ModelRunner, Sequence
 from rstitch.engines.loading import eos_token_ids, load_tokenizer, shared_vocab_size
 from rstitch.errors import ConfigError
 
@@ -50,7 +50,7 @@ def _llama_cpp():
 
 def _weight_type(llama_cpp, model) -> str:
     """The file's weight type as llama.cpp describes the model ("qwen2 1.5B Q4_K - Medium" ->
-    "gguf-Q4_K_Medium"): latency profiles are stored per (model, device, dtype)."""
+    "gguf-Q4_K_Medium"): the precision part of the runner's identity."""
     buf = ctypes.create_string_buffer(256)
     llama_cpp.llama_model_desc(model, buf, len(buf))
     parts = buf.value.decode(errors="replace").split(" ", 2)
@@ -75,9 +75,7 @@ class LlamaCppSequence(Sequence):
     runner: LlamaCppModelRunner
 
     def __init__(self, runner: LlamaCppModelRunner, prompt_ids: Seq[int], want_hidden: bool = False):
-        if want_hidden:
-            raise ConfigError("engine 'llamacpp' cannot give hidden states (R-Stitch+'s router reads them); use engine=hf or engine=vllm")
-        super().__init__(runner, prompt_ids, want_hidden)
+        super().__init__(runner, prompt_ids, want_hidden)  # refuses want_hidden (capabilities)
         self.seq_id = runner._acquire()
         weakref.finalize(self, runner._release, self.seq_id)
 
@@ -90,7 +88,8 @@ class LlamaCppSequence(Sequence):
 
 
 class LlamaCppModelRunner(ModelRunner):
-    gives_hidden_states = False
+    capabilities = Capabilities(hidden_states=False, batched_forward=True, exact_distributions=True)
+
     def __init__(
         self,
         path: str,
@@ -141,7 +140,7 @@ class LlamaCppModelRunner(ModelRunner):
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
         self.vocab_size = shared_vocab_size(self.tokenizer, self.n_vocab)
         self.num_parameters = llama_cpp.llama_model_n_params(self.model)
-        self.dtype = _weight_type(llama_cpp, self.model)  # names its latency profile apart from the HF engine's
+        self.identity = EngineIdentity("llamacpp", self.name, "cpu", _weight_type(llama_cpp, self.model))
         self.hidden_size = llama_cpp.llama_model_n_embd(self.model)
         self.eos_token_ids = _eos_ids(llama_cpp, vocab, self.tokenizer, path)
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)

@@ -45,12 +45,21 @@ from typing import Any
 
 import torch
 
-from rstitch.engines.base import ForwardRequest, Generation, ModelRunner, Sequence, SwitchRule, resolve_model_path
+from rstitch.engines.base import (
+    Capabilities,
+    EngineIdentity,
+    ForwardRequest,
+    Generation,
+    ModelRunner,
+    Sequence,
+    SwitchRule,
+    resolve_model_path,
+    torch_dtype,
+)
 from rstitch.engines.loading import eos_token_ids, generation_eos, load_config, load_tokenizer, model_load_errors, model_name, shared_vocab_size
 from rstitch.engines.sampling import Sampler
 from rstitch.errors import ConfigError
 
-DTYPES = ("float32", "float16", "bfloat16")
 FULL_VOCAB_LIMIT = 4096  # `logprobs: auto` returns the full vocabulary up to this size...
 AUTO_TOPK = 20  # ...and the top 20 above it (vLLM's default cap, the OpenAI API's maximum)
 
@@ -296,14 +305,7 @@ class VLLMModelRunner(ModelRunner):
         memory share of the hidden-state engine, opened only for sequences that want hidden
         states (`hidden_kv_cache_memory_bytes` null: `kv_cache_memory_bytes`)."""
         super().__init__()
-        if dtype not in DTYPES:
-            raise ConfigError(f"unknown dtype '{dtype}'; valid: {', '.join(DTYPES)}")
-        if isinstance(max_lookahead, bool) or not isinstance(max_lookahead, int) or max_lookahead < 1:
-            raise ConfigError(f"engine.max_lookahead must be an integer >= 1, got {max_lookahead!r}")
-        # Checked now: the hidden-state engine is loaded only at the first sequence that wants it.
-        if not _is_fraction(hidden_gpu_memory_utilization):
-            raise ConfigError(
-                f"engine.hidden_gpu_memory_utilization must be in (0, 1], got {hidden_gpu_memory_utilization!r}")
+        _check_options(dtype, max_lookahead, hidden_gpu_memory_utilization)
         self.path = path  # as configured (a packaged:<name> stays one)
         path = resolve_model_path(path)  # what vLLM loads: a directory or a hub id
         if num_threads:
@@ -320,6 +322,8 @@ class VLLMModelRunner(ModelRunner):
         self.num_parameters = _count_parameters(config)
         self.eos_token_ids = eos_token_ids(self.tokenizer, generation_eos(path))
         self.top_logprobs = _logprob_count(logprobs, self.model_vocab_size)
+        # Top-k logprobs are completed by spreading the leftover mass: exact only with the full vocabulary.
+        self.capabilities = Capabilities(hidden_states=True, batched_forward=True, exact_distributions=self.top_logprobs == -1)
         self.max_lookahead = max_lookahead
         self.served_from_lookahead = self.lookahead_tokens = self.requests = self.hidden_requests = 0
         self.generate_calls = self._tags = 0
@@ -348,6 +352,7 @@ class VLLMModelRunner(ModelRunner):
         self.llm = LLM(**{k: v for k, v in {**args, "max_logprobs": self.top_logprobs,
                                             "logits_processors": processors}.items() if v is not None})
         self.max_model_len = self.llm.llm_engine.vllm_config.model_config.max_model_len
+        self.identity = vllm_identity(self.name, self.llm.llm_engine.vllm_config, dtype)
 
     def new_sequence(self, prompt_ids: Seq[int], want_hidden: bool = False) -> VLLMSequence:
         return VLLMSequence(self, prompt_ids, want_hidden)
@@ -469,6 +474,29 @@ class VLLMModelRunner(ModelRunner):
         ids = torch.tensor(flat.token_ids[start:end], dtype=torch.long)
         values = torch.tensor(flat.logprobs[start:end], dtype=torch.float32)
         return complete_topk(ids, values, self.model_vocab_size)[: self.vocab_size]
+
+
+def _check_options(dtype: str, max_lookahead: Any, hidden_gpu_memory_utilization: Any) -> None:
+    """One line for a bad option, before anything loads."""
+    torch_dtype(dtype)
+    if isinstance(max_lookahead, bool) or not isinstance(max_lookahead, int) or max_lookahead < 1:
+        raise ConfigError(f"engine.max_lookahead must be an integer >= 1, got {max_lookahead!r}")
+    # Checked now: the hidden-state engine is loaded only at the first sequence that wants it.
+    if not _is_fraction(hidden_gpu_memory_utilization):
+        raise ConfigError(f"engine.hidden_gpu_memory_utilization must be in (0, 1], got {hidden_gpu_memory_utilization!r}")
+
+
+def vllm_identity(name: str, vllm_config: Any, dtype: str) -> EngineIdentity:
+    """The runner's identity: the device vLLM's platform runs on and the dtype asked for, under
+    the engine's own name, so its latency profiles are never the HF engine's."""
+    device = getattr(getattr(vllm_config, "device_config", None), "device_type", None) or _platform_device()
+    return EngineIdentity("vllm", name, str(device), dtype)
+
+
+def _platform_device() -> str:
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type)
 
 
 def _logprob_count(logprobs: int | str, vocab_size: int) -> int:

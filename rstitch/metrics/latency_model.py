@@ -6,8 +6,9 @@ modelled as
     T(n_inf, n_kv) = a * n_inf * n_kv + b * n_inf^2 + c * n_inf + d
 
 (attention over the cache, attention among the new tokens, per-token MLP/projection work, fixed
-launch overhead). A decode step is n_inf = 1. The coefficients are fitted per (model, device,
-dtype) by `scripts/profile_latency.py` and stored as JSON; a trajectory's latency is estimated as
+launch overhead). A decode step is n_inf = 1. The coefficients are fitted per runner identity
+(engine, model, device, dtype or weight format: `ModelRunner.identity`) by
+`scripts/profile_latency.py` and stored as JSON; a trajectory's latency is estimated as
 the sum of T over its forwards. R-Stitch+'s reward uses this estimate, so training does not
 depend on timing noise of the machine it runs on.
 
@@ -53,7 +54,7 @@ def r_squared(predicted: np.ndarray, measured: np.ndarray) -> float:
 
 @dataclass
 class LatencyModel:
-    """T = a*n_inf*n_kv + b*n_inf^2 + c*n_inf + d, in seconds, for one (model, device, dtype)."""
+    """T = a*n_inf*n_kv + b*n_inf^2 + c*n_inf + d, in seconds, for one (engine, model, device, dtype)."""
 
     a: float
     b: float
@@ -65,6 +66,11 @@ class LatencyModel:
     r2: float = math.nan  # on the profiling points (plain, unweighted R^2)
     info: dict[str, Any] = field(default_factory=dict)  # fit diagnostics, profiling grid, ...
     scale_by_inf: dict[int, float] = field(default_factory=dict)  # measured / formula per n_inf; {} = formula
+    engine: str = "hf"  # files saved before engines were named are the HF engine's
+
+    def path_in(self, directory: str | Path) -> Path:
+        """Where this model is stored under `directory` (see `latency_file`)."""
+        return latency_file(directory, self.model, self.device, self.dtype, self.engine)
 
     @property
     def coefficients(self) -> np.ndarray:
@@ -125,14 +131,19 @@ class LatencyModel:
         return cls(**data)
 
 
-def latency_file(directory: str | Path, model: str, device: str = "cpu", dtype: str = "float32") -> Path:
-    """Where the coefficients of one (model, device, dtype) live."""
-    return Path(directory) / f"{model}.{device}.{dtype}.json"
+def latency_file(directory: str | Path, model: str, device: str = "cpu", dtype: str = "float32", engine: str = "hf") -> Path:
+    """Where the coefficients of one runner identity live: `<model>.<device>.<dtype>.json` for
+    the HF engine (the names profiles had before engines were named), `<model>.<engine>.<device>.
+    <dtype>.json` for every other engine, so no engine ever reads another's profile."""
+    parts = [model, device, dtype] if engine == "hf" else [model, engine, device, dtype]
+    return Path(directory) / (".".join(parts) + ".json")
 
 
-def runner_identity(runner: ModelRunner) -> tuple[str, str, str]:
-    device = getattr(runner, "device", "cpu")
-    return runner.name, getattr(device, "type", str(device)), getattr(runner, "dtype", "float32")
+def runner_identity(runner: ModelRunner) -> tuple[str, str, str, str]:
+    """(model, device, dtype or weight format, engine): `latency_file`'s arguments, read from the
+    identity the runner declares (`ModelRunner.identity`)."""
+    identity = runner.identity
+    return identity.model, identity.device, identity.precision, identity.engine
 
 
 # The forwards a run's estimates cover: up to USE_MAX_INF new tokens (a prompt's prefill) over up
@@ -213,15 +224,17 @@ def profile_runner(runner: ModelRunner, n_inf_grid: Iterable[int], n_kv_grid: It
 
 
 def fit_profile(points: list[ProfilePoint], runner: ModelRunner | None = None, relative: bool = True,
-                scale_by_inf: bool = True, identity: tuple[str, str, str] | None = None) -> LatencyModel:
-    """Fit on profiled points; the model's identity is the runner's (or given, when refitting saved points)."""
+                scale_by_inf: bool = True, identity: tuple[str, ...] | None = None) -> LatencyModel:
+    """Fit on profiled points; the model's identity is the runner's (or given, when refitting
+    saved points: (model, device, dtype) of the HF engine, or (model, device, dtype, engine))."""
     if identity is None:
         if runner is None:
-            raise ValueError("fit_profile needs a runner or an identity (model, device, dtype)")
+            raise ValueError("fit_profile needs a runner or an identity (model, device, dtype[, engine])")
         identity = runner_identity(runner)
-    model, device, dtype = identity
+    model, device, dtype, *rest = identity
     fitted = LatencyModel.fit([p.n_inf for p in points], [p.n_kv for p in points], [p.seconds for p in points],
-                              relative=relative, scale_by_inf=scale_by_inf, model=model, device=device, dtype=dtype)
+                              relative=relative, scale_by_inf=scale_by_inf, model=model, device=device, dtype=dtype,
+                              engine=rest[0] if rest else "hf")
     fitted.info["n_points"] = len(points)
     return fitted
 

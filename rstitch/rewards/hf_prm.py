@@ -3,43 +3,50 @@
 
 * `SkyworkPRM` (Skywork-o1-Open-PRM-Qwen-2.5-1.5B / -7B): the checkpoint is a Qwen2 causal LM
   plus a value head (``v_head.summary.weight`` [1, H] and ``v_head.summary.bias`` [1]) that
-  Skywork's own code attaches. We load the Qwen2 backbone with `AutoModel` (the ``lm_head`` is
-  not needed) and rebuild the value head as a `Linear(H, 1)` from those two tensors. Input as in
+  Skywork's own code attaches. The engine runs the backbone (the HF engine loads it with
+  `AutoModel`: the ``lm_head`` is not needed; any engine that gives last hidden states can) and
+  the value head is rebuilt as a `Linear(H, 1)` from those two tensors. Input as in
   the RSD code: ``bos + problem + "\\n"``, then each step's tokens followed by the last token of
   the separator; reward = sigmoid of the value at that separator token.
 * `QwenMathPRM` (Qwen2.5-Math-PRM-7B, remote code): chat template [system, user: problem,
   assistant: steps each followed by ``<extra_0>``]; reward = softmax of the two-class head at each
-  ``<extra_0>``, probability of class 1 (the step is correct).
+  ``<extra_0>``, probability of class 1 (the step is correct). Its head is the checkpoint's own
+  module: the HF engine reads it (`auto_class`).
+
+Both run through the engine interface (`rewards/prefix_cache.py`): one sequence per sample, the
+shared prefix reused.
 """
 from __future__ import annotations
 
 import json
-import os
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
-from rstitch.engines.base import check_hub_model, resolve_model_path, warn_remote_code
+from rstitch.engines import ModelRunner, TokenDistribution, load_scoring_model
+from rstitch.engines.base import torch_dtype
 from rstitch.errors import ConfigError
 from rstitch.rewards.base import ProcessRewardModel
-from rstitch.rewards.prefix_cache import PrefixCachedHead
+from rstitch.rewards.prefix_cache import PrefixCachedScorer, logit_rows
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 QWEN_MATH_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
 QWEN_STEP_TOKEN = "<extra_0>"
 SKYWORK_VALUE_HEAD = ("v_head.summary.weight", "v_head.summary.bias")
 
 
 class HFProcessRewardModel(ProcessRewardModel):
-    """Scores = `reward(head(backbone(ids)))` at one position per step (see `encode`)."""
+    """Scores = `reward(read(distributions))` at one position per step (see `encode`), the
+    distributions those of `runner`, an engine's model; its forwards are this PRM's cost."""
 
-    def __init__(self, name: str, tokenizer, backbone: torch.nn.Module, head: torch.nn.Module, use_cache: bool = True):
+    def __init__(self, name: str, runner: ModelRunner, read: Callable[[list[TokenDistribution]], torch.Tensor] = logit_rows,
+                 want_hidden: bool = False, use_cache: bool = True, extra_parameters: int = 0):
         super().__init__()
         self.name = name
-        self.tokenizer = tokenizer
-        self.scorer = PrefixCachedHead(backbone.eval(), head.eval(), self.cost, use_cache)
-        self.num_parameters = _count(backbone) + _count(head)
+        self.runner, self.tokenizer, self.cost = runner, runner.tokenizer, runner.cost
+        self.scorer = PrefixCachedScorer(runner, read, want_hidden, use_cache)
+        self.num_parameters = runner.num_parameters + extra_parameters
 
     @abstractmethod
     def encode(self, problem: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
@@ -61,10 +68,12 @@ class HFProcessRewardModel(ProcessRewardModel):
 
 
 class SkyworkPRM(HFProcessRewardModel):
-    def __init__(self, path: str, device: str = "cpu", dtype: str = "bfloat16", separator: str = "\n\n"):
-        backbone, tokenizer = _load(path, "AutoModel", device, dtype)
-        head = _value_head(path, backbone.config.hidden_size).to(device=backbone.device, dtype=backbone.dtype)
-        super().__init__("skywork", tokenizer, backbone, head)
+    def __init__(self, path: str, device: str = "cpu", dtype: str = "bfloat16", separator: str = "\n\n", engine: str = "hf"):
+        hf_only = {"auto_class": "AutoModel"} if engine == "hf" else {}
+        runner = load_scoring_model(engine, path, "PRM skywork (its value head reads hidden states)", ("hidden_states",),
+                                    dtype=dtype, device=device, **hf_only)
+        head = _value_head(path, runner.hidden_size).to(dtype=torch_dtype(dtype))
+        super().__init__("skywork", runner, HeadOnHidden(head), want_hidden=True, extra_parameters=_count(head))
         self.separator_id = self._ids(separator)[-1]
 
     def encode(self, problem: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
@@ -91,12 +100,18 @@ class QwenMathPRM(HFProcessRewardModel):
         use_cache: bool = False,  # its remote code predates cache objects; rerun the input
         revision: str | None = None,
         use_safetensors: bool = True,
+        engine: str = "hf",
     ):
-        model, tokenizer = _load(path, auto_class, device, dtype, trust_remote_code, revision, use_safetensors)
-        super().__init__("qwen_math_prm", tokenizer, getattr(model, model.base_model_prefix), model.score, use_cache)
+        if engine != "hf":  # its classification head is the checkpoint's own code
+            raise ConfigError(f"PRM qwen_math_prm reads its checkpoint's own classification head, which only engine 'hf' "
+                              f"loads (auto_class); got engine '{engine}'")
+        runner = load_scoring_model(engine, path, "PRM qwen_math_prm", dtype=dtype, device=device, auto_class=auto_class,
+                                    trust_remote_code=trust_remote_code, use_cache=use_cache, revision=revision,
+                                    use_safetensors=use_safetensors)
+        super().__init__("qwen_math_prm", runner, use_cache=use_cache)
         self.system = system
-        self.step_id = tokenizer.convert_tokens_to_ids(QWEN_STEP_TOKEN)
-        if self.step_id is None or self.step_id == tokenizer.unk_token_id:
+        self.step_id = self.tokenizer.convert_tokens_to_ids(QWEN_STEP_TOKEN)
+        if self.step_id is None or self.step_id == self.tokenizer.unk_token_id:
             raise ConfigError(f"PRM '{path}': tokenizer has no {QWEN_STEP_TOKEN} token")
 
     def encode(self, problem: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
@@ -116,26 +131,20 @@ class QwenMathPRM(HFProcessRewardModel):
         return torch.softmax(rows, dim=-1)[:, 1]
 
 
-def _load(path: str, auto_class: str, device: str, dtype: str, trust_remote_code: bool = False,
-          revision: str | None = None, use_safetensors: bool = True):
-    import transformers
+class HeadOnHidden:
+    """A PRM's own head on the last hidden states of the distributions, in the head's dtype, on
+    the device the engine gives them on."""
 
-    if dtype not in DTYPES:
-        raise ConfigError(f"unknown PRM dtype '{dtype}'; valid: {', '.join(DTYPES)}")
-    path = resolve_model_path(path)
-    if not os.path.isdir(path):
-        check_hub_model(path, revision)
-    if trust_remote_code:
-        warn_remote_code(path)
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, revision=revision)
-        model = getattr(transformers, auto_class).from_pretrained(
-            path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, revision=revision,
-            use_safetensors=use_safetensors,
-        )
-    except OSError as err:  # hub id unreachable offline, or a directory without a model
-        raise ConfigError(f"cannot load PRM '{path}': {str(err).splitlines()[0]}") from None
-    return model.to(device).eval(), tokenizer
+    def __init__(self, head: torch.nn.Module):
+        self.head = head.eval()
+
+    @torch.inference_mode()
+    def __call__(self, dists: list[TokenDistribution]) -> torch.Tensor:
+        hidden = torch.stack([d.hidden for d in dists if d.hidden is not None])
+        weight = next(self.head.parameters())
+        if weight.device != hidden.device:
+            self.head = self.head.to(hidden.device)
+        return self.head(hidden.to(weight.dtype))
 
 
 def _value_head(path: str, hidden_size: int) -> torch.nn.Linear:
@@ -163,5 +172,5 @@ def _value_head(path: str, hidden_size: int) -> torch.nn.Linear:
     return head
 
 
-def _count(module: torch.nn.Module) -> int:
+def _count(module: Any) -> int:
     return sum(p.numel() for p in module.parameters())

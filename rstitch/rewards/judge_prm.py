@@ -11,7 +11,9 @@ user: JUDGE_QUESTION] and the generation prompt; the step's score is the probabi
 renormalized over {"Yes", "No"} at the first answer token. Causal by construction (step i's
 prompt holds steps 0..i only). Scores are memoized per problem and the model's KV cache is reused
 over the prefix shared with the previous call, so scoring a solution step by step costs each
-step's tokens plus the question once per step.
+step's tokens plus the question once per step. The model runs through the engine interface
+(`engine`, default hf; the weights are the pair's LLM's when it is the same checkpoint on the HF
+engine), so the judge works on every engine with exact full-vocabulary distributions.
 """
 from __future__ import annotations
 
@@ -19,10 +21,10 @@ from collections.abc import Sequence
 
 import torch
 
+from rstitch.engines import TokenDistribution, load_scoring_model
 from rstitch.errors import ConfigError
 from rstitch.rewards.base import ProcessRewardModel
-from rstitch.rewards.hf_prm import _count
-from rstitch.rewards.prefix_cache import PrefixCachedHead
+from rstitch.rewards.prefix_cache import PrefixCachedScorer
 
 JUDGE_QUESTION = (
     "Is the last step of your solution above correct (right arithmetic and valid logic)? "
@@ -33,22 +35,25 @@ ANSWERS = ("Yes", "No")
 
 class LLMJudgePRM(ProcessRewardModel):
     def __init__(self, path: str, device: str = "cpu", dtype: str = "float32", separator: str = "\n\n",
-                 question: str = JUDGE_QUESTION):
+                 question: str = JUDGE_QUESTION, engine: str = "hf"):
         super().__init__()
-        model, tokenizer = _load_judge(path, device, dtype)
+        # Two tokens' probabilities: an engine whose distributions are exact over the vocabulary.
+        runner = load_scoring_model(engine, path, "PRM llm_judge (it reads the probabilities of Yes and No)",
+                                    ("exact_distributions",), dtype=dtype, device=device)
+        tokenizer = runner.tokenizer
         if not getattr(tokenizer, "chat_template", None):
             raise ConfigError(f"PRM llm_judge: the tokenizer of '{path}' has no chat template (it needs an instruct model)")
         self.name = "llm_judge"
         self.tokenizer, self.separator, self.question = tokenizer, separator, question
-        answer_ids = [_single_token(tokenizer, a, path) for a in ANSWERS]
-        head = torch.nn.Linear(model.config.hidden_size, len(ANSWERS), bias=False)
-        with torch.no_grad():  # the LM head's rows of the two answers: their logits, nothing else
-            head.weight.copy_(model.get_output_embeddings().weight[answer_ids])
-        head = head.to(device=model.device, dtype=model.dtype)
-        self.scorer = PrefixCachedHead(getattr(model, model.base_model_prefix), head, self.cost)
-        self.num_parameters = _count(model)
+        self.answer_ids = [_single_token(tokenizer, a, path) for a in ANSWERS]
+        self.scorer = PrefixCachedScorer(runner, self._answer_logits)
+        self.cost = runner.cost
+        self.num_parameters = runner.num_parameters
         self._problem: str | None = None
         self._memo: dict[tuple[str, ...], float] = {}
+
+    def _answer_logits(self, dists: list[TokenDistribution]) -> torch.Tensor:
+        return torch.stack([d.logits[self.answer_ids] for d in dists])
 
     def score(self, problem: str, steps: Sequence[str]) -> list[float]:
         if problem != self._problem:  # a new sample: earlier memos can never be asked again
@@ -62,7 +67,7 @@ class LLMJudgePRM(ProcessRewardModel):
         return scores
 
     def _judge(self, problem: str, steps: Sequence[str]) -> float:
-        logits = self.scorer.rows(self.prompt_ids(problem, steps))[-1].float()
+        logits = self.scorer.last_row(self.prompt_ids(problem, steps))
         return float(torch.softmax(logits, dim=-1)[0])
 
     def prompt_ids(self, problem: str, steps: Sequence[str]) -> list[int]:
@@ -74,23 +79,6 @@ class LLMJudgePRM(ProcessRewardModel):
         ]
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self.tokenizer.encode(text, add_special_tokens=False)
-
-
-def _load_judge(path: str, device: str, dtype: str):
-    """The judge's model and tokenizer; the weights are shared with the pair's LLM when it is the
-    same checkpoint (engines/hf.py `load_causal_lm`)."""
-    from transformers import AutoTokenizer
-
-    from rstitch.engines.base import resolve_model_path
-    from rstitch.engines.hf import DTYPES, load_causal_lm
-
-    if dtype not in DTYPES:
-        raise ConfigError(f"unknown PRM dtype '{dtype}'; valid: {', '.join(DTYPES)}")
-    local = resolve_model_path(path)
-    try:
-        return load_causal_lm(local, dtype, device), AutoTokenizer.from_pretrained(local)
-    except OSError as err:  # hub id unreachable offline, or a directory without a model
-        raise ConfigError(f"cannot load PRM '{path}': {str(err).splitlines()[0]}") from None
 
 
 def _single_token(tokenizer, text: str, path: str) -> int:

@@ -25,9 +25,10 @@ from pathlib import Path
 
 import torch
 
+from rstitch.engines import load_scoring_model
 from rstitch.errors import ConfigError
 from rstitch.rewards.base import ProcessRewardModel
-from rstitch.rewards.prefix_cache import PrefixCachedHead
+from rstitch.rewards.prefix_cache import PrefixCachedScorer, logit_rows
 
 HEAD_FILE = "prm_head.json"
 FEATURES = ("solution_min", "step_min")
@@ -86,15 +87,17 @@ class CheckedValues:
 
 
 class CheckedLogProbs(torch.nn.Module):
-    """Hidden states [n, H] -> [n, n_values]: log-probability of each checked value at the next
-    token, normalised within its kind (the LM head's log-softmax, summed over a value's spellings)."""
+    """Hidden states [n, H] (through `lm_head`), or logits [n, V] when `lm_head` is None ->
+    [n, n_values]: log-probability of each checked value at the next token, normalised within its
+    kind (the LM's log-softmax, summed over a value's spellings)."""
 
-    def __init__(self, lm_head: torch.nn.Module, values: CheckedValues) -> None:
+    def __init__(self, lm_head: torch.nn.Module | None, values: CheckedValues) -> None:
         super().__init__()
         self.lm_head, self.values = lm_head, values
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logp = torch.log_softmax(self.lm_head(hidden).float(), dim=-1)
+        logits = hidden if self.lm_head is None else self.lm_head(hidden)
+        logp = torch.log_softmax(logits.float(), dim=-1)
         per_value = torch.stack([logp[..., ids].logsumexp(-1) for ids in self.values.token_ids], dim=-1)
         out = torch.empty_like(per_value)
         for k in range(int(self.values.kinds.max()) + 1):
@@ -171,23 +174,26 @@ class TestbedPRM(ProcessRewardModel):
     `prm_head.json`) and the causal LM it reads, `model` (by default the one saved in `path`). The
     shipped one (`path` None) is the testbed LLM's weights read by `assets/prm`'s head. Like the
     other transformer PRMs it reuses the KV cache of the prefix shared with the previous call, so
-    scoring a growing solution costs each step's own tokens."""
+    scoring a growing solution costs each step's own tokens. The LM runs through the engine
+    interface (`engine`, default hf): any engine with exact full-vocabulary distributions."""
 
     __test__ = False  # not a pytest class
 
     def __init__(self, path: str | None = None, model: str | None = None, device: str = "cpu", dtype: str = "float32",
-                 separator: str = "\n\n"):
+                 separator: str = "\n\n", engine: str = "hf"):
         super().__init__()
-        from rstitch.rewards.hf_prm import _load
         from rstitch.testbed import LLM_DIR, PRM_DIR
 
         if not path:
             path, model = str(PRM_DIR), model or str(LLM_DIR)
-        lm, self.tokenizer = _load(model or path, "AutoModelForCausalLM", device, dtype)
         self.head = LikelihoodHead.load(path)
+        runner = load_scoring_model(engine, model or path, "PRM testbed (it reads the probabilities of the written tokens)",
+                                    ("exact_distributions",), dtype=dtype, device=device)
+        self.tokenizer, self.cost = runner.tokenizer, runner.cost
         self.values = CheckedValues(self.head, self.tokenizer)
-        self.scorer = PrefixCachedHead(lm.model, CheckedLogProbs(lm.lm_head, self.values).eval(), self.cost)
-        self.num_parameters = sum(p.numel() for p in lm.parameters())  # tied weights counted once
+        checked = CheckedLogProbs(None, self.values)
+        self.scorer = PrefixCachedScorer(runner, lambda dists: checked(logit_rows(dists)))
+        self.num_parameters = runner.num_parameters  # tied weights counted once
         self.name, self.separator = "testbed", separator
         self._checked: set[str] = set()
         self._testbed_only = Path(path).resolve() == PRM_DIR.resolve()  # the shipped PRM knows nothing else

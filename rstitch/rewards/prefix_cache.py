@@ -1,20 +1,22 @@
-"""Scoring heads over a transformer backbone that reuse the KV cache of the longest common prefix.
+"""Scoring rows through any engine, reusing the KV cache of the longest common prefix.
 
 Step-level methods score a growing solution: each call repeats the problem and the earlier steps.
-Like the engines' partial prefill, only the tokens after the prefix shared with the previous call
-run through the backbone, so a step costs its own tokens, not the whole solution again.
+A scorer (a PRM, a judge, a router) keeps one engine `Sequence` per sample and, like the engines'
+partial prefill, runs only the tokens after the prefix shared with the previous call (a rollback
+to that prefix, then one forward of the rest), so a step costs its own tokens, not the whole
+solution again. Everything goes through the engine interface (engines/base.py), so a scorer runs
+on every engine that can give what it reads: the distributions' logits (the judge, the testbed
+PRM), or the last hidden states for a head of its own (Skywork's value head).
 """
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from rstitch.engines import CostCounter
-from rstitch.engines.hf import cache_kwargs
+from rstitch.engines.base import ModelRunner, TokenDistribution, current_task
+from rstitch.engines.base import Sequence as EngineSequence
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -25,78 +27,87 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def logit_rows(dists: list[TokenDistribution]) -> torch.Tensor:
+    """The distributions' logits [n, V]: the engine's output rows (a classification model's
+    logits on the HF engine's `auto_class` path)."""
+    return torch.stack([d.logits for d in dists])
+
+
 @dataclass
 class _Prefix:
-    """The previous call's ids, their rows and the backbone's KV cache."""
+    """One sample's sequence and the rows of its tokens so far."""
 
-    ids: list[int]
-    rows: torch.Tensor | None = None  # [len(ids), k] float32
-    cache: Any = None
+    seq: EngineSequence | None = None
+    rows: torch.Tensor | None = None  # [len(seq), k] float32 (`rows`)
+    last: torch.Tensor | None = None  # [k] float32: the last position's row (`last_row`)
+
+    @property
+    def ids(self) -> list[int]:
+        return [] if self.seq is None else self.seq.tokens
 
 
-class PrefixCachedHead:
-    """`head(backbone(ids).last_hidden_state)` for every position of `ids`, one row per token.
+class PrefixCachedScorer:
+    """`read(distributions)` for every position of `ids`, one row per token, through `runner`.
 
-    Rows of positions shared with the previous call are kept; the cache is cropped to the shared
-    prefix and only the rest runs. `use_cache=False` reruns everything (for remote-code models
-    whose forward does not accept a cache object)."""
+    `read` turns the distributions at the positions of a forward into rows [n, k] (by default their
+    logits; with `want_hidden` a head on their hidden states). Rows of positions shared with the
+    previous call are kept; the sequence rolls back to the shared prefix and only the rest runs.
+    `use_cache=False` reruns everything (remote-code models whose forward takes no cache object).
+    Costs are booked on the runner's counter (`cost`)."""
 
-    def __init__(self, backbone: torch.nn.Module, head: torch.nn.Module, cost: CostCounter, use_cache: bool = True):
-        self.backbone, self.head, self.cost, self.use_cache = backbone, head, cost, use_cache
-        self.device = next(backbone.parameters()).device
-        self._own = _Prefix([])
+    def __init__(self, runner: ModelRunner, read: Callable[[list[TokenDistribution]], torch.Tensor] = logit_rows,
+                 want_hidden: bool = False, use_cache: bool = True):
+        self.runner, self.read, self.want_hidden, self.use_cache = runner, read, want_hidden, use_cache
+        self._own = _Prefix()
+
+    @property
+    def cost(self):
+        return self.runner.cost
 
     @property
     def _prefix(self) -> _Prefix:
         """The previous call's state; in a batched run, the previous call of the same sample (the
         samples' calls interleave), so each sample reuses its own prefix as at batch size 1."""
-        from rstitch.engines.batching import current_task
-
         task = current_task()
-        return self._own if task is None else task.local(self, lambda: _Prefix([]))
+        return self._own if task is None else task.local(self, _Prefix)
 
-    @torch.inference_mode()
     def rows(self, ids: Sequence[int]) -> torch.Tensor:
         ids = list(ids)
         if not ids:
             raise ValueError("cannot score an empty input")
         prefix = self._prefix
-        shared = common_prefix_length(prefix.ids, ids) if self.use_cache else 0
+        shared = common_prefix_length(prefix.ids, ids) if self.use_cache and prefix.rows is not None else 0
         if shared == len(ids):
             assert prefix.rows is not None, "a non-empty shared prefix has its rows"
             return prefix.rows[: len(ids)]
-        self._restart_from(prefix, shared)
-        new_rows = self._run(prefix, ids[shared:])
-        prefix.ids = ids
+        seq = self._restart_from(prefix, shared)
+        new_ids = ids[shared:]
+        seq.append(new_ids[0])
+        new_rows = self.read(seq.score(new_ids[1:])).float().reshape(len(new_ids), -1).cpu()
         prefix.rows = new_rows if prefix.rows is None else torch.cat([prefix.rows, new_rows])
         return prefix.rows
 
-    def _restart_from(self, prefix: _Prefix, shared: int) -> None:
-        if shared == 0 or prefix.cache is None:
-            from transformers import DynamicCache
+    def last_row(self, ids: Sequence[int]) -> torch.Tensor:
+        """The row of the last position of `ids` alone (a judge's answer, a router's decision):
+        one forward of the tokens after the shared prefix that keeps only the last position."""
+        ids = list(ids)
+        if not ids:
+            raise ValueError("cannot score an empty input")
+        prefix = self._prefix
+        shared = common_prefix_length(prefix.ids, ids) if self.use_cache else 0
+        if shared == len(ids) == len(prefix.ids) and prefix.last is not None:
+            return prefix.last
+        seq = self._restart_from(prefix, min(shared, len(ids) - 1))
+        seq.append(ids[len(seq):])
+        prefix.rows, prefix.last = None, self.read([seq.next_distribution()]).float().reshape(-1).cpu()
+        return prefix.last
 
-            # A transformers backbone: torch's Module.__getattr__ types its config as Tensor | Module.
-            prefix.cache = DynamicCache(config=self.backbone.config) if self.use_cache else None  # type: ignore[arg-type]
-            prefix.rows, shared = None, 0
+    def _restart_from(self, prefix: _Prefix, shared: int) -> EngineSequence:
+        """The sample's sequence cut back to its first `shared` tokens (a new one for none)."""
+        prefix.last = None
+        if shared == 0 or prefix.seq is None:
+            prefix.seq, prefix.rows = self.runner.new_sequence([], want_hidden=self.want_hidden), None
         else:
-            excess = prefix.cache.get_seq_length() - shared
-            if excess > 0:
-                prefix.cache.crop(-excess)  # a negative count removes that many positions
-            assert prefix.rows is not None, "a non-empty shared prefix has its rows"
-            prefix.rows = prefix.rows[:shared]
-        prefix.ids = prefix.ids[:shared]
-
-    def _run(self, prefix: _Prefix, new_ids: list[int]) -> torch.Tensor:
-        start = time.perf_counter()
-        input_ids = torch.tensor([new_ids], dtype=torch.long, device=self.device)
-        out = self.backbone(input_ids=input_ids, use_cache=self.use_cache, **cache_kwargs(self.backbone, prefix.cache))
-        hidden = out.last_hidden_state[0]
-        rows = self.head(hidden.to(_param_dtype(self.head))).float().reshape(len(new_ids), -1)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.cost.add_forward(len(new_ids), time.perf_counter() - start)
-        return rows.cpu()
-
-
-def _param_dtype(module: torch.nn.Module) -> torch.dtype:
-    return next(module.parameters()).dtype
+            prefix.seq.rollback(len(prefix.seq) - shared)
+            prefix.rows = None if prefix.rows is None else prefix.rows[:shared]
+        return prefix.seq

@@ -8,6 +8,8 @@ Input: the problem, every earlier step prefixed with the model that wrote it, th
 (0 = draft model, 1 = target model). The prediction is class 1 of a standard Hugging Face
 `...ForSequenceClassification` (num_labels=2) at the last token. Pieces are tokenized one by one
 so a decision's input is a prefix of the next one; the KV cache of the shared prefix is reused.
+The classifier runs through the engine interface (`rewards/prefix_cache.py`); its head is the
+checkpoint's own, which the HF engine reads (`auto_class`).
 """
 from __future__ import annotations
 
@@ -16,9 +18,11 @@ from collections.abc import Sequence
 
 import torch
 
-from rstitch.engines import CostCounter
+from rstitch.engines import load_scoring_model
+from rstitch.engines.base import torch_dtype
+from rstitch.engines.loading import load_config, model_load_errors
 from rstitch.errors import ConfigError
-from rstitch.rewards.prefix_cache import PrefixCachedHead
+from rstitch.rewards.prefix_cache import PrefixCachedScorer
 
 DRAFT_AUTHOR, TARGET_AUTHOR = 0, 1
 
@@ -37,31 +41,27 @@ def encode_router_input(tokenizer, problem: str, history: Sequence[tuple[int, st
 
 
 class ArbitrageRouter:
-    def __init__(self, path: str | None = None, device: str = "cpu", dtype: str = "float32", separator: str = "\n\n"):
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-        from rstitch.rewards.hf_prm import DTYPES
-
+    def __init__(self, path: str | None = None, device: str = "cpu", dtype: str = "float32", separator: str = "\n\n",
+                 engine: str = "hf"):
         if not path:  # the testbed's router comes from the config too (conf/method/arbitrage.yaml)
             raise ConfigError("no Arbitrage router path: set method.router.path (train one with scripts/train_arbitrage_router.py)")
         if not os.path.isdir(path) and os.path.isabs(path):
             raise ConfigError(f"Arbitrage router not found at {path}; train it with scripts/train_arbitrage_router.py")
-        if dtype not in DTYPES:
-            raise ConfigError(f"unknown router dtype '{dtype}'; valid: {', '.join(DTYPES)}")
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(path)
-            model = AutoModelForSequenceClassification.from_pretrained(path, dtype=DTYPES[dtype], use_safetensors=True).to(device).eval()
-        except OSError as err:
-            raise ConfigError(f"cannot load Arbitrage router '{path}': {str(err).splitlines()[0]}") from None
-        if model.config.num_labels != 2:
-            raise ConfigError(f"Arbitrage router '{path}' must have num_labels=2, has {model.config.num_labels}")
-        self.separator = separator
-        self.cost = CostCounter()
-        self.num_parameters = sum(p.numel() for p in model.parameters())
-        self.scorer = PrefixCachedHead(getattr(model, model.base_model_prefix), model.score, self.cost)
+        torch_dtype(dtype, "router")
+        if engine != "hf":  # a sequence-classification head: the checkpoint's own module
+            raise ConfigError(f"the Arbitrage router reads a sequence-classification head, which only engine 'hf' loads; got engine '{engine}'")
+        with model_load_errors(path):
+            num_labels = load_config(path).num_labels
+        if num_labels != 2:
+            raise ConfigError(f"Arbitrage router '{path}' must have num_labels=2, has {num_labels}")
+        runner = load_scoring_model(engine, path, "the Arbitrage router", dtype=dtype, device=device,
+                                    auto_class="AutoModelForSequenceClassification")
+        self.separator, self.tokenizer = separator, runner.tokenizer
+        self.cost, self.num_parameters = runner.cost, runner.num_parameters
+        self.scorer = PrefixCachedScorer(runner)
 
     def predict(self, problem: str, history: Sequence[tuple[int, str]], draft: str) -> float:
         """y_hat = P(the target model's step would score higher than `draft`)."""
         ids = encode_router_input(self.tokenizer, problem, history, draft, self.separator)
-        logits = self.scorer.rows(ids)[-1]
+        logits = self.scorer.rows(ids)[-1]  # every new position, as the classifier always ran (bit for bit)
         return float(torch.softmax(logits, dim=-1)[1])

