@@ -47,6 +47,7 @@ class EngineEntry:
 
 ENGINE_LIST = [
     EngineEntry("hf-eager-cpu", "hf", options={"attn_implementation": "eager", "dtype": "float32", "device": "cpu"}),
+    EngineEntry("hf-static-cpu", "hf", options={"attn_implementation": "eager", "dtype": "float32", "device": "cpu", "compile": "static"}),
     EngineEntry("vllm", "vllm", needs=("vllm",), atol=2e-3, options={
         "dtype": "float32", "enforce_eager": True, "block_size": 32, "num_threads": 1, "logprobs": "full",
         "kv_cache_memory_bytes": 50331648}),
