@@ -33,7 +33,8 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 PAGES = ("results-testbed.md", "results-real.md")
 MARK = re.compile(r"(?P<number>\d+(?:,\d{3})*(?:\.\d+)?)(?P<unit>x|%)?(?P<space>\s?)<!--(?P<kind>[=~])(?P<body>.*?)-->", re.S)
 BLOCK = re.compile(r"<!-- results(?:-(?P<name>[\w-]+))?:begin -->(?P<body>.*?)<!-- results(?:-[\w-]+)?:end -->", re.S)
-REF = re.compile(r"(?:(?P<table>[\w-]+/[\w-]+|[\w-]+):)?(?:note\((?P<note>[\w ]+)\)|(?P<method>[a-z_]+)(?:\[(?P<setting>[^\]]*)\])?\.(?P<column>[a-z_@0-9]+))")
+REF = re.compile(r"(?:(?P<table>[\w-]+/[\w-]+|[\w-]+):)?"
+                 r"(?:note\((?P<note>[^)]+)\)|(?P<method>[a-z_]+)(?:\[(?P<setting>[^\]]*)\])?\.(?P<column>[a-z_@0-9]+))")
 # Figures a reading must mark: speedups, and fractions at the three decimals the tables print; a
 # setting's value (tau 0.001, delta 0.005) names a row, not a figure.
 MUST_MARK = re.compile(r"(?<![\w.=])(?:\d+\.\d+x|0\.\d{3})(?![\w.])")
