@@ -36,7 +36,9 @@ import torch
 
 from rstitch.config_groups import group_choices
 from rstitch.engines import load_pair
+from rstitch.errors import ConfigError
 from rstitch.rewards import load_prm
+from rstitch.routers.arbitrage_settings import ROUTER_TRAINING_SETTINGS, apply_router_training_settings
 from rstitch.testbed import ASSETS_DIR, LLM_DIR, SLM_DIR
 from rstitch.training.arbitrage_router import (
     T0,
@@ -86,7 +88,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--warmup-frac", type=float, default=0.1)
     p.add_argument("--max-length", type=int, default=4096, help="router inputs keep their last tokens")
+    p.add_argument("--settings", choices=tuple(ROUTER_TRAINING_SETTINGS), default="testbed",
+                   help="init, batch size, lr, epochs: paper (from the PRM, 1024, 1e-5, 3) or testbed; flags win")
     args = p.parse_args()
+    try:
+        apply_router_training_settings(args, {k: p.get_default(k) for k in vars(args)})
+    except ConfigError as err:
+        p.error(str(err))
     if args.smoke:
         args.n_train, args.n_eval, args.epochs = 5, 2, 2
         args.max_new_tokens, args.max_step_tokens, args.max_steps = 36, 12, 4

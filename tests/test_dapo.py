@@ -74,9 +74,9 @@ def test_one_update_moves_the_policy_toward_positive_advantage_actions():
     torch.manual_seed(0)
     router = RStitchRouter(RouterConfig(6, 10))
     n = 24
-    sources = torch.tensor([SLM, LLM] * (n // 2))
+    sources = torch.tensor([SLM] * n)  # Algorithm 1 consults the router on SLM states only
     hidden = torch.randn(n, 10)
-    hidden[sources == SLM, 6:] = 0.0  # SLM states are padded to the larger width
+    hidden[:, 6:] = 0.0  # SLM states padded to a wider batch
     with torch.no_grad():
         old_all = router.log_probs(hidden, sources)
     actions = torch.randint(0, 2, (n,))

@@ -117,12 +117,30 @@ def test_bad_config_is_one_clear_error(name, params):
 
 
 
-def test_candidates_sample_at_the_rsd_papers_temperature_and_top_p(tiny_runners):
+@pytest.mark.parametrize("preset,n", [("rsd_paper_baselines", 16), ("rsd_paper_72b_baselines", 64), ("easd_paper_baselines", 8)])
+def test_rsd_baseline_presets_sample_their_candidates_at_the_papers_settings(tiny_runners, monkeypatch, preset, n):
+    """Each method of the composed preset (RSD section 4.1: N = 16 / 64, temperature 0.7, top_p 0.8)
+    is built and decoded under a greedy run, and every candidate step it generates is drawn by a
+    sampler at 0.7 / 0.8, not by the run's."""
     from rstitch.cli.run import compose_config
-    from rstitch.methods.steps import candidate_sampler
+    from rstitch.methods.steps import StepDecoder
+    from tests.test_scaleout import sweep_params
 
-    for name in ("maj", "best_of_n", "process_bon", "beam_search"):
-        method = compose_config([f"method={name}", "logger=none"])["method"]
-        assert (method["temperature"], method["top_p"]) == (0.7, 0.8)
-    sampler = candidate_sampler(DecodeContext(tiny_runners, Sampler(), 8), 0.7, 0.8)
-    assert (sampler.temperature, sampler.top_p) == (0.7, 0.8)
+    drawn: list[tuple] = []
+    generate = StepDecoder.generate
+
+    def spy(self, source, sampler=None):
+        used = sampler or self.ctx.sampler
+        drawn.append((used.temperature, used.top_p))
+        return generate(self, source, sampler)
+
+    monkeypatch.setattr(StepDecoder, "generate", spy)
+    for name in sweep_params(preset)["method"]:
+        method = compose_config([f"experiment={preset}", f"method={name}", "logger=none"])["method"]
+        assert method.get("n", n) == n and (method["temperature"], method["top_p"]) == (0.7, 0.8)
+        small = {"n": 2} if "n" in method else {"beam_size": 2, "expansions": 1}  # few candidates on the tiny pair
+        method = {**method, **small, **({"prm": ORACLE} if "prm" in method else {})}
+        drawn.clear()
+        ctx = DecodeContext(tiny_runners, Sampler(seed=1), 8, problem=PROBLEM)  # a greedy run
+        build_method(**{**OPTIONS, **method}).decode(list(PROMPT), ctx)
+        assert drawn and set(drawn) == {(0.7, 0.8)}, (preset, name, drawn)

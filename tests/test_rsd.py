@@ -107,10 +107,20 @@ def test_weighting_functions():
     assert omega("rational", 1.0) == 0.5
     assert omega("logistic", 0.7, alpha=10, delta=0.7) == 0.5
     assert omega("logistic", 0.8, alpha=10, delta=0.7) == pytest.approx(1 / (1 + math.exp(-1)))
+    assert omega("logistic", 0.6, alpha=10, delta=0.7) == pytest.approx(1 / (1 + math.exp(1)))
     coins = torch.Generator().manual_seed(0)
     draws = [accepts(0.25, coins) for _ in range(400)]
     assert 0.15 < sum(draws) / 400 < 0.35
     assert accepts(1.0, coins) and not accepts(0.0, coins)
+
+
+@pytest.mark.parametrize("reward,alpha", [(-100.0, 10.0), (0.0, 2000.0), (-1e6, 1.0)])
+def test_sigmoidal_weighting_is_max_of_zero_and_the_sigmoid_for_any_reward(reward, alpha):
+    """Table 1's sigmoidal weighting is max(0, sigmoid(alpha (r - delta))): a reward far below delta
+    is refused (omega 0), never an overflow, and stays in [0, 1]."""
+    omega = RSD(weighting="logistic", alpha=alpha, delta=0.7, prm={"name": "oracle"}).omega(reward)
+    assert omega == pytest.approx(0.0, abs=1e-12) and 0.0 <= omega <= 1.0
+    assert not accepts(omega, torch.Generator().manual_seed(0))
 
 
 def test_random_acceptance_is_seeded_and_spares_the_token_stream(tiny_runners, prm):

@@ -141,8 +141,8 @@ def test_checkpoint_round_trip(tiny_runners, tmp_path):
     config = json.loads((tmp_path / "r" / CONFIG_FILE).read_text())
     assert config["num_parameters"] == router.num_parameters() and config["metadata"] == {"steps": 3}
     loaded = load_router(tmp_path / "r")
-    hidden = torch.randn(3, tiny_runners.llm.hidden_size)
-    torch.testing.assert_close(loaded(hidden, LLM), router(hidden, LLM))
+    hidden = torch.randn(3, tiny_runners.slm.hidden_size)
+    torch.testing.assert_close(loaded(hidden), router(hidden))
     from_path = decode(tiny_runners, "rstitch_plus", tau=TAU, router=str(tmp_path / "r"))
     assert from_path.token_ids == decode(tiny_runners, "rstitch_plus", tau=TAU, router=router).token_ids
 
@@ -158,17 +158,46 @@ def test_default_tau_is_the_one_the_router_was_trained_at(tiny_runners, tmp_path
 
 
 def test_width_rule_and_batched_log_probs():
-    paper = RStitchRouter(RouterConfig(3584, 3584))
+    paper = RStitchRouter(RouterConfig(1536, 3584))  # R1-1.5B's states, the 7B's width
     assert paper.config.width == 45
-    trunk_and_one_input = paper.num_parameters() - sum(p.numel() for p in paper.inputs[0].parameters())
-    assert 0.16e6 < trunk_and_one_input < 0.18e6  # ~0.17M as in the paper
+    assert paper.num_parameters() == (1536 * 45 + 45) + 6 * (45 * 45 + 45) + 2 * 45 + (45 * 2 + 2)
     router = RStitchRouter(RouterConfig(8, 12))
-    hidden = torch.randn(4, 12)
-    sources = torch.tensor([SLM, LLM, SLM, LLM])
-    batched = router.log_probs(hidden, sources)
+    hidden = torch.randn(4, 12)  # SLM states zero-padded to a wider batch
+    hidden[:, 8:] = 0.0
+    batched = router.log_probs(hidden, torch.tensor([SLM] * 4))
     for i in range(4):
-        size = 8 if sources[i] == SLM else 12
-        torch.testing.assert_close(batched[i], torch.log_softmax(router(hidden[i:i + 1, :size], int(sources[i]))[0], -1))
+        torch.testing.assert_close(batched[i], torch.log_softmax(router(hidden[i:i + 1, :8])[0], -1))
+    with pytest.raises(ValueError, match="SLM hidden states only"):
+        router.log_probs(hidden, torch.tensor([SLM, LLM, SLM, SLM]))
+
+
+def test_router_has_no_llm_projection_and_bills_only_what_algorithm_1_runs(tiny_runners, tmp_path):
+    """Algorithm 1 consults the router on SLM states only: its parameters, and the FLOPs billed per
+    call, are the SLM's input projection, the trunk and the head (no LLM input projection)."""
+    shipped = load_router(_shipped_router())  # written with an LLM projection: still loads
+    width, slm = shipped.config.width, shipped.config.slm_hidden
+    trunk_and_head = 6 * (width * width + width) + 2 * width + (width * 2 + 2)
+    assert shipped.num_parameters() == slm * width + width + trunk_and_head
+    assert not any("inputs.1" in name for name, _ in shipped.named_parameters())
+    old_layout = {k: v for k, v in shipped.state_dict().items()}  # as saved before: two projections
+    old_layout = {("inputs.0." + k[len("input."):] if k.startswith("input.") else k): v for k, v in old_layout.items()}
+    old_layout["inputs.1.weight"], old_layout["inputs.1.bias"] = torch.ones(width, 112), torch.ones(width)
+    from safetensors.torch import save_file
+    save_router(shipped, tmp_path / "old")
+    save_file({k: v.contiguous() for k, v in old_layout.items()}, tmp_path / "old" / WEIGHTS_FILE)
+    hidden = torch.randn(2, slm)
+    torch.testing.assert_close(load_router(tmp_path / "old")(hidden), shipped(hidden))
+    router = make_router(tiny_runners)
+    out = decode(tiny_runners, "rstitch_plus", tau=TAU, router=router)
+    assert out.stats["router_calls"] > 0
+    assert out.stats["flops_router"] == 2 * router.num_parameters() * out.stats["router_calls"]
+    width = router.config.width
+    assert router.num_parameters() == (tiny_runners.slm.hidden_size + 1) * width + 6 * (width * width + width) + 2 * width + (width * 2 + 2)
+
+
+def _shipped_router():
+    from rstitch.testbed import ASSETS_DIR
+    return ASSETS_DIR / "rstitch_router"
 
 
 def test_bad_configs_are_one_clear_error(tiny_runners, tmp_path):

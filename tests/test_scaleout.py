@@ -349,37 +349,117 @@ def test_baseline_is_no_part_of_the_run_key(tmp_path, tiny_pair):
 # --------------------------------------------------------------------------- experiment presets
 
 PRESETS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
-R_STITCH_SETTING = {"pair": ["l1_short_r1_7b", "l1_short_r1_14b", "l1_short_qwq_32b"],
-                    "dataset": ["aime24", "amc", "minerva", "math500", "olympiadbench"], "max_new_tokens": [8192, 16384]}
-# The method axes of each paper grid (`<paper>_paper<grid>`); its testbed twin `<paper>_testbed<grid>` has the same.
-METHOD_GRIDS = {
-    "rstitch_paper": {"method": ["llm_only", "slm_only", "specdec"]},
-    "rstitch_paper_tau": {"method": ["rstitch"], "method.tau": [0.001, 0.005, 0.01, 0.02, 0.03, 0.05]},
-    "rstitch_paper_random": {"method": ["random"], "method.p": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]},
-    "rstitch_paper_plus": {"method": ["rstitch_plus"]},
-    "rstitch_paper_deer": {"method": ["rstitch_deer"], "method.tau": [0.001, 0.005, 0.01, 0.02, 0.03, 0.05]},
-    "rsd_paper": {"method": ["llm_only", "slm_only", "specdec"]},
-    "rsd_paper_baselines": {"method": ["maj", "best_of_n"], "method.model": ["slm", "llm"]},
-    "rsd_paper_delta": {"method": ["rsd"], "method.delta": [0.6, 0.7, 0.8, 0.9]},
-    "easd_paper": {"method": ["llm_only", "slm_only"]},
-    "easd_paper_compare": {"method": ["easd", "specdec", "rsd"]},
-    "easd_paper_fixed": {"method": ["easd"]},
-    "specreason_paper": {"method": ["llm_only", "slm_only", "specdec"]},
-    "specreason_paper_threshold": {"method": ["specreason", "specreason_decode"], "method.threshold": [3, 5, 7, 9]},
-    "arbitrage_paper": {"method": ["llm_only", "slm_only"]},
-    "arbitrage_paper_tau": {"method": ["arbitrage"], "method.tau": [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]},
-}
-SETTINGS = {  # the axes and fixed choices of each paper's setting
-    "rstitch": (R_STITCH_SETTING, {"prompt": "r1"}),
-    "rsd": ({"dataset": ["gsm8k", "math500", "gaokao2023en", "olympiadbench", "aime24", "minerva", "gpqa_diamond", "mmlu_stem"]},
-            {"pair": "qwen2.5_math_1.5b_7b", "prompt": "qwen_math_cot", "max_new_tokens": 4096}),
-    "easd": ({"dataset": ["aime24", "amc23", "minerva", "math500", "olympiadbench"]},
-             {"pair": "qwen2.5_math_1.5b_7b", "prompt": "qwen_math_cot", "max_new_tokens": 4096}),
-    "specreason": ({"pair": ["qwq_32b_r1_1.5b", "skywork_or1_32b_r1_1.5b"], "dataset": ["aime24", "math500", "gpqa_diamond"]},
-                   {"prompt": "r1", "max_new_tokens": 8192, "n_samples": 16}),
-    "arbitrage": ({"dataset": ["math500", "olympiadbench"]},
-                  {"pair": "qwen2.5_math_1.5b_7b", "prompt": "qwen_math_cot", "max_new_tokens": 4096}),
-}
+PAPER_PRESETS = [p for p in PRESETS if "_paper" in p]
+FIDELITY = Path(__file__).resolve().parent.parent / "docs" / "fidelity.md"
+CITATION_SECTION = "## Presets: every value and its citation"
+# Where the paper gives a value, its row cites a section, table, figure, algorithm or equation, or the
+# part of the paper ("setup", "main results", ...); where it does not, the row says so and what we chose.
+CITATION_WORDS = ("§", "Table", "Figure", "Algorithm", "eq", "setup", "results", "section", "sweep", "ablations")
+# Grids without a testbed twin: the testbed has no code or cross-domain task, and one pair (the 7B and
+# Figure 4 grids' twins stand for the 72B and Figure 5 grids).
+NO_TWIN = {"rstitch_paper_code", "rstitch_paper_cross", "rsd_paper_72b", "rsd_paper_72b_sd", "rsd_paper_72b_delta",
+           "rsd_paper_72b_baselines", "arbitrage_paper_latency"}
+GROUPS = ("pair", "dataset", "prompt", "method")
+
+
+def citation_rows() -> list[dict]:
+    """The rows of docs/fidelity.md's preset citation table."""
+    text = FIDELITY.read_text().split(CITATION_SECTION, 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or cells[0] in ("presets", "---"):
+            continue
+        presets, key, value, citation = cells
+        rows.append({"presets": [p.strip() for p in presets.split(",")], "key": key.strip("`"),
+                     "values": [v.strip() for v in value.strip("`").split(",")], "citation": citation})
+    return rows
+
+
+def normalized(values) -> list[str]:
+    """Values as comparable strings: numbers by value (8192 == 8192.0), "\\n" escapes as newlines."""
+    out = []
+    for v in values:
+        text = str(v)
+        try:
+            out.append(repr(float(text)))
+        except ValueError:
+            out.append(text.encode().decode("unicode_escape") if "\\" in text else text)
+    return sorted(out)
+
+
+def dotted(cfg: dict, key: str):
+    node: object = cfg
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    if key in GROUPS and isinstance(node, dict):
+        return node["name"]
+    return node
+
+
+def preset_values(preset: str, key: str) -> list:
+    """The values `preset` gives `key`: a sweep axis's values, or the composed value (a `method.*`
+    key at every method of the grid that has it; they must agree)."""
+    params = sweep_params(preset)
+    if key in params:
+        return params[key]
+    methods = params.get("method", [None])
+    found = []
+    for method in methods:
+        cfg = first_point(preset) if method is None else first_point(preset, method=method)
+        value = dotted(cfg, key)
+        if value is not None:
+            found.append(value)
+    assert found, f"{preset} sets no {key}"
+    assert all(v == found[0] for v in found), (preset, key, found)
+    return [found[0]]
+
+
+def test_citation_table_is_parsed_and_names_only_paper_presets():
+    rows = citation_rows()
+    assert len(rows) > 50
+    named = {p for row in rows for p in row["presets"]}
+    assert named == set(PAPER_PRESETS), named ^ set(PAPER_PRESETS)
+
+
+@pytest.mark.parametrize("row", citation_rows(), ids=lambda r: f"{r['presets'][0]}:{r['key']}")
+def test_each_preset_value_is_the_one_its_citation_gives(row):
+    citation = row["citation"]
+    assert citation.startswith("not stated") and "ours" in citation or any(w in citation for w in CITATION_WORDS), citation
+    for preset in row["presets"]:
+        expected = [v.replace("<pair>", first_point(preset)["pair"]["name"]) for v in row["values"]]
+        assert normalized(preset_values(preset, row["key"])) == normalized(expected), (preset, row["key"])
+
+
+def preset_file_keys(preset: str) -> set[str]:
+    """The keys a preset's own file sets (its sweep axes and values), dotted."""
+    import yaml
+
+    data = yaml.safe_load((CONF_DIR / "experiment" / f"{preset}.yaml").read_text()) or {}
+    keys = set(data.get("hydra", {}).get("sweeper", {}).get("params") or {})
+
+    def walk(node, prefix):
+        for k, v in node.items():
+            if isinstance(v, dict) and k != "router":
+                walk(v, f"{prefix}{k}.")
+            else:
+                keys.add(f"{prefix}{k}")
+    walk({k: v for k, v in data.items() if k not in ("defaults", "hydra")}, "")
+    return keys
+
+
+@pytest.mark.parametrize("preset", PAPER_PRESETS)
+def test_every_value_a_paper_preset_sets_has_a_cited_row(preset):
+    """Every sweep axis and set value of a paper preset, and its pair, benchmarks, budget, prompt and
+    decoding temperature, have a row in docs/fidelity.md (so none is a silent choice)."""
+    covered = {"method.router" if row["key"].startswith("method.router") else row["key"]
+               for row in citation_rows() if preset in row["presets"]}
+    required = set(sweep_params(preset)) | preset_file_keys(preset) | {"pair", "dataset", "max_new_tokens", "prompt",
+                                                                        "decoding.temperature"}
+    required = {"method.router" if k.startswith("method.router") else k for k in required}
+    assert required <= covered, sorted(required - covered)
 
 
 @functools.cache  # composing is the slow part of these tests; nothing mutates the results
@@ -413,47 +493,50 @@ def test_every_preset_composes(preset):
             assert all((CONF_DIR / group / f"{v}.yaml").is_file() for v in values), (key, values)
 
 
-@pytest.mark.parametrize("grid", sorted(METHOD_GRIDS))
-def test_paper_grids_are_the_papers_and_their_testbed_twins_match(grid):
-    paper = grid.split("_paper")[0]
-    setting_axes, fixed = SETTINGS[paper]
-    params = sweep_params(grid)
-    assert {k: v for k, v in params.items() if k.startswith("method")} == METHOD_GRIDS[grid]
-    assert {k: v for k, v in params.items() if not k.startswith("method")} == setting_axes
-    cfg = first_point(grid)
-    assert {k: cfg[k]["name"] if isinstance(cfg[k], dict) else cfg[k] for k in fixed} == fixed
-    if "rsd" in params["method"]:  # RSD's PRM
-        assert first_point(grid, method="rsd")["method"]["prm"]["path"] == "Skywork/Skywork-o1-Open-PRM-Qwen-2.5-1.5B"
+TWINNED = [p for p in PAPER_PRESETS if p not in NO_TWIN]
 
-    twin = grid.replace("_paper", "_testbed")
-    twin_params = sweep_params(twin)
-    assert {k: v for k, v in twin_params.items() if k.startswith("method")} == METHOD_GRIDS[grid]
-    twin_cfg = first_point(twin)
+
+@pytest.mark.parametrize("grid", TWINNED)
+def test_testbed_twins_run_their_paper_grids_methods_on_the_testbed(grid):
+    params, twin_params = sweep_params(grid), sweep_params(grid.replace("_paper", "_testbed"))
+    assert {k: v for k, v in twin_params.items() if k.startswith("method")} == \
+        {k: v for k, v in params.items() if k.startswith("method")}
+    for key in ("method.k", "method.model", "method.tau_h"):  # a grid's fixed method settings too (N stays small)
+        if key in preset_file_keys(grid):
+            assert preset_values(grid.replace("_paper", "_testbed"), key) == preset_values(grid, key), key
+    twin_cfg = first_point(grid.replace("_paper", "_testbed"))
     assert (twin_cfg["pair"]["name"], twin_cfg["dataset"]["name"], twin_cfg["logger"]["_target_"]) == \
         ("testbed", "testbed", "rstitch.logging.NullLogger")
     budgets = twin_params.get("max_new_tokens", [twin_cfg["max_new_tokens"]])
-    assert len(budgets) == len(setting_axes.get("max_new_tokens", [None]))  # one testbed budget per paper budget
+    assert len(budgets) == len(params.get("max_new_tokens", [None]))  # one testbed budget per paper budget
 
 
-@pytest.mark.parametrize("grid", sorted(g for g in METHOD_GRIDS if g.count("_") > 1))
+def base_of(grid: str) -> str:
+    """The preset whose LLM-only runs are `grid`'s baselines."""
+    return grid if "llm_only" in sweep_params(grid).get("method", []) else grid.rsplit("_", 1)[0]
+
+
+@pytest.mark.parametrize("grid", sorted(g for g in PAPER_PRESETS if base_of(g) != g))
 def test_a_grid_and_its_baselines_share_the_comparison_key(grid):
     """The LLM-only run of the paper's base preset is the baseline of every point of its grids."""
-    for name in (grid, grid.replace("_paper", "_testbed")):
-        base = name.rsplit("_", 1)[0]
+    for name in [grid] + ([grid.replace("_paper", "_testbed")] if grid in TWINNED else []):
+        base = base_of(name)
         point = first_point(name)
-        baseline = first_point(base, method="llm_only")
+        shared = {k: v[0] for k, v in sweep_params(name).items() if not k.startswith("method")}
+        baseline = first_point(base, method="llm_only", **shared)
         assert baseline["method"] == {"name": "llm_only"}
         assert comparison_key(point) == comparison_key(baseline), name
 
 
 def test_testbed_twins_share_one_baseline_at_the_shared_budget():
+    papers = {p.split("_paper")[0] for p in PAPER_PRESETS}
     keys = {comparison_key(first_point(f"{paper}_testbed", method="llm_only", max_new_tokens=256)) == comparison_key(
-        first_point("testbed_twin", method="llm_only")) for paper in SETTINGS}
+        first_point("testbed_twin", method="llm_only")) for paper in papers}
     assert keys == {True}
 
 
 def test_rstitch_plus_grid_reads_one_router_per_pair_at_the_papers_tau():
-    for pair in R_STITCH_SETTING["pair"]:
+    for pair in sweep_params("rstitch_paper_plus")["pair"]:
         method = first_point("rstitch_paper_plus", pair=pair)["method"]
         assert (method["tau"], method["router"]) == (0.001, f"routers/rstitch_plus/{pair}")
     assert first_point("rstitch_testbed_plus")["method"]["tau"] == 0.001

@@ -9,7 +9,7 @@ model (pair.llm) writes the step from the same prefix. Weighting functions (docs
     clipping   omega = min(1, max(0, r))                  (Table 1)
     scaled_clipping  omega = min(1, max(0, r / delta))    (ours: clipping with the ramp ending at delta)
     rational   omega = r / (1 + r)
-    logistic   omega = 1 / (1 + exp(-alpha (r - delta)))
+    logistic   omega = max(0, 1 / (1 + exp(-alpha (r - delta))))   (Table 1's sigmoidal weighting)
 
 omega in {0, 1} decides without randomness; strictly between, a uniform draw u accepts iff
 u < omega (from the method's own generator, so coins never shift the sampled tokens).
@@ -35,13 +35,23 @@ def _scaled_clipping(r: float, delta: float) -> float:
     return 1.0 if delta <= 0 else _clip01(r / delta)
 
 
+def _sigmoidal(r: float, alpha: float, delta: float) -> float:
+    """max(0, sigmoid(alpha (r - delta))) as Table 1 writes it, evaluated without overflow: a
+    reward far below delta (a steep alpha, or a PRM on a logit scale) gives 0, not an error."""
+    z = alpha * (r - delta)
+    if z >= 0:
+        return 1.0 / (1.0 + math.exp(-z))
+    small = math.exp(z)  # z < 0: no overflow (exp(-z) would overflow past z = -709)
+    return max(0.0, small / (1.0 + small))
+
+
 WEIGHTINGS: dict[str, Callable[[float, RSD], float]] = {
     "constant": lambda r, m: m.p,
     "binary": lambda r, m: 1.0 if r >= m.delta else 0.0,
     "clipping": lambda r, m: _clip01(r),
     "scaled_clipping": lambda r, m: _scaled_clipping(r, m.delta),
     "rational": lambda r, m: r / (1.0 + r),
-    "logistic": lambda r, m: 1.0 / (1.0 + math.exp(-m.alpha * (r - m.delta))),
+    "logistic": lambda r, m: _sigmoidal(r, m.alpha, m.delta),
 }
 
 

@@ -1,13 +1,22 @@
 """SpecReason: the small model drafts each reasoning step, the base model judges it.
 
-The judge is the base model (pair.llm) itself, in one prefill of the conversation
-[user: problem, assistant: steps so far joined by the separator (draft step included),
-user: JUDGE_INSTRUCTION] + generation prompt + JUDGE_PREFIX. Its next-token distribution over the
-digits 0-9 gives the score: the most likely digit (`score_mode: greedy`) or the
-probability-weighted mean digit (`expected`). The draft is kept iff score >= threshold, else the
-base model writes the step (`regenerate_step`, the hook for SpecReason+Decode). The judge runs on
-its own sequence of the base model, so the decoding cache is untouched; its tokens and time are
-reported apart (`judge_tokens`, `judge_time_s`, `flops_judge`).
+The judge is the base model (pair.llm) itself. As in the paper (section 4.1) it reads the draft on
+its own decoding sequence: the base model's KV cache already holds the prompt and the reasoning so
+far, so a judgement prefills only what the base model has not seen (the draft step, without its
+trailing separator) and the scoring prompt, JUDGE_INSTRUCTION as the next user turn of the chat
+template followed by the generation prompt and JUDGE_PREFIX (`judge_suffix_ids`, ~70 tokens on Qwen
+templates). Then the scoring prompt is rolled back: an accepted draft stays in the base model's
+cache, so the base model never prefills a step twice. Its next-token distribution over the digits
+0-9 gives the score: the most likely digit (`score_mode: greedy`) or the probability-weighted mean
+digit (`expected`). The draft is kept iff score >= threshold, else the base model writes the step
+(`regenerate_step`, the hook for SpecReason+Decode). The judgement's forwards (draft prefill
+included) are reported apart (`judge_tokens`, `judge_time_s`, `flops_judge`).
+
+`judge_context: chat` keeps the earlier form: a separate judge conversation [user: problem,
+assistant: the steps joined by the separator, user: JUDGE_INSTRUCTION] on a second sequence of the
+base model, which prefills every step there and again in the reasoning it continues. Both forms
+read the same text where the decoding prompt is the chat template's user turn (prompt=chat, as on
+the testbed), so they make the same decisions there (tested).
 """
 from __future__ import annotations
 
@@ -24,6 +33,29 @@ from rstitch.methods.specdec import SpeculativeDecoder, check_vocabularies
 from rstitch.methods.steps import DraftVerifyMethod, ModelSequences, Step, StepDecoder, StepRun, Verdict
 
 SCORE_MODES = ("greedy", "expected")
+JUDGE_CONTEXTS = ("reasoning", "chat")
+_STEPS_MARK = "\x00steps\x00"  # stands for the reasoning when the scoring prompt is cut from the template
+
+
+def judge_suffix_ids(tokenizer: Any) -> list[int]:
+    """The scoring prompt that follows the reasoning on the base model's own sequence: what the
+    chat template puts after the assistant's reasoning in `judge_prompt`'s conversation (the end of
+    the assistant turn, the user turn JUDGE_INSTRUCTION, the generation prompt), then JUDGE_PREFIX."""
+    full = judge_prompt(tokenizer, "", [_STEPS_MARK], "")
+    if _STEPS_MARK not in full:
+        raise ConfigError("SpecReason: the base model's chat template drops the assistant's reasoning; use method.judge_context=chat")
+    return tokenizer.encode(full.split(_STEPS_MARK, 1)[1], add_special_tokens=False)
+
+
+def without_trailing_space(tokenizer: Any, token_ids: list[int]) -> list[int]:
+    """`token_ids` less the trailing tokens that decode to whitespace or nothing (the step's
+    separator, EOS): the judge reads the step as `judge_prompt` writes it, stripped."""
+    end = len(token_ids)
+    while end and not tokenizer.decode(token_ids[end - 1:end], skip_special_tokens=True).strip():
+        end -= 1
+    return token_ids[:end]
+
+
 def digit_ids(tokenizer: Any, name: str = "the model") -> list[int]:
     """Token ids of the judge's answers "0".."9", each checked to be a single token."""
     ids = [tokenizer.encode(str(d), add_special_tokens=False) for d in range(10)]
@@ -46,17 +78,24 @@ def digit_score(logits: torch.Tensor, digit_ids: list[int], mode: str) -> float:
 
 @register_method("specreason")
 class SpecReason(DraftVerifyMethod):
-    def __init__(self, threshold: float = 7.0, score_mode: str = "greedy", first_n_by_base: int = 0, **step_options: Any):
+    def __init__(self, threshold: float = 7.0, score_mode: str = "greedy", first_n_by_base: int = 0,
+                 judge_context: str = "reasoning", **step_options: Any):
         super().__init__(**step_options)
         self.threshold = require_number("specreason", "threshold", threshold)
         if score_mode not in SCORE_MODES:
             raise ConfigError(f"method.score_mode of 'specreason' must be one of {', '.join(SCORE_MODES)}, got {score_mode!r}")
-        self.score_mode = score_mode
+        if judge_context not in JUDGE_CONTEXTS:
+            raise ConfigError(f"method.judge_context of 'specreason' must be one of {', '.join(JUDGE_CONTEXTS)}, "
+                              f"got {judge_context!r}")
+        self.score_mode, self.judge_context = score_mode, judge_context
         self.first_n_by_base = require_int("specreason", "first_n_by_base", first_n_by_base, low=0)
 
     def start(self, prompt_ids: list[int], ctx: DecodeContext) -> StepRun:
         run = super().start(prompt_ids, ctx)
-        run.state["judge"] = ModelSequences(ctx)  # the judge's own sequence of the base model
+        if self.judge_context == "chat":
+            run.state["judge"] = ModelSequences(ctx)  # a second sequence of the base model
+        else:
+            run.state["suffix"] = judge_suffix_ids(ctx.pair.llm.tokenizer)
         run.state["digits"] = digit_token_ids(ctx.pair.llm)
         return run
 
@@ -64,11 +103,26 @@ class SpecReason(DraftVerifyMethod):
         return len(path.steps) < self.first_n_by_base
 
     def verify(self, run: StepRun, path: StepDecoder, draft: Step) -> Verdict:
-        score = self.judge(run, path.step_texts + [draft.text])
+        if self.judge_context == "chat":
+            score = self.judge(run, path.step_texts + [draft.text])
+        else:
+            score = self.judge_in_reasoning(run, path, draft)
         return Verdict(score >= self.threshold, score)
 
+    def judge_in_reasoning(self, run: StepRun, path: StepDecoder, draft: Step) -> float:
+        """The base model's 0-9 score of `draft`, read on its own decoding sequence: the draft and
+        the scoring prompt are prefilled after the cached reasoning, then the prompt is rolled back."""
+        step = without_trailing_space(run.ctx.pair.llm.tokenizer, draft.token_ids)
+        suffix = run.state["suffix"]
+        with run.meter.judging():
+            seq = path.models.aligned(LLM, path.prompt_ids + path.output + step)
+            logits = seq.score(suffix)[-1].logits  # keeps the draft's last position: no re-run after the rollback
+            seq.rollback(len(suffix))
+        return digit_score(logits, run.state["digits"], self.score_mode)
+
     def judge(self, run: StepRun, steps: list[str]) -> float:
-        """The base model's 0-9 score of the last of `steps`."""
+        """The base model's 0-9 score of the last of `steps` in a separate judge conversation
+        (`judge_context: chat`)."""
         base = run.ctx.pair.llm
         text = judge_prompt(base.tokenizer, run.problem, steps, run.config.separator)
         ids = base.tokenizer.encode(text, add_special_tokens=False)

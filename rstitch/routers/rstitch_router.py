@@ -1,19 +1,19 @@
-"""R-Stitch+'s router: reads the active model's last hidden state and picks SLM (0) or LLM (1).
+"""R-Stitch+'s router: reads the SLM's last hidden state and picks SLM (0) or LLM (1).
 
 Architecture (per the paper): an input projection, 6 feed-forward blocks `x + GELU(W x + b)`,
-a LayerNorm and a two-way linear head. The SLM and the LLM have different hidden sizes, so the
-router has one input projection per model and shares the trunk and head: both ask the same
-question ("is the next token hard?"), and sharing halves the data each part needs.
+a LayerNorm and a two-way linear head. Algorithm 1 consults the router only while the SLM is
+active and uncertain, on the SLM's last hidden state, so the router has one input projection, the
+SLM's; its parameters (and the FLOPs billed per call) are that projection, the trunk and the head.
 
-Width rule: `width = max(MIN_WIDTH, round(max(slm_hidden, llm_hidden) / WIDTH_DIVISOR))`. With
-the paper's LLM hidden size 3584 this gives width 45 and ~0.17M parameters for the LLM input
-projection plus the trunk (the projection dominates), +69K for a 1536-wide SLM's projection; the
-testbed pair (hidden 64 / 112) hits the floor of 16 (4.5K parameters). Inputs go
-through a parameter-free LayerNorm first, because raw last hidden states of LLMs carry a few
-huge-magnitude channels.
+Width rule: `width = max(MIN_WIDTH, round(max(slm_hidden, llm_hidden) / WIDTH_DIVISOR))` (the LLM's
+hidden size only sets the width). With the paper's LLM hidden size 3584 this gives width 45; a
+1536-wide SLM's projection is then 69K parameters and the trunk and head ~13K. The testbed pair
+(hidden 64 / 112) hits the floor of 16 (1.9K parameters). Inputs go through a parameter-free
+LayerNorm first, because raw last hidden states carry a few huge-magnitude channels.
 
 A checkpoint is a directory: `router.safetensors` (weights) and `config.json` (sizes and any
-training metadata).
+training metadata). Checkpoints written before the LLM input projection was dropped (it was
+trained but never used under Algorithm 1) load: their SLM projection is kept, the other ignored.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ MIN_WIDTH = 16
 DEPTH = 6
 WEIGHTS_FILE = "router.safetensors"
 CONFIG_FILE = "config.json"
-SLM, LLM = 0, 1  # the router's actions and the index of its input projections
+SLM, LLM = 0, 1  # the router's actions
 
 
 def router_width(slm_hidden: int, llm_hidden: int) -> int:
@@ -61,30 +61,29 @@ class ResidualBlock(nn.Module):
 
 
 class RStitchRouter(nn.Module):
-    """`forward(hidden, source)` -> logits over (SLM, LLM) for hidden states of model `source`."""
+    """`forward(hidden)` -> logits over (SLM, LLM) for last hidden states of the SLM."""
 
     def __init__(self, config: RouterConfig):
         super().__init__()
         self.config = config.resolved()
         width = self.config.width
-        self.inputs = nn.ModuleList([nn.Linear(self.config.slm_hidden, width), nn.Linear(self.config.llm_hidden, width)])
+        self.input = nn.Linear(self.config.slm_hidden, width)
         self.blocks = nn.Sequential(*[ResidualBlock(width) for _ in range(self.config.depth)])
         self.norm = nn.LayerNorm(width)
         self.head = nn.Linear(width, 2)
 
-    def forward(self, hidden: torch.Tensor, source: int) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, source: int = SLM) -> torch.Tensor:
+        if source != SLM:
+            raise ValueError("the R-Stitch+ router reads SLM hidden states only (Algorithm 1)")
         x = F.layer_norm(hidden.float(), hidden.shape[-1:])
-        return self.head(self.norm(self.blocks(self.inputs[source](x))))
+        return self.head(self.norm(self.blocks(self.input(x))))
 
-    def log_probs(self, hidden: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
-        """Log-probabilities [N, 2] for a batch of hidden states from either model (zero-padded
-        to the larger hidden size; `sources[i]` says whose state row i is)."""
-        out = torch.empty(hidden.shape[0], 2)
-        for source, size in ((SLM, self.config.slm_hidden), (LLM, self.config.llm_hidden)):
-            rows = (sources == source).nonzero(as_tuple=True)[0]
-            if len(rows):
-                out = out.index_put((rows,), torch.log_softmax(self(hidden[rows, :size], source), dim=-1))
-        return out
+    def log_probs(self, hidden: torch.Tensor, sources: torch.Tensor | None = None) -> torch.Tensor:
+        """Log-probabilities [N, 2] for a batch of SLM hidden states (rows may be zero-padded
+        beyond the SLM's hidden size); `sources`, when given, must all be SLM."""
+        if sources is not None and bool((sources != SLM).any()):
+            raise ValueError("the R-Stitch+ router reads SLM hidden states only (Algorithm 1)")
+        return torch.log_softmax(self(hidden[:, : self.config.slm_hidden]), dim=-1)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -104,8 +103,20 @@ def load_router(directory: str | Path) -> RStitchRouter:
     config = json.loads((directory / CONFIG_FILE).read_text())
     fields = {k: config[k] for k in ("slm_hidden", "llm_hidden", "width", "depth")}
     router = RStitchRouter(RouterConfig(**fields))
-    router.load_state_dict(load_file(directory / WEIGHTS_FILE))
+    router.load_state_dict(_without_llm_projection(load_file(directory / WEIGHTS_FILE)))
     return router.eval()
+
+
+def _without_llm_projection(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A checkpoint's weights under the current names: checkpoints from before the LLM input
+    projection was dropped hold `inputs.0.*` (the SLM's, kept as `input.*`) and `inputs.1.*`
+    (the LLM's, never read under Algorithm 1, left out)."""
+    renamed = {}
+    for key, value in state.items():
+        if key.startswith("inputs.1."):
+            continue
+        renamed["input." + key.removeprefix("inputs.0.") if key.startswith("inputs.0.") else key] = value
+    return renamed
 
 
 def router_metadata(directory: str | Path) -> dict[str, Any]:
