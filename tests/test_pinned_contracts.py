@@ -33,7 +33,8 @@ def test_top_p_keeps_the_token_that_crosses_p_and_renormalizes_the_rest():
 @pytest.mark.parametrize("score,accepted", [(7.0, True), (7.0 - 1e-9, False), (7.5, True)])
 def test_specreason_accepts_a_score_equal_to_the_threshold(score, accepted):
     method = build_method("specreason", threshold=7.0)
-    method.judge = lambda run, steps: score  # the base model's score of the draft, fixed
+    method.judge = lambda run, steps: score  # the base model's score of the draft, fixed (judge_context=chat)
+    method.judge_in_reasoning = lambda run, path, draft: score  # and on its own sequence (the default)
     verdict = method.verify(SimpleNamespace(), SimpleNamespace(step_texts=["a step"]), SimpleNamespace(text="the draft"))
     assert verdict.accept is accepted and verdict.score == score
 

@@ -36,14 +36,14 @@ def samples_under(root: Path) -> list[dict]:
 def test_a_grading_exception_is_recorded_on_its_sample_and_the_run_goes_on(tmp_path, tiny_pair, monkeypatch):
     from rstitch.grading import verify
 
-    real_grade = verify.grade
+    real_grade = verify._grade_found  # what grade_sample compares the extracted answer with
 
-    def grade(response, gold, **kwargs):
+    def grade(found, gold, *args, **kwargs):
         if gold == "boom":
             raise RecursionError("maximum recursion depth exceeded")
-        return real_grade(response, gold, **kwargs)
+        return real_grade(found, gold, *args, **kwargs)
 
-    monkeypatch.setattr(verify, "grade", grade)
+    monkeypatch.setattr(verify, "_grade_found", grade)
     problems = write_problems(tmp_path / "p.jsonl", [{"id": "a", "problem": "1+1?", "answer": "boom"},
                                                      {"id": "b", "problem": "2+2?", "answer": "4"}])
     summary = run_config(tiny_config(tiny_pair, problems, tmp_path / "runs", "method=slm_only"))

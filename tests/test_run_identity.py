@@ -23,8 +23,10 @@ PINNED = [
      "weighting=binary_f81ca936", "6be76c51"),
     (["method=rstitch_plus"], "testbed/testbed/rstitch_plus/latency_dir=latency_router=rstitch_router_sample_router=False_seed=0_"
      "tau=None_d159dac0", "6be76c51"),
-    (["method=specreason", "batch_size=4"], "testbed/testbed/specreason/first_n_by_base=0_max_repeats=5_max_step_tokens=1024_"
-     "max_steps=512_score_mode=greedy_threshold=7_batch=4_386c41ee", "7076847c"),
+    # SpecReason's judge_context (added with the judge on the base model's own sequence) is a new
+    # method parameter: its runs have new directories, as their judge costs differ
+    (["method=specreason", "batch_size=4"], "testbed/testbed/specreason/first_n_by_base=0_judge_context=reasoning_max_repeats=5_"
+     "max_step_tokens=1024_max_steps=512_score_mode=greedy_threshold=7_batch=4_442b2b07", "7076847c"),
     (["method=easd", "dataset.num_shards=2", "dataset.shard=1"], "testbed/testbed/easd/k=5_tau_h=auto_tau_o=0.8_top_n=5_"
      "use_draft_entropy=True_use_overlap=True_shard=1of2_fc560d7b", "89226760"),
     (["method=arbitrage", "on_overflow=truncate", "max_new_tokens=64"], "testbed/testbed/arbitrage/max_repeats=5_max_step_tokens=1024_"

@@ -49,6 +49,17 @@ def test_the_default_keeps_run_keys_and_cpu_runs_eager(tmp_path):
     assert HFModelRunner(str(SLM_DIR)).static is None
 
 
+def test_the_run_key_names_the_path_the_setting_resolves_to(tmp_path):
+    """auto, off and no setting share the eager path's runs on a CPU; on CUDA auto captures graphs,
+    whose latencies (and bf16 near-ties) are not the eager path's, so it gets runs of its own."""
+    cfg = compose_config(["logger=none", f"results_root={tmp_path}"])
+    with_compile = [run_key({**cfg, "engine": {**cfg["engine"], "compile": value}}) for value in ("auto", "off", False)]
+    assert with_compile[0] == with_compile[1] == with_compile[2]
+    cuda = {**cfg, "pair": {**cfg["pair"], "device": "cuda"}}
+    auto_cuda, off_cuda, graphs_cuda = (run_key({**cuda, "engine": {**cfg["engine"], "compile": v}}) for v in ("auto", "off", "graphs"))
+    assert auto_cuda == graphs_cuda != off_cuda
+
+
 def test_static_path_keeps_the_hybrid_invariants(static_pair, check_hybrid_invariants):
     def decode(name, **params):
         return _decode(static_pair, name, **params)

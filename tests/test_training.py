@@ -31,10 +31,12 @@ def test_train_router_takes_dapo_steps_and_logs_each(tiny_runners, tmp_path):
     groups are informative, the router's weights move, and each step is logged once."""
     torch.manual_seed(0)
     router = new_router(tiny_runners, init_p_llm=0.5)
+    with torch.no_grad():
+        router.head.weight.mul_(0.01)  # P(LLM) near the head's prior for any state: a group's rollouts differ
     before = [p.detach().clone() for p in router.parameters()]
     latency = {k: LatencyModel(0.0, 0.0, 1e-3 * (1 + 9 * (k == "llm")), 0.0, model=m.name) for k, m in tiny_runners.models().items()}
-    rollout = RolloutSettings(tau=-1.0, max_new_tokens=4, grade_answers=False)  # tau < 0: the router decides every position
-    settings = TrainSettings(lam=10.0, rollout=rollout, batch=1, group=3, updates=2, steps=2)
+    rollout = RolloutSettings(tau=-1.0, max_new_tokens=6, grade_answers=False)  # tau < 0: the router decides every position
+    settings = TrainSettings(lam=10.0, rollout=rollout, batch=1, group=4, updates=2, steps=2)
     logged: list[dict] = []
     history = train_router(router, tiny_runners, [("1+1?", "2"), ("2+2?", "4")], PromptFormat(), latency, settings, lr=0.05,
                            log=logged.append)

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rstitch.configs import compiled_path
 from rstitch.engines.base import ForwardRequest, Sequence, TokenDistribution
 from rstitch.errors import ConfigError
 
@@ -57,14 +58,9 @@ STATIC_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}  # lm_head(final nor
 def resolve_mode(value: Any, device: torch.device) -> str:
     """`engine.compile` as one of off / static / graphs / inductor. auto: graphs on CUDA, off
     elsewhere (the CPU keeps the eager path); true: graphs; false: off."""
-    if value is True:
-        value = "graphs"
-    elif value is False or value is None:
-        value = "off"
-    if value not in MODES:
+    if value not in (*MODES, True, False, None):
         raise ConfigError(f"engine.compile must be one of {', '.join(MODES)} (or true/false), got {value!r}")
-    if value == "auto":
-        return "graphs" if device.type == "cuda" else "off"
+    value = compiled_path(value, device.type)
     if value in ("graphs", "inductor") and device.type != "cuda":
         raise ConfigError(f"engine.compile={value} captures CUDA graphs and needs pair.device=cuda (got {device}); "
                           "engine.compile=static runs the same static-cache path without capture on any device")

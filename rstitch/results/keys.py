@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rstitch.configs import compiled_path
 from rstitch.results.weights import fingerprint, is_local, method_weights, pair_weights
 
 SHARD_KEYS = ("shard", "num_shards")
@@ -56,13 +57,21 @@ def portable(node: Any) -> Any:
     return os.path.basename(os.path.normpath(os.path.expanduser(node))) if is_local(node) else node
 
 
+def engine_key(engine: Mapping[str, Any], pair: Mapping[str, Any]) -> dict[str, Any]:
+    """The engine options a run is keyed by, with `compile` as the path it resolves to: the eager
+    path keeps the key runs had before the knob existed (so auto, off and no setting share CPU runs),
+    and a compiled path (another latency, bf16 near-ties decided by other kernels) gets its own runs."""
+    options = {k: v for k, v in engine.items() if k != "compile"}
+    path = compiled_path(engine.get("compile", "auto"), pair.get("device", "cpu"))
+    return options if path == "off" else {**options, "compile": path}
+
+
 def comparison_key(cfg: Mapping[str, Any]) -> dict[str, Any]:
     data_path = cfg["dataset"].get("path")
     return {
         "pair": portable(cfg["pair"]),
         "weights": pair_weights(cfg["pair"]),
-        # engine.compile's default (auto) keeps the key runs had before the knob existed
-        "engine": portable({k: v for k, v in cfg["engine"].items() if (k, v) != ("compile", "auto")}),
+        "engine": portable(engine_key(cfg["engine"], cfg["pair"])),
         "dataset": portable(dataset_key(cfg["dataset"])),
         **({"data": fingerprint(os.path.expanduser(data_path))} if is_local(data_path) else {}),
         "prompt": portable(cfg["prompt"]),
