@@ -1,5 +1,5 @@
-"""The one registration mechanism of the package: methods, datasets and process reward models
-(engines can use it the same way) are named entries of a `Registry`.
+"""The one registration mechanism of the package: methods, datasets, engines and process reward
+models are named entries of a `Registry`.
 
 A registry is lazy: the modules that register its entries are imported at its first read (so
 importing `rstitch.methods` loads no method module), and an entry may be given as a

@@ -13,7 +13,7 @@ from tqdm import tqdm
 from rstitch.data import load_dataset_records
 from rstitch.data.context import ContextCheck
 from rstitch.data.prompts import PromptFormat
-from rstitch.engines import ModelPair, Sampler
+from rstitch.engines import ModelPair, Sampler, require
 from rstitch.engines.batching import BatchScheduler
 from rstitch.engines.cache import get_pair
 from rstitch.errors import ConfigError
@@ -30,11 +30,12 @@ from rstitch.results.summary import summarize_run
 WARMUP_TOKENS = 16
 
 
-def check_engine_gives(method: Method, pair: ModelPair, engine: str) -> None:
-    """What the method reads, the engine must give: one line before any sample, not a wrong result."""
-    if method.reads_hidden_states and not all(m.gives_hidden_states for m in pair.models().values()):
-        raise ConfigError(f"method '{method.name}' reads the models' last hidden states, which engine '{engine}' "
-                          "cannot give; use engine=hf or engine=vllm")
+def check_engine_gives(method: Method, pair: ModelPair) -> None:
+    """What the method reads, the engine must give (its declared capabilities, engines/base.py):
+    one line before any sample, not a wrong result."""
+    if method.reads_hidden_states:
+        for model in pair.models().values():
+            require(model, "hidden_states", f"method '{method.name}' (it reads the models' last hidden states)")
 
 
 def check_device(pair_cfg: dict[str, Any], engine: str) -> None:
@@ -221,7 +222,7 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
     prompt = PromptFormat(**cfg["prompt"])
     sampler = Sampler(**cfg["decoding"])
     pair = load_run_pair(cfg)
-    check_engine_gives(method, pair, cfg["engine"]["name"])
+    check_engine_gives(method, pair)
     latency_models = load_pair_latency(cfg["latency_dir"], pair) if cfg.get("latency_dir") else None
     check_latency_models(batch_size, latency_models, cfg.get("latency_dir"))
     store = SampleStore(run_dir, run_key(cfg))

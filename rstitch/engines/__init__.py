@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import inspect
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -24,13 +23,14 @@ from rstitch.engines.base import (
 )
 from rstitch.engines.sampling import Sampler
 from rstitch.errors import ConfigError
+from rstitch.registry import Registry
 
-# name -> "module:Class"; imported lazily so an engine's heavy dependencies load only when used.
-ENGINES = {
-    "hf": "rstitch.engines.hf:HFModelRunner",
-    "vllm": "rstitch.engines.vllm:VLLMModelRunner",
-    "llamacpp": "rstitch.engines.llamacpp:LlamaCppModelRunner",
-}
+# name -> "module:Class" in the package's one registry (rstitch/registry.py), imported lazily so an
+# engine's heavy dependencies load only when used.
+ENGINES: Registry[type[ModelRunner]] = Registry("engine")
+ENGINES.register("hf", "rstitch.engines.hf:HFModelRunner")
+ENGINES.register("vllm", "rstitch.engines.vllm:VLLMModelRunner")
+ENGINES.register("llamacpp", "rstitch.engines.llamacpp:LlamaCppModelRunner")
 ROLES = ("slm", "llm")
 # Engines whose backend is an optional dependency: the package to import and how to install it.
 OPTIONAL_BACKENDS = {"vllm": ("vllm", "pip install -e '.[vllm]' (docs/vllm.md)")}
@@ -44,15 +44,9 @@ def check_engine_installed(engine: str) -> None:
 
 
 def load_model(engine: str, path: str, **options: Any) -> ModelRunner:
-    if engine not in ENGINES:
-        raise ConfigError(f"unknown engine '{engine}'; valid: {', '.join(sorted(ENGINES))}")
-    module, name = ENGINES[engine].split(":")
-    cls = getattr(importlib.import_module(module), name)
-    try:
-        inspect.signature(cls).bind(path, **options)
-    except TypeError as err:  # an option this engine does not have
-        raise ConfigError(f"engine '{engine}': {err}") from None
-    return cls(path, **options)
+    """`engine`'s runner of the model at `path`; an unknown engine or option is one error line."""
+    runner: ModelRunner = ENGINES.build(engine, path=path, **options)
+    return runner
 
 
 def load_scoring_model(engine: str, path: str, user: str, needs: tuple[str, ...] = (), **options: Any) -> ModelRunner:
