@@ -82,7 +82,7 @@ class Registry(MutableMapping[str, T], Generic[T]):
             self._entries[name] = entry = loaded
         return entry
 
-    def build(self, name: str, **params: Any) -> Any:
+    def build(self, name: str, /, **params: Any) -> Any:
         """`entry(**params)` after checking `params` against its signature: a missing or unknown
         parameter is one ConfigError line; a TypeError raised inside the constructor is a bug of
         the entry and propagates as one."""
