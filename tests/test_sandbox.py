@@ -201,7 +201,7 @@ def test_memory_is_limited_for_the_sample_as_a_whole():
         pytest.skip("a per-sample cgroup needs root")
     limits = SandboxLimits(timeout_s=5.0, cpu_s=5, memory_bytes=256 * 1024**2, max_output_bytes=64 * 1024, max_processes=16)
     result = run_python(MEMORY_HOG, limits=limits)  # 4 x 96 MiB would fit 256 MiB each, not together
-    assert "held 4" not in result.stdout
+    assert "held 4" not in result.stdout, result.isolation
     assert "cgroup" in result.isolation.get("whole_sample", "")
 
 
