@@ -40,12 +40,13 @@ REF = re.compile(r"(?:(?P<table>[\w-]+/[\w-]+|[\w-]+):)?"
 MUST_MARK = re.compile(r"(?<![\w.=])(?:\d+\.\d+x|0\.\d{3})(?![\w.])")
 SETTING_BEFORE = re.compile(r"(?:tau|delta|tau_[hH]|threshold|p)\s*(?:=\s*|from\s+)?$")
 COLUMN_ALIASES = {"llm_token_share": "share", "latency_(s)": "latency", "spec_acceptance_rate": "acceptance",
-                  "acceptance_rate": "acceptance"}
+                  "acceptance_rate": "acceptance", "δ_accuracy_vs_llm_only": "accuracy_diff", "per-token_ratio": "per_token_ratio"}
 OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
 
 def column_key(header: str) -> str:
-    key = header.strip().lower().replace(" ", "_")
+    """A header as a reference names it: without its interval notes ("accuracy ± se", "speedup [95% CI]")."""
+    key = re.sub(r"\s*(±\s*se|\[[^\]]*\])\s*$", "", header.strip().lower()).replace(" ", "_")
     return COLUMN_ALIASES.get(key, key)
 
 
@@ -97,7 +98,9 @@ def cell_value(tables: dict, ref: re.Match) -> float:
         if key in table["rows"]:
             cell = table["rows"][key].get(ref.group("column"))
             assert cell not in (None, "", "-"), f"{ref.group(0)}: no value in column {ref.group('column')!r}"
-            values.add(float(cell.split("/")[0]))
+            number = re.match(r"[-+]?\d+(?:\.\d+)?", cell)  # the value, before "/ n", "± se" or "[low, high]"
+            assert number, f"{ref.group(0)}: {cell!r} is not a number"
+            values.add(float(number.group(0)))
     assert len(values) == 1, f"{ref.group(0)}: found {values or 'no row'} in {sorted(candidates)}"
     return values.pop()
 
