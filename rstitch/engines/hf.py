@@ -22,7 +22,7 @@ from rstitch.engines.base import (
     torch_dtype,
     warn_remote_code,
 )
-from rstitch.engines.hf_forward import cache_kwargs, width_groups  # noqa: F401 (cache_kwargs: engines.hf.cache_kwargs is the documented name)
+from rstitch.engines.hf_forward import cache_kwargs, kv_shape, width_groups  # noqa: F401 (cache_kwargs: engines.hf.cache_kwargs is the documented name)
 from rstitch.engines.hf_static import StaticDecoder, StaticSequence, resolve_mode
 from rstitch.engines.loading import eos_token_ids, load_tokenizer, model_load_errors, model_name, shared_vocab_size
 from rstitch.errors import ConfigError
@@ -186,9 +186,7 @@ class SlotCache:
     INITIAL = (8, 256)  # slots, positions; both double when outgrown
 
     def __init__(self, config, dtype: torch.dtype, device: torch.device):
-        self.n_layers = config.num_hidden_layers
-        self.heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.n_layers, self.heads, self.head_dim = kv_shape(config)
         self.dtype, self.device = dtype, device
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []

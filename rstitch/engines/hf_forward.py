@@ -44,3 +44,10 @@ def cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
 @functools.cache
 def _cache_argument(model_class: type[torch.nn.Module]) -> str:
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+
+
+def kv_shape(config: Any) -> tuple[int, int, int]:
+    """Layers, key/value heads and head size of a transformers config: the shape of its KV cache."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return config.num_hidden_layers, heads, head_dim

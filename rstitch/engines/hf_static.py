@@ -38,6 +38,7 @@ import torch
 
 from rstitch.configs import compiled_path
 from rstitch.engines.base import ForwardRequest, Sequence, TokenDistribution
+from rstitch.engines.hf_forward import cache_kwargs, kv_shape, width_groups
 from rstitch.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -127,9 +128,7 @@ class StaticKV:
     """Keys and values of every slot: [slots, kv heads, length, head dim] per layer."""
 
     def __init__(self, config: Any, dtype: torch.dtype, device: torch.device):
-        self.n_layers = config.num_hidden_layers
-        self.heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.n_layers, self.heads, self.head_dim = kv_shape(config)
         self.dtype, self.device = dtype, device
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
@@ -259,7 +258,6 @@ class StaticDecoder:
     def forward(self, requests: list[ForwardRequest]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """The requests' forwards (each a StaticSequence of this runner) in one step, or one
         per group of similar widths (hf.width_groups) when a long prefill meets decode steps."""
-        from rstitch.engines.hf_forward import width_groups
 
         outputs: list[Any] = [None] * len(requests)
         for group in width_groups([len(r.new_ids) for r in requests]):
@@ -336,7 +334,6 @@ class StaticDecoder:
         else:
             floor = torch.finfo(self.model.dtype).min
             mask = torch.zeros(allowed.shape, dtype=self.model.dtype, device=ids.device).masked_fill(~allowed, floor)[:, None]
-        from rstitch.engines.hf_forward import cache_kwargs
 
         view = _RowsView(self.kv, rows, positions)
         out = self.base(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
