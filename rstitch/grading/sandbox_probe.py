@@ -138,16 +138,18 @@ def _graded(program: str, tests: dict[str, Any], outer_s: float) -> str:
     return "right" if done[0]["correct"] else "wrong"
 
 
-MEMORY_HOG = """
+def memory_hog(mib: int) -> str:
+    """A program whose 4 children each hold `mib` MiB at once, then print how many got it."""
+    return f"""
 import os
 children = []
 for _ in range(4):
     ready_read, ready_write = os.pipe()
     go_read, go_write = os.pipe()
     if os.fork() == 0:
-        block = b'x' * (64 * 1024**2)
+        block = b'x' * ({mib} * 1024**2)
         os.write(ready_write, b'1')
-        os.read(go_read, 1)
+        os.read(go_read, 1)  # hold the memory until the parent has counted
         os._exit(0)
     os.close(ready_write)
     children.append((ready_read, go_write))
@@ -155,6 +157,8 @@ print(sum(len(os.read(ready, 1)) for ready, _ in children))
 for _, go in children:
     os.write(go, b'1')
 """
+
+
 FORKS = """
 import os, time
 count = 1
@@ -184,7 +188,7 @@ print(written * 65536)
 def probe_whole_sample_limits(outer_s: float) -> list[ProbeOutcome]:
     """Class 3: memory, processes and disk summed over the sample."""
     outcomes = []
-    done = run_bounded(lambda: run_python(MEMORY_HOG, limits=probe_limits(memory_bytes=128 * MIB)), outer_s)
+    done = run_bounded(lambda: run_python(memory_hog(64), limits=probe_limits(memory_bytes=128 * MIB)), outer_s)
     held = _printed_int(done)
     contained = held is None or held < 4
     outcomes.append(ProbeOutcome("3 whole sample", "4 processes x 64 MiB under a 128 MiB limit",
