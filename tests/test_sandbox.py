@@ -177,7 +177,8 @@ def test_host_command_lines_are_not_visible_in_proc():
     assert int(result.stdout.splitlines()[0]) <= 2  # the program (and at most a helper it started)
 
 
-@pytest.mark.xfail(reason="intermittent: about 1 run in 6 on a cgroup v1 machine all four children held their memory although the cgroup applied (under investigation, docs/reliability.md)", strict=False)
+@pytest.mark.xfail(reason="intermittent: about 1 run in 6 on a cgroup v1 machine all four children held their "
+                          "memory although the cgroup applied (open, docs/reliability.md)", strict=False)
 def test_memory_is_limited_for_the_sample_as_a_whole():
     if os.getuid() != 0:
         pytest.skip("a per-sample cgroup needs root")
