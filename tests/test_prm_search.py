@@ -124,7 +124,7 @@ def test_rsd_baseline_presets_sample_their_candidates_at_the_papers_settings(tin
     sampler at 0.7 / 0.8, not by the run's."""
     from rstitch.cli.run import compose_config
     from rstitch.methods.steps import StepDecoder
-    from tests.test_scaleout import sweep_params
+    from test_scaleout import sweep_params
 
     drawn: list[tuple] = []
     generate = StepDecoder.generate

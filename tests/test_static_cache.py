@@ -16,7 +16,7 @@ from rstitch.errors import ConfigError
 from rstitch.results.keys import run_key
 from rstitch.runner import run
 from rstitch.testbed import LLM_DIR, SLM_DIR
-from tests.conftest import decode_testbed_problem
+from conftest import decode_testbed_problem
 
 
 @pytest.fixture(scope="module")
