@@ -139,7 +139,11 @@ def _graded(program: str, tests: dict[str, Any], outer_s: float) -> str:
 
 
 def memory_hog(mib: int) -> str:
-    """A program whose 4 children each hold `mib` MiB at once, then print how many got it."""
+    """A program whose 4 children each hold `mib` MiB at once, then print how many held it.
+
+    A child reports once when its memory is written and once more after every child has
+    reported: a child the OOM killer ended in between leaves its first byte in the pipe but never
+    sends the second, so only children alive with their memory at the same moment are counted."""
     return f"""
 import os
 children = []
@@ -149,13 +153,19 @@ for _ in range(4):
     if os.fork() == 0:
         block = b'x' * ({mib} * 1024**2)
         os.write(ready_write, b'1')
-        os.read(go_read, 1)  # hold the memory until the parent has counted
+        os.read(go_read, 1)  # hold the memory until every child has reported
+        os.write(ready_write, b'2')
         os._exit(0)
     os.close(ready_write)
     children.append((ready_read, go_write))
-print(sum(len(os.read(ready, 1)) for ready, _ in children))
+for ready, _ in children:
+    os.read(ready, 1)
 for _, go in children:
-    os.write(go, b'1')
+    try:
+        os.write(go, b'1')
+    except BrokenPipeError:
+        pass
+print(sum(os.read(ready, 1) == b'2' for ready, _ in children))
 """
 
 
