@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rstitch.grading import sandbox
+from rstitch.grading import sandbox, sandbox_cgroup
 from rstitch.grading.sandbox import SUPERVISOR_GRACE_S, SandboxLimits, fitting_process_count, run_python
 from rstitch.grading.sandbox_probe import memory_hog
 
@@ -259,3 +259,38 @@ def test_a_hung_supervisor_is_abandoned_in_time_and_its_processes_removed(tmp_pa
     assert time.monotonic() - start < 1.0 + 1.0 + 3.0
     leftovers = [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(fake) in _cmdline(p)]
     assert leftovers == []
+
+
+def test_a_cgroup_v2_hierarchy_gets_one_group_with_memory_pids_and_no_swap(tmp_path, monkeypatch):
+    """The v2 branch, on a directory laid out as a unified hierarchy (this kind of machine may be v1)."""
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (tmp_path / "cgroup.subtree_control").write_text("")
+    monkeypatch.setattr(sandbox_cgroup, "CGROUP_ROOT", tmp_path)
+    monkeypatch.setattr(sandbox_cgroup.os, "getuid", lambda: 0)
+    made = sandbox_cgroup.sample_cgroup(256 * 1024**2, 8)
+    assert made is not None and made.version == 2 and len(made.dirs) == 1
+    group = made.dirs[0]
+    assert group.parent == tmp_path / sandbox_cgroup.V2_PARENT
+    assert (tmp_path / "cgroup.subtree_control").read_text() == "+memory +pids"
+    assert (group.parent / "cgroup.subtree_control").read_text() == "+memory +pids"
+    assert (group / "memory.max").read_text() == str(256 * 1024**2)
+    assert (group / "memory.swap.max").read_text() == "0"
+    assert (group / "pids.max").read_text() == "9"  # the supervisor joins it too
+    assert made.procs_files == [str(group / "cgroup.procs")]
+
+
+def test_a_v2_hierarchy_without_the_memory_controller_falls_back_to_v1_or_none(tmp_path, monkeypatch):
+    (tmp_path / "cgroup.controllers").write_text("cpu io pids\n")
+    monkeypatch.setattr(sandbox_cgroup, "CGROUP_ROOT", tmp_path)
+    monkeypatch.setattr(sandbox_cgroup.os, "getuid", lambda: 0)
+    monkeypatch.setattr(sandbox_cgroup, "_own_v1_paths", lambda: {"memory": "/", "pids": "/"})
+    assert sandbox_cgroup.sample_cgroup(1024**3, 8) is None  # no v1 memory hierarchy under it either
+    for controller, limit_file in (("memory", "memory.limit_in_bytes"), ("pids", "pids.max")):
+        (tmp_path / controller).mkdir()
+        (tmp_path / controller / limit_file).write_text("max")
+    made = sandbox_cgroup.sample_cgroup(1024**3, 8)
+    assert made is not None and made.version == 1
+    memory_dir, pids_dir = made.dirs
+    assert (memory_dir / "memory.limit_in_bytes").read_text() == str(1024**3)
+    assert (memory_dir / "memory.memsw.limit_in_bytes").read_text() == str(1024**3)
+    assert (pids_dir / "pids.max").read_text() == "9"
