@@ -45,6 +45,7 @@ API key; --wandb off to disable) and to training_log.csv / training_log.json bes
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 import time
@@ -105,12 +106,19 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--overrides", nargs="*", default=[], help="rstitch-run overrides whose config gives the budget")
     p.add_argument("--temperature", type=float, default=0.0, help="token sampling (0 = greedy; routing is sampled either way)")
     # budget
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--minutes", type=float, default=30.0, help="stop before a step that would end past this")
+    p.add_argument("--steps", type=int, default=None, help="DAPO steps (default 100)")
+    p.add_argument("--minutes", type=float, default=None,
+                   help="stop before a step that would end past this (default 30; none when --steps is given alone, "
+                        "so a set number of steps does not depend on the machine's speed)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for small models on a shared CPU)")
     p.add_argument("--wandb", default="auto", choices=["auto", "online", "offline", "off"])
-    return p.parse_args()
+    args = p.parse_args()
+    if args.minutes is None:
+        args.minutes = math.inf if args.steps is not None else 30.0
+    if args.steps is None:
+        args.steps = 100
+    return args
 
 
 def pair_and_latency(args: argparse.Namespace) -> tuple[dict, object, dict]:

