@@ -43,6 +43,8 @@ class EngineEntry:
     def param(self) -> Any:
         missing = [p for p in self.needs if importlib.util.find_spec(p) is None]
         marks = [pytest.mark.skip(reason=f"needs {', '.join(missing)}")] if missing else []
+        if self.needs:  # an optional backend loads a real model: the slow tier
+            marks.append(pytest.mark.slow)
         return pytest.param(self, id=self.id, marks=marks)
 
 
