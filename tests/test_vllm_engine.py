@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 
@@ -23,6 +24,7 @@ from rstitch.errors import ConfigError  # noqa: E402
 from rstitch.methods import METHODS, DecodeContext, DecodeResult, build_method  # noqa: E402
 from rstitch.methods.base import LLM, SLM  # noqa: E402
 from rstitch.methods.rstitch_plus import RouterSwitch, routed_decode  # noqa: E402
+from rstitch.metrics.latency_model import latency_file, runner_identity  # noqa: E402
 from rstitch.testbed import ASSETS_DIR, LLM_DIR, SLM_DIR, generate_problems  # noqa: E402
 
 pytestmark = pytest.mark.slow  # vLLM engines, in their own venv
@@ -334,9 +336,17 @@ def test_batched_rounds_decode_what_hf_decodes_at_batch_1(tmp_path, method):
     """batch_size 4 on vLLM: every round's requests of all samples in one `generate` call, and
     the samples and their cost books equal batch 1's (which equal HF's: the tests above)."""
     samples, calls = {}, {}
+    # A batched run estimates batch-1 latency from profiles of the engine's own identity; the
+    # testbed ships the HF engine's only. Tokens and costs are what is compared here, so the HF
+    # profiles stand in, copied under the vLLM names.
+    latency_dir = tmp_path / "latency"
+    latency_dir.mkdir()
+    for model in runner.get_pair(compose(*VLLM_OPTIONS)["pair"], compose(*VLLM_OPTIONS)["engine"]).models().values():
+        name, device, precision, _ = runner_identity(model)
+        shutil.copy(latency_file(ASSETS_DIR / "latency", name, device, precision), latency_file(latency_dir, *runner_identity(model)))
     for batch in (4, 1):
         cfg = compose(*VLLM_OPTIONS, f"method={method}", "dataset.limit=4", f"max_new_tokens={BUDGET}",
-                      f"batch_size={batch}", f"results_root={tmp_path}")
+                      f"batch_size={batch}", f"results_root={tmp_path}", f"latency_dir={latency_dir}")
         models = runner.get_pair(cfg["pair"], cfg["engine"]).models().values()  # the runner's pair
         before = [(m.requests, m.generate_calls) for m in models]
         runner.run(cfg, tmp_path / str(batch))
