@@ -122,9 +122,10 @@ def test_rsd_baseline_presets_sample_their_candidates_at_the_papers_settings(tin
     """Each method of the composed preset (RSD section 4.1: N = 16 / 64, temperature 0.7, top_p 0.8)
     is built and decoded under a greedy run, and every candidate step it generates is drawn by a
     sampler at 0.7 / 0.8, not by the run's."""
+    from test_scaleout import sweep_params
+
     from rstitch.cli.run import compose_config
     from rstitch.methods.steps import StepDecoder
-    from test_scaleout import sweep_params
 
     drawn: list[tuple] = []
     generate = StepDecoder.generate

@@ -16,6 +16,7 @@ from rstitch.errors import ConfigError
 from rstitch.results.keys import run_key
 from rstitch.runner import run
 from rstitch.testbed import LLM_DIR, SLM_DIR
+
 from conftest import decode_testbed_problem
 
 
