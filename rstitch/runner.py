@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -28,6 +29,12 @@ from rstitch.results.measurement import available_cpus, default_threads, sample_
 from rstitch.results.summary import summarize_run
 
 WARMUP_TOKENS = 16
+
+
+# Set by the CLI's SIGINT handler beside the KeyboardInterrupt it raises. Python drops an exception
+# raised inside a finalizer (a sequence's KV slot is released by one), so a Ctrl-C that lands there
+# would be lost; the decode loop also checks this after every saved sample.
+INTERRUPT_REQUESTED = threading.Event()
 
 
 def check_engine_gives(method: Method, pair: ModelPair) -> None:
@@ -261,6 +268,8 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
             bar.set_postfix(acc=f"{sum(r['correct'] for r in done) / len(done):.3f}",
                             lat=f"{sum(r['latency_s'] for r in done) / len(done):.2f}s")
             bar.update()
+            if INTERRUPT_REQUESTED.is_set():
+                raise KeyboardInterrupt
 
         decode_start = time.perf_counter()
         decode = decode_one_by_one if batch_size == 1 else decode_batched

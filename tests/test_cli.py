@@ -206,6 +206,28 @@ def test_ctrl_c_is_one_line_saying_what_is_saved_and_how_to_resume(tmp_path, tin
     assert last == f"rstitch-run: interrupted: {saved} samples saved in {run_dir}; rerun the same command to resume"
 
 
+def test_an_interrupt_whose_exception_was_dropped_still_stops_the_run_after_the_sample_in_flight(tmp_path):
+    """Python drops a KeyboardInterrupt raised inside a finalizer; the flag the SIGINT handler also
+    sets stops the run after the next saved sample, which stays saved for the resume."""
+    import signal
+
+    from rstitch import runner
+    from rstitch.cli.run import compose_config, watch_interrupts
+
+    cfg = compose_config(["dataset.limit=3", "max_new_tokens=8", "logger=none", f"results_root={tmp_path}"])
+    watch_interrupts()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+        assert runner.INTERRUPT_REQUESTED.is_set()
+        with pytest.raises(KeyboardInterrupt):
+            runner.run(cfg, tmp_path / "run")
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        runner.INTERRUPT_REQUESTED.clear()
+    assert len(read_samples(tmp_path / "run")) == 1
+
+
 @pytest.mark.parametrize("override, key", [
     ("dataset.limit=6", "dataset.limit"), ("+method.k=3", "method.k"), ("++logger=none", "logger"),
     ("~method.tau", "method.tau"), ("prompt.system=a=b", "prompt.system"),

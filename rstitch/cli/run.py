@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import hydra
@@ -83,6 +85,22 @@ def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
         fail(str(err))
 
 
+def watch_interrupts() -> None:
+    """Ctrl-C raises KeyboardInterrupt as usual and also sets `runner.INTERRUPT_REQUESTED`, so the
+    run stops after the sample in flight even where the exception itself was dropped."""
+    from rstitch import runner
+
+    runner.INTERRUPT_REQUESTED.clear()
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread receives signals (and may set their handlers)
+
+    def on_interrupt(signum, frame) -> None:
+        runner.INTERRUPT_REQUESTED.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_interrupt)
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def app(cfg: DictConfig) -> None:
     from rstitch.results.baseline import missing_baseline_note
@@ -92,6 +110,7 @@ def app(cfg: DictConfig) -> None:
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     interrupted = False
+    watch_interrupts()
     try:
         resolved = resolved_run_config(cfg)
         logger = instantiate(resolved.pop("logger"))
