@@ -21,8 +21,10 @@ PINNED = [
     (["method=llm_only"], "testbed/testbed/llm_only/03b819f8", "6be76c51"),
     (["method=rsd"], "testbed/testbed/rsd/alpha=10.0_delta=0.7_max_repeats=5_max_step_tokens=1024_max_steps=512_p=0.5_seed=0_"
      "weighting=binary_f81ca936", "6be76c51"),
+    # The router's weights are part of the run key (their fingerprint): the retrained router
+    # (under Algorithm 1) has new runs, as it decodes differently
     (["method=rstitch_plus"], "testbed/testbed/rstitch_plus/latency_dir=latency_router=rstitch_router_sample_router=False_seed=0_"
-     "tau=None_d159dac0", "6be76c51"),
+     "tau=None_45441b22", "6be76c51"),
     # SpecReason's judge_context (added with the judge on the base model's own sequence) is a new
     # method parameter: its runs have new directories, as their judge costs differ
     (["method=specreason", "batch_size=4"], "testbed/testbed/specreason/first_n_by_base=0_judge_context=reasoning_max_repeats=5_"
