@@ -11,6 +11,8 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `-n auto`: a worker per core, so one torch thread each, not a core's worth
+    torch.set_num_threads(1)
 # The real benchmark records (MATH-500, GSM8K, AIME24, AMC23, Minerva as JSONL): ../shared/benchmarks
 # beside the checkout, or the directory RSTITCH_BENCHMARKS names (scripts/export_benchmarks.py makes one).
 SHARED_BENCHMARKS = Path(os.environ.get("RSTITCH_BENCHMARKS") or REPO.parent / "shared" / "benchmarks")
