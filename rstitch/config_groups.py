@@ -21,6 +21,17 @@ def _testbed_asset(name: str) -> str:
 
 OmegaConf.register_new_resolver("testbed_asset", _testbed_asset, replace=True)
 
+
+def _judge_engine(engine: str) -> str:
+    """The engine a stand-in judge (`prm=llm_judge`, the pair's LLM) runs on: the run's own, so that it
+    scores with the weights and kernels the run decodes with and is billed at their speed; vLLM's
+    default logprobs are not the full vocabulary the judge reads, so there it is hf (set
+    `prm.engine=vllm` with `engine.logprobs=full` to keep it on vLLM)."""
+    return "hf" if engine == "vllm" else engine
+
+
+OmegaConf.register_new_resolver("judge_engine", _judge_engine, replace=True)
+
 # Groups that only feed interpolations: experiment (presets), prm (the PRM-based methods read it as
 # method.prm, and so it is part of their run key).
 INTERPOLATION_GROUPS = ("experiment", "prm")

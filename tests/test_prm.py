@@ -265,3 +265,31 @@ def test_llm_judge_reads_yes_against_no_at_the_last_position_through_the_engine(
     old, new = judge.prompt_ids(PROBLEM, STEPS), judge.prompt_ids(PROBLEM, STEPS + ["so 11 it is"])
     shared = next(i for i, (a, b) in enumerate(zip(old, new)) if a != b)
     assert (spent.forward_calls, spent.tokens_processed) == (1, len(new) - shared)
+
+
+@pytest.mark.parametrize("engine,expected", [("hf", "hf"), ("llamacpp", "llamacpp"), ("vllm", "hf")])
+def test_the_stand_in_judge_runs_on_the_runs_engine_with_its_threads(engine, expected):
+    """prm=llm_judge is the pair's LLM: it scores on the run's engine and threads (on llama.cpp it once
+    ran on the HF engine with the single torch thread that engine leaves, twice RSD's latency);
+    vLLM's default logprobs are not the full vocabulary it reads, so there it stays on hf."""
+    from rstitch.config_groups import compose_config
+
+    cfg = compose_config(["pair=testbed", "prm=llm_judge", f"engine={engine}", "engine.num_threads=3", "method=rsd"])
+    assert (cfg["method"]["prm"]["engine"], cfg["method"]["prm"]["num_threads"]) == (expected, 3)
+
+
+def test_the_stand_in_judge_passes_its_engine_and_threads_to_the_scoring_model(monkeypatch):
+    import rstitch.rewards.judge_prm as judge_prm
+
+    seen = []
+
+    def capture(engine, path, user, needs=(), **options):
+        seen.append((engine, needs, options))
+        raise ConfigError("captured")
+
+    monkeypatch.setattr(judge_prm, "load_scoring_model", capture)
+    for threads in (3, None):
+        with pytest.raises(ConfigError, match="captured"):
+            judge_prm.LLMJudgePRM("some/model", engine="llamacpp", num_threads=threads)
+    assert seen == [("llamacpp", ("exact_distributions",), {"dtype": "float32", "device": "cpu", "num_threads": 3}),
+                    ("llamacpp", ("exact_distributions",), {"dtype": "float32", "device": "cpu"})]
