@@ -292,4 +292,4 @@ def test_the_stand_in_judge_passes_its_engine_and_threads_to_the_scoring_model(m
         with pytest.raises(ConfigError, match="captured"):
             judge_prm.LLMJudgePRM("some/model", engine="llamacpp", num_threads=threads)
     assert seen == [("llamacpp", ("exact_distributions",), {"dtype": "float32", "device": "cpu", "num_threads": 3}),
-                    ("llamacpp", ("exact_distributions",), {"dtype": "float32", "device": "cpu"})]
+                    ("llamacpp", ("exact_distributions",), {"dtype": "float32", "device": "cpu", "num_threads": None})]

@@ -38,9 +38,8 @@ class LLMJudgePRM(ProcessRewardModel):
                  question: str = JUDGE_QUESTION, engine: str = "hf", num_threads: int | None = None):
         super().__init__()
         # Two tokens' probabilities: an engine whose distributions are exact over the vocabulary.
-        threads = {} if num_threads is None else {"num_threads": num_threads}
         runner = load_scoring_model(engine, path, "PRM llm_judge (it reads the probabilities of Yes and No)",
-                                    ("exact_distributions",), dtype=dtype, device=device, **threads)
+                                    ("exact_distributions",), dtype=dtype, device=device, num_threads=num_threads)
         tokenizer = runner.tokenizer
         if not getattr(tokenizer, "chat_template", None):
             raise ConfigError(f"PRM llm_judge: the tokenizer of '{path}' has no chat template (it needs an instruct model)")
