@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from tqdm import tqdm
 
@@ -20,7 +20,7 @@ from rstitch.engines.cache import get_pair
 from rstitch.errors import ConfigError
 from rstitch.grading import grade_sample
 from rstitch.methods import DecodeContext, DecodeResult, Method, build_method
-from rstitch.methods.base import EXTRA_FLOPS, model_flops
+from rstitch.methods.base import EXTRA_FLOPS, baseline_method, model_flops
 from rstitch.metrics.latency_model import load_pair_latency
 from rstitch.results import SampleStore
 from rstitch.results.baseline import baseline_config, wants_baseline_run
@@ -212,19 +212,25 @@ def sample_record(record, index: int, result: DecodeResult, latency: float, cost
     }
 
 
-def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str | Path | None = None) -> dict[str, Any]:
-    """Evaluate one configuration (a resolved config dict) into `run_dir`; resumes if present."""
+@overload
+def run(cfg: dict[str, Any], run_dir: str | Path, logger=..., results_root: str | Path | None = ...,
+        first: None = ...) -> dict[str, Any]: ...
+@overload
+def run(cfg: dict[str, Any], run_dir: str | Path, logger=..., results_root: str | Path | None = ...,
+        first: int | None = ...) -> dict[str, Any] | None: ...
+def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str | Path | None = None,
+        first: int | None = None) -> dict[str, Any] | None:
+    """Evaluate one configuration (a resolved config dict) into `run_dir`; resumes if present. `first`
+    decodes only what is missing among the first `first` problems and writes no summary (None): a
+    call without it finishes the run (`run_in_blocks`), so a summary covers the whole selection."""
     method = build_method(**cfg["method"])
     dataset_cfg = dict(cfg["dataset"])
     records = load_dataset_records(**dataset_cfg)
     if not records:
         raise ConfigError(f"dataset '{dataset_cfg['name']}' selected no records")
-    n_samples = cfg["n_samples"]
-    if not isinstance(n_samples, int) or n_samples < 1:
-        raise ConfigError(f"n_samples must be an integer >= 1, got {n_samples!r}")
-    budget = cfg["max_new_tokens"]
-    if not isinstance(budget, int) or budget < 1:
-        raise ConfigError(f"max_new_tokens must be an integer >= 1, got {budget!r}")
+    n_samples, budget = count("n_samples", cfg["n_samples"]), count("max_new_tokens", cfg["max_new_tokens"])
+    if first is not None:
+        count("first", first)
     batch_size = check_batch_size(cfg)
     prompt = PromptFormat(**cfg["prompt"])
     sampler = Sampler(**cfg["decoding"])
@@ -237,23 +243,22 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
         tokenizer = pair.tokenizer
         ctx = DecodeContext(pair, sampler, budget)
 
-        todo = [(r, k) for r in records for k in range(n_samples) if not store.done(r.id, k)]
+        todo = [(r, k) for r in records[:first] for k in range(n_samples) if not store.done(r.id, k)]
         # Every prompt is checked against the context before anything decodes.
         check = ContextCheck(pair, budget, cfg.get("on_overflow", "error"))
         prompts = {r.id: check.prompt_ids(r.id, r.problem, lambda p: prompt.encode(tokenizer, p)) for r, _ in todo}
         fitted = {rid: fit for rid, fit in prompts.items() if fit is not None}
         todo = [(r, k) for r, k in todo if r.id in fitted]
         name = run_name(cfg)
+        if first is not None:
+            logger = None  # a block of a run is logged with the whole run, by the call that completes it
         if logger is not None and not todo and logger.logged(run_dir):
             logger = None  # finished and logged before: a resume with nothing to decode logs nothing again
         if logger is not None:
             logger.start(name, cfg, name, run_dir=run_dir)
         if todo:
-            warm_ctx = DecodeContext(pair, sampler, min(WARMUP_TOKENS, budget), todo[0][0].problem, todo[0][0].metadata)
-            try:  # untimed warm-up; what the engine cannot do for this method surfaces here, before any sample
-                method.decode(fitted[todo[0][0].id][0], warm_ctx)
-            except ConfigError as err:
-                raise ConfigError(f"method '{method.name}' on engine '{cfg['engine']['name']}': {err}") from None
+            warm_up(method, DecodeContext(pair, sampler, min(WARMUP_TOKENS, budget), todo[0][0].problem, todo[0][0].metadata),
+                    fitted[todo[0][0].id][0], cfg["engine"]["name"])
 
         bar = tqdm(total=len(records) * n_samples, initial=len(records) * n_samples - len(todo), desc=method.name, unit="sample")
 
@@ -278,6 +283,8 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
         decode_wall = time.perf_counter() - decode_start
         bar.close()
 
+        if first is not None:
+            return None  # the rest of the selection is decoded by a later call
         wanted = {(r.id, k) for r in records for k in range(n_samples)}
         samples = [s for key, s in store.records.items() if key in wanted]
         summary = summarize_run(cfg, method, samples, results_root if results_root is not None else Path(run_dir).parent)
@@ -290,6 +297,22 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
     finally:
         store.close()  # other processes waiting on this run directory may go on
     return summary
+
+
+def warm_up(method: Method, ctx: DecodeContext, prompt_ids: list[int], engine: str) -> None:
+    """An untimed decode of the first prompt: what the engine cannot do for this method surfaces
+    here, before any sample."""
+    try:
+        method.decode(prompt_ids, ctx)
+    except ConfigError as err:
+        raise ConfigError(f"method '{method.name}' on engine '{engine}': {err}") from None
+
+
+def count(name: str, value: Any) -> int:
+    """A count from a config (n_samples, max_new_tokens, ...), or one error line."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
 
 
 def throughput(store: SampleStore, todo: list, decode_wall: float) -> dict[str, Any]:
@@ -305,21 +328,40 @@ def throughput(store: SampleStore, todo: list, decode_wall: float) -> dict[str, 
 comparison_root = comparison_dir  # where runs comparable to a config live (results/keys.py)
 
 
-def run_baseline(cfg: dict[str, Any], results_root: str | Path, logger=None) -> dict[str, Any] | None:
+def run_baseline(cfg: dict[str, Any], results_root: str | Path, logger=None, first: int | None = None) -> dict[str, Any] | None:
     """With `baseline=auto`, the baseline (`llm_only`) run of `cfg`'s comparison key, run or
     resumed (a finished one decodes nothing) before the method, so that its speedup is filled;
     None when not asked for or when `cfg` is the baseline."""
     if not wants_baseline_run(cfg):
         return None
     base = baseline_config(cfg)
-    return run(base, comparison_run_dir(results_root, base), logger=logger, results_root=results_root)
+    return run(base, comparison_run_dir(results_root, base), logger=logger, results_root=results_root, first=first)
 
 
-def run_config(cfg: dict[str, Any], logger=None) -> dict[str, Any]:
+def run_config(cfg: dict[str, Any], logger=None, first: int | None = None) -> dict[str, Any] | None:
     """Run a composed config (see `config_groups.compose_config`) into its standard run directory,
-    after its baseline when `baseline=auto`."""
+    after its baseline when `baseline=auto` (`first`: see `run`)."""
     cfg = dict(cfg)
     cfg.pop("logger", None)
     root = comparison_dir(cfg.pop("results_root"), cfg)
-    run_baseline(cfg, root, logger=logger)
-    return run(cfg, comparison_run_dir(root, cfg), logger=logger, results_root=root)
+    run_baseline(cfg, root, logger=logger, first=first)
+    return run(cfg, comparison_run_dir(root, cfg), logger=logger, results_root=root, first=first)
+
+
+def run_in_blocks(cfgs: list[dict[str, Any]], block: int) -> list[dict[str, Any] | None]:
+    """Run composed configs over the same problems a block at a time: the first `block` problems of
+    every config, then the next `block` of every config, and so on; then every config once more
+    (nothing is left to decode; the baseline's first), so that each summary reads its baseline's
+    finished run. A decode
+    spread over several sittings (the runs resume) thus times the rows of a problem one after the
+    other on one machine, and the paired per-problem ratios (speedup, token and per-token ratios)
+    compare timings taken together, whichever sitting and machine each problem fell to."""
+    count("block", block)
+    largest = max((len(load_dataset_records(**cfg["dataset"])) for cfg in cfgs), default=0)
+    for upto in range(block, largest + block, block):
+        for cfg in cfgs:
+            run_config(cfg, first=upto)
+    baseline = baseline_method()
+    order = sorted(range(len(cfgs)), key=lambda i: cfgs[i]["method"]["name"] != baseline)  # stable
+    summaries = {i: run_config(cfgs[i]) for i in order}
+    return [summaries[i] for i in range(len(cfgs))]

@@ -8,9 +8,12 @@ Every point is a resumable run directory under --results-root (greedy, budget 51
 the hours this takes on a CPU can be spread over several sittings: a rerun decodes only what is
 missing, and `--render-only` prints what is there without decoding (an unfinished run as the
 first n problems it has saved, "n/N", without a speedup). Rows run in the order of ROWS
-(cheapest first), one dataset after the other. Beside the table: the measured per-token latency of
-each model (engine forward time per decode step), the SLM's mean normalized entropy on
-tokens of its wrong answers against its right ones, and the LLM token share of R-Stitch per tau.
+(cheapest first), one dataset after the other; `--block 1` decodes problem by problem instead
+(every row's first problem, then every row's second, ...), so that a decode spread over sittings,
+perhaps on machines of different speeds, times each problem's rows together
+(rstitch.runner.run_in_blocks). Beside the table: the measured per-token latency of each model
+(engine forward time per decode step), the SLM's mean normalized entropy on tokens of its wrong
+answers against its right ones, and the LLM token share of R-Stitch per tau.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from rstitch.engines import load_model
 from rstitch.results.lookup import config_run_dir as run_dir
 from rstitch.results.lookup import saved_summary, with_speedup
 from rstitch.results.summary import plus_minus, with_interval
-from rstitch.runner import run_config
+from rstitch.runner import run_in_blocks
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "results-real.md"
 BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
@@ -47,11 +50,15 @@ def common_overrides(args: argparse.Namespace, dataset: str, limit: int) -> list
             f"results_root={args.results_root}", "logger=none"]
 
 
-def point(common: list[str], method: str, params: dict, decode: bool) -> tuple[dict, dict | None]:
-    """The run's config and its summary (None when it has not been run and `decode` is off)."""
-    cfg = compose_config([*common, f"method={method}", *(f"method.{k}={v}" for k, v in params.items())])
-    summary = run_config(cfg) if decode else saved_summary(cfg)
-    return cfg, with_speedup(cfg, summary)
+def row_config(common: list[str], method: str, params: dict) -> dict:
+    return compose_config([*common, f"method={method}", *(f"method.{k}={v}" for k, v in params.items())])
+
+
+def summaries(cfgs: list[dict], decode: bool, block: int | None) -> list[dict | None]:
+    """Each run's summary with its speedup (None when it has not been run and `decode` is off),
+    after decoding what is missing, `block` problems of every row at a time."""
+    found = run_in_blocks(cfgs, block or cfgs[0]["dataset"]["limit"]) if decode else [saved_summary(c) for c in cfgs]
+    return [with_speedup(cfg, summary) for cfg, summary in zip(cfgs, found)]
 
 
 def slm_entropy_by_correctness(cfg: dict) -> dict[str, float]:
@@ -119,6 +126,8 @@ def main() -> None:
     parser.add_argument("--gsm8k", type=int, default=20, help="first n GSM8K problems")
     parser.add_argument("--math500", type=int, default=10, help="first n MATH500 problems")
     parser.add_argument("--methods", default=None, help="comma list: only these rows")
+    parser.add_argument("--block", type=int, default=None,
+                        help="decode this many problems of every row at a time (1: problem by problem; default: a row at a time)")
     parser.add_argument("--results-root", default="runs/real-results")
     parser.add_argument("--render-only", action="store_true", help="decode nothing; tabulate the finished runs")
     parser.add_argument("--write-doc", action="store_true", help=f"replace the engine's generated section of {DOC}")
@@ -135,12 +144,9 @@ def main() -> None:
         if n <= 0:
             continue
         common = common_overrides(args, dataset, n)
-        configs = {}
-        points = []
-        for method, params in rows:
-            cfg, summary = point(common, method, params, decode=not args.render_only)
-            configs[method] = cfg
-            points.append((method, params, summary))
+        cfgs = [row_config(common, method, params) for method, params in rows]
+        configs = {method: cfg for (method, _), cfg in zip(rows, cfgs)}
+        points = [(m, p, s) for (m, p), s in zip(rows, summaries(cfgs, not args.render_only, args.block))]
         lines += ["", f"**{dataset}** (first {n})", "", *table(points, n), ""]
         found = {m: s for m, p, s in points if s is not None and not p}
         llm, slm = found.get("llm_only"), found.get("slm_only")
