@@ -250,17 +250,16 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
         fitted = {rid: fit for rid, fit in prompts.items() if fit is not None}
         todo = [(r, k) for r, k in todo if r.id in fitted]
         name = run_name(cfg)
-        if first is not None:
-            logger = None  # a block of a run is logged with the whole run, by the call that completes it
-        if logger is not None and not todo and logger.logged(run_dir):
-            logger = None  # finished and logged before: a resume with nothing to decode logs nothing again
+        if first is not None or (logger is not None and not todo and logger.logged(run_dir)):
+            logger = None  # the call that finishes a run logs it, once: not its blocks, not a resume of it
         if logger is not None:
             logger.start(name, cfg, name, run_dir=run_dir)
         if todo:
             warm_up(method, DecodeContext(pair, sampler, min(WARMUP_TOKENS, budget), todo[0][0].problem, todo[0][0].metadata),
                     fitted[todo[0][0].id][0], cfg["engine"]["name"])
 
-        bar = tqdm(total=len(records) * n_samples, initial=len(records) * n_samples - len(todo), desc=method.name, unit="sample")
+        total = len(records[:first]) * n_samples  # with `first`, the bar counts those first problems only
+        bar = tqdm(total=total, initial=total - len(todo), desc=method.name, unit="sample")
 
         def finish(record, row: dict[str, Any]) -> None:
             sample_budget = fitted[record.id][1]
