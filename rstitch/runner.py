@@ -243,7 +243,8 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
         tokenizer = pair.tokenizer
         ctx = DecodeContext(pair, sampler, budget)
 
-        todo = [(r, k) for r in records[:first] for k in range(n_samples) if not store.done(r.id, k)]
+        block = records[:first]  # with `first`, only its first problems decode, and the bar counts them
+        todo = [(r, k) for r in block for k in range(n_samples) if not store.done(r.id, k)]
         # Every prompt is checked against the context before anything decodes.
         check = ContextCheck(pair, budget, cfg.get("on_overflow", "error"))
         prompts = {r.id: check.prompt_ids(r.id, r.problem, lambda p: prompt.encode(tokenizer, p)) for r, _ in todo}
@@ -258,7 +259,7 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
             warm_up(method, DecodeContext(pair, sampler, min(WARMUP_TOKENS, budget), todo[0][0].problem, todo[0][0].metadata),
                     fitted[todo[0][0].id][0], cfg["engine"]["name"])
 
-        total = len(records[:first]) * n_samples  # with `first`, the bar counts those first problems only
+        total = len(block) * n_samples
         bar = tqdm(total=total, initial=total - len(todo), desc=method.name, unit="sample")
 
         def finish(record, row: dict[str, Any]) -> None:
