@@ -7,7 +7,7 @@ from rstitch.engines import Sampler
 from rstitch.errors import ConfigError
 from rstitch.methods import DecodeContext, build_method
 from rstitch.methods.base import LLM, SLM
-from rstitch.methods.rsd import RSD, accepts
+from rstitch.methods.rsd import RSD, WEIGHTINGS, accepts
 from rstitch.methods.steps import step_text
 from rstitch.rewards.likelihood_prm import LikelihoodHead, TestbedPRM, save_prm
 
@@ -95,32 +95,47 @@ def test_mid_threshold_follows_algorithm_1(tiny_runners, prm, prm_path):
     assert out.stats["wasted_escalations"] == wasted
 
 
-def test_weighting_functions():
-    def omega(weighting, r, **params):
-        return RSD(weighting=weighting, prm={"name": "oracle"}, **params).omega(r)
+def omega(weighting, r, **params):
+    return RSD(weighting=weighting, prm={"name": "oracle"}, **params).omega(r)
 
+
+def test_weighting_functions():
     assert omega("constant", 0.1, p=0.3) == 0.3
     assert (omega("binary", 0.69), omega("binary", 0.7)) == (0.0, 1.0)
     # Table 1: clipping is min(1, max(0, r)), delta plays no part.
     assert (omega("clipping", 0.35, delta=0.7), omega("clipping", 1.4), omega("clipping", -0.2)) == (0.35, 1.0, 0.0)
     assert (omega("scaled_clipping", 0.35, delta=0.7), omega("scaled_clipping", 0.9, delta=0.7)) == (0.5, 1.0)
-    assert omega("rational", 1.0) == 0.5
-    assert omega("logistic", 0.7, alpha=10, delta=0.7) == 0.5
-    assert omega("logistic", 0.8, alpha=10, delta=0.7) == pytest.approx(1 / (1 + math.exp(-1)))
-    assert omega("logistic", 0.6, alpha=10, delta=0.7) == pytest.approx(1 / (1 + math.exp(1)))
     coins = torch.Generator().manual_seed(0)
     draws = [accepts(0.25, coins) for _ in range(400)]
     assert 0.15 < sum(draws) / 400 < 0.35
     assert accepts(1.0, coins) and not accepts(0.0, coins)
 
 
+def test_the_weightings_are_table_1s_rows():
+    """RSD Table 1 has five rows: constant, the binary step, clipping, the sigmoidal transformation
+    max(0, r / (1 + r)) and the logistic function; `scaled_clipping` is the one weighting of ours."""
+    assert set(WEIGHTINGS) == {"constant", "binary", "clipping", "sigmoidal", "logistic", "scaled_clipping"}
+
+
+@pytest.mark.parametrize("reward,expected", [(1.0, 0.5), (0.5, 1 / 3), (0.0, 0.0), (-0.5, 0.0), (-1.0, 0.0), (-3.0, 0.0)])
+def test_sigmoidal_transformation_is_max_of_zero_and_r_over_one_plus_r(reward, expected):
+    """Table 1: omega(r) = max(0, r / (1 + r)). A negative reward is refused (-0.5 gave -1 without the
+    max); at r <= -1 the fraction is undefined or above 1, outside Algorithm 2's [0, 1]: 0 there too."""
+    assert omega("sigmoidal", reward) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("reward", [-0.3, 0.0, 0.6, 0.7, 0.75, 0.8, 1.0, 2.5])
+def test_logistic_is_table_1s_logistic_function(reward):
+    """Table 1: omega(r) = 1 / (1 + exp(-alpha (r - delta))), no outer max."""
+    assert omega("logistic", reward, alpha=10, delta=0.7) == pytest.approx(1 / (1 + math.exp(-10 * (reward - 0.7))))
+
+
 @pytest.mark.parametrize("reward,alpha", [(-100.0, 10.0), (0.0, 2000.0), (-1e6, 1.0)])
-def test_sigmoidal_weighting_is_max_of_zero_and_the_sigmoid_for_any_reward(reward, alpha):
-    """Table 1's sigmoidal weighting is max(0, sigmoid(alpha (r - delta))): a reward far below delta
-    is refused (omega 0), never an overflow, and stays in [0, 1]."""
-    omega = RSD(weighting="logistic", alpha=alpha, delta=0.7, prm={"name": "oracle"}).omega(reward)
-    assert omega == pytest.approx(0.0, abs=1e-12) and 0.0 <= omega <= 1.0
-    assert not accepts(omega, torch.Generator().manual_seed(0))
+def test_logistic_far_below_delta_is_zero_without_overflow(reward, alpha):
+    """A reward far below delta is refused (omega 0), never an overflow, and stays in [0, 1]."""
+    weight = omega("logistic", reward, alpha=alpha, delta=0.7)
+    assert weight == pytest.approx(0.0, abs=1e-12) and 0.0 <= weight <= 1.0
+    assert not accepts(weight, torch.Generator().manual_seed(0))
 
 
 def test_random_acceptance_is_seeded_and_spares_the_token_stream(tiny_runners, prm):

@@ -1,18 +1,21 @@
-"""Reward-guided speculative decoding (RSD, Algorithms 1 and 2).
+"""Reward-guided speculative decoding (RSD; Liao et al. 2025, §2.1 Algorithms 1 and 2, Table 1, eq. 2).
 
-The draft model (pair.slm) writes a step; the PRM scores it (r, reward of the last step given the
-problem and all earlier steps); the step is accepted with probability omega(r), else the target
-model (pair.llm) writes the step from the same prefix. Weighting functions (docs/step-level.md):
+The draft model (pair.slm) writes a step ("\n\n"-terminated, §3 "Default Setting"); the PRM scores it
+(r, the reward of the last step given the problem and all earlier steps, Algorithm 1 "Compute reward");
+the step is accepted with probability omega(r) (Algorithm 2), else the target model (pair.llm) writes
+the step from the same prefix. Steps sampled this way follow the mixture of eq. 2,
+P_RSD = omega_r P_m + nu P_M. The weighting functions are Table 1's rows:
 
-    constant   omega = p
-    binary     omega = 1[r >= delta]                      (the paper's default, delta = 0.7)
-    clipping   omega = min(1, max(0, r))                  (Table 1)
-    scaled_clipping  omega = min(1, max(0, r / delta))    (ours: clipping with the ramp ending at delta)
-    rational   omega = r / (1 + r)
-    logistic   omega = max(0, 1 / (1 + exp(-alpha (r - delta))))   (Table 1's sigmoidal weighting)
+    constant   omega = p                                   (constant, p in (0, 1))
+    binary     omega = 1[r >= delta]                        (the binary step; the paper's choice, §3: delta = 0.7)
+    clipping   omega = min(1, max(0, r))                    (clipping r within [0, 1])
+    sigmoidal  omega = max(0, r / (1 + r))                  (sigmoidal transformation; 0 for every r <= 0)
+    logistic   omega = 1 / (1 + exp(-alpha (r - delta)))    (logistic function)
+    scaled_clipping  omega = min(1, max(0, r / delta))      (ours, not in Table 1: clipping whose ramp ends at delta)
 
-omega in {0, 1} decides without randomness; strictly between, a uniform draw u accepts iff
-u < omega (from the method's own generator, so coins never shift the sampled tokens).
+Algorithm 2: omega in {0, 1} decides without randomness; strictly between, a uniform draw u accepts iff
+u < omega (the paper's 1(omega >= u), equal but for u == omega, probability 0), from the method's own
+generator so coins never shift the sampled tokens.
 """
 from __future__ import annotations
 
@@ -35,14 +38,21 @@ def _scaled_clipping(r: float, delta: float) -> float:
     return 1.0 if delta <= 0 else _clip01(r / delta)
 
 
-def _sigmoidal(r: float, alpha: float, delta: float) -> float:
-    """max(0, sigmoid(alpha (r - delta))) as Table 1 writes it, evaluated without overflow: a
+def _sigmoidal(r: float) -> float:
+    """Table 1's sigmoidal transformation max(0, r / (1 + r)). For r <= -1 the fraction is undefined or
+    above 1, which Algorithm 2 (omega maps into [0, 1]) and Proposition 2.2 (omega non-decreasing in r)
+    rule out: 0 there, as for every r <= 0."""
+    return r / (1.0 + r) if r > 0 else 0.0
+
+
+def _logistic(r: float, alpha: float, delta: float) -> float:
+    """Table 1's logistic function 1 / (1 + exp(-alpha (r - delta))), evaluated without overflow: a
     reward far below delta (a steep alpha, or a PRM on a logit scale) gives 0, not an error."""
     z = alpha * (r - delta)
     if z >= 0:
         return 1.0 / (1.0 + math.exp(-z))
     small = math.exp(z)  # z < 0: no overflow (exp(-z) would overflow past z = -709)
-    return max(0.0, small / (1.0 + small))
+    return small / (1.0 + small)
 
 
 WEIGHTINGS: dict[str, Callable[[float, RSD], float]] = {
@@ -50,8 +60,8 @@ WEIGHTINGS: dict[str, Callable[[float, RSD], float]] = {
     "binary": lambda r, m: 1.0 if r >= m.delta else 0.0,
     "clipping": lambda r, m: _clip01(r),
     "scaled_clipping": lambda r, m: _scaled_clipping(r, m.delta),
-    "rational": lambda r, m: r / (1.0 + r),
-    "logistic": lambda r, m: _sigmoidal(r, m.alpha, m.delta),
+    "sigmoidal": lambda r, m: _sigmoidal(r),
+    "logistic": lambda r, m: _logistic(r, m.alpha, m.delta),
 }
 
 
