@@ -1,12 +1,17 @@
 """Supervisor of one sandboxed program (run as ``python -I _sandbox_supervisor.py``, config JSON on stdin).
 
 Standard library only, so it runs isolated (``-I``) from the caller's environment. Steps: join the
-sample's cgroup (as root, when the caller made one), drop root to the unprivileged user, enter new
-user/PID/network/mount namespaces where the kernel allows, mount one size-limited tmpfs on /tmp
-(also bound on /var/tmp and /dev/shm) holding the working directory, then fork the program as PID 1
-of the new PID namespace, which mounts a fresh /proc of that namespace and execs the interpreter
-with resource limits. Killing that PID 1 kills every process the program started, so a fork loop
-or a daemonized child cannot outlive the sample.
+sample's cgroup (as root, when the caller made one), drop root to the unprivileged user, then fork
+a child that sets the resource limits and execs either
+
+- bubblewrap (``config["empty_root"]``, rstitch/grading/sandbox_root.py), which builds the empty
+  root and runs the interpreter in new namespaces under the seccomp filter; main.py and the filter
+  reach it as descriptors (``SOURCE_FD``, ``SECCOMP_FD``). Killing bwrap kills everything inside
+  (``--die-with-parent``, its PID namespace). Or, without bubblewrap,
+- the interpreter itself, after this process entered new user/PID/network/mount namespaces where
+  the kernel allows and mounted one size-limited tmpfs on /tmp (also bound on /var/tmp and
+  /dev/shm) holding the working directory; the child is PID 1 of the new PID namespace and mounts
+  a fresh /proc. Killing that PID 1 kills every process the program started.
 
 The program's stdout, stderr and report channel (fd 3) are pipes this process reads with a cap; it
 never opens a path the program could have replaced. The verdict, with the captured output, is one
@@ -15,6 +20,7 @@ JSON line on stdout.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import os
 import resource
@@ -28,36 +34,59 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x1000, 0x4000, 0x40000
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
 SHARED_TMP = ("/var/tmp", "/dev/shm")  # world-writable elsewhere; here the same sized tmpfs as /tmp
 REPORT_FD = 3
+STARTED_FD, SOURCE_FD, SECCOMP_FD = 4, 5, 6  # the empty root's descriptors (sandbox_root.py)
+HIGH_FD = 16  # descriptors are moved above this before they are placed at 0-6
+SIGNAL_EXIT = 128  # bwrap exits 128 + n when the program died of signal n
 PROC_STATES = {b"F": "fresh", b"H": "hidden (empty tmpfs)"}
 DRAIN_S = 0.2  # after the program ends: how long leftover output may still arrive
+REAP_S = 1.0  # after it: how long its orphans (bwrap's PID 1) may take to end
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
 def main() -> None:
     config = json.loads(sys.stdin.buffer.read())
+    # Orphans of the sample (bwrap's PID 1 outlives bwrap by a moment) become this process's to
+    # reap: left to a container's init that does not reap, their zombies would count against
+    # the sandbox user's process limit.
+    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1)
     isolation: dict[str, object] = {"cgroup": _join_cgroup(config["cgroup_procs"])}
     if not isolation["cgroup"]:  # per-process limits only: fewer processes, so their sum fits the machine
         config["max_processes"] = config["fallback_max_processes"]
     isolation.update(user=_drop_root(config["uid"]), interpreter=config["argv"][0])
-    isolation.update(_enter_namespaces(config))
-    _write_new(os.path.join(config["workdir"], "main.py"), config["source"].encode())
-    os.chdir(config["workdir"])
-    stdin = _stdin_fd(config["stdin"])
+    isolation.update(empty_root=config["empty_root_note"], seccomp=config["seccomp_note"])
+    extra: dict[int, int] = {}
+    if config["empty_root"]:
+        isolation.update(pid_namespace=True, no_network=True, private_tmp=True, disk_limit=True)
+        extra[SOURCE_FD] = _memory_file("main.py", config["source"].encode())
+        if config["seccomp_bpf"]:
+            extra[SECCOMP_FD] = _memory_file("seccomp", bytes.fromhex(config["seccomp_bpf"]))
+    else:
+        isolation.update(_enter_namespaces(config))
+        _write_new(os.path.join(config["workdir"], "main.py"), config["source"].encode())
+        os.chdir(config["workdir"])
+    stdin = _memory_file("stdin", config["stdin"].encode()) if config["stdin"] is not None else os.open(os.devnull, os.O_RDONLY)
     pipes = {name: os.pipe() for name in ("stdout", "stderr", "report", "setup")}
     child = os.fork()
     if child == 0:
-        _exec_program(config, stdin, {name: write for name, (_, write) in pipes.items()}, isolation)
-    os.close(stdin)
+        _exec_program(config, stdin, {name: write for name, (_, write) in pipes.items()}, isolation, extra)
+    for fd in (stdin, *extra.values()):
+        os.close(fd)
     for _, write in pipes.values():
         os.close(write)
-    setup = pipes.pop("setup")[0]
-    isolation["private_proc"] = PROC_STATES.get(os.read(setup, 1), False)  # closed at exec: never blocks long
-    os.close(setup)
     verdict = _supervise(child, {name: read for name, (read, _) in pipes.items()}, config)
+    _reap_orphans()
+    setup = verdict.pop("setup")  # before exec (no bubblewrap), or the program's first act inside it
+    isolation["private_proc"] = PROC_STATES.get(setup[:1].encode(), False)
+    if config["empty_root"]:
+        if not setup:
+            reason = (verdict["stderr"].strip().splitlines() or ["bwrap gave no reason"])[-1]
+            verdict = {"sandbox_error": f"the empty root did not start: {reason[:300]}"}
+        elif verdict["exit_code"] is not None and verdict["exit_code"] > SIGNAL_EXIT:
+            verdict.update(signal=verdict["exit_code"] - SIGNAL_EXIT, exit_code=None)
     print(json.dumps({**verdict, "isolation": isolation}), flush=True)
 
 
@@ -136,29 +165,31 @@ def _write_new(path: str, data: bytes) -> None:
         os.close(fd)
 
 
-def _stdin_fd(text: str | None) -> int:
-    """The input as an anonymous in-memory file (no path in the working directory), or /dev/null."""
-    if text is None:
-        return os.open(os.devnull, os.O_RDONLY)
-    fd = os.memfd_create("stdin")
-    data = text.encode()
+def _memory_file(name: str, data: bytes) -> int:
+    """``data`` as an anonymous in-memory file read from its start (no path anywhere)."""
+    fd = os.memfd_create(name)
     while data:
         data = data[os.write(fd, data):]
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
 
 
-def _exec_program(config: dict, stdin: int, writers: dict[str, int], isolation: dict) -> None:
+def _exec_program(config: dict, stdin: int, writers: dict[str, int], isolation: dict, extra: dict[int, int]) -> None:
     try:
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the supervisor dies -> so does the program
         os.setpgid(0, 0)  # without a PID namespace, the group is what the supervisor can kill
-        os.write(writers["setup"], _private_proc(isolation))
-        targets = ((0, stdin), (1, writers["stdout"]), (2, writers["stderr"]), (REPORT_FD, writers["report"]))
-        for target, fd in targets:  # REPORT_FD last: a source may itself be fd 3
+        targets = {0: stdin, 1: writers["stdout"], 2: writers["stderr"], REPORT_FD: writers["report"], **extra}
+        argv = config["argv"]
+        if config["empty_root"]:
+            targets[STARTED_FD] = writers["setup"]  # written by the program once inside (RUN_MAIN_IN_ROOT)
+            argv = config["empty_root"] + argv
+        else:
+            os.write(writers["setup"], _private_proc(isolation))  # closed at exec
+        moved = {target: fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, HIGH_FD) for target, fd in targets.items()}
+        for target, fd in moved.items():  # from above HIGH_FD: no source is overwritten by a target
             os.dup2(fd, target)
-            os.set_inheritable(target, True)
         _set_limits(config)
-        os.execve(config["argv"][0], config["argv"], config["env"])
+        os.execve(argv[0], argv, config["env"])
     except BaseException as err:  # noqa: BLE001 - report and leave; never return into the supervisor
         os.write(2, f"sandbox: cannot start the program: {err}\n".encode())
     os._exit(127)
@@ -211,8 +242,21 @@ def _supervise(child: int, readers: dict[str, int], config: dict) -> dict:
         flooded = _read_ready(open_fds, captured, cap, min(remaining, 0.05))
     _kill_group(child)  # leftovers of a program that exited (gone already in a PID namespace)
     _drain(open_fds, captured, cap)
+    captured["setup"] = captured["setup"][:1]  # one byte, whatever was written after it; not an output
     return {**_verdict(status, timed_out), "output_limit": flooded or _over(captured, cap),
             **{name: bytes(data[:cap]).decode("utf-8", errors="replace") for name, data in captured.items()}}
+
+
+def _reap_orphans() -> None:
+    """Wait (bounded) for every process left to this one; each ends once bwrap has."""
+    until = time.monotonic() + REAP_S
+    while time.monotonic() < until:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if not pid:
+            time.sleep(0.005)
 
 
 def _read_ready(open_fds: dict[int, str], captured: dict[str, bytearray], cap: int, wait_s: float) -> bool:

@@ -1,17 +1,24 @@
-"""Run model-written Python in a separate, limited process (docs/datasets.md, "Code execution").
+"""Run model-written Python in a separate, limited process (docs/sandbox.md).
 
-Each call gets a fresh working directory on a size-limited tmpfs of its own (gone with the sample),
-an environment of a few fixed variables (nothing inherited), stdin from the given text or closed,
-a wall-clock timeout, CPU-time, memory, open-file and process-count limits per process, memory and
-process count for the whole sample in a cgroup where one can be made, and on Linux new user, PID,
-network and mount namespaces with a private /proc where the kernel allows. Output comes back
-through pipes read with a cap, never through a file the program could replace. Whatever the
-program does, the caller gets a ``SandboxResult`` within the timeout plus a fixed grace; a sandbox
-that cannot start is a failed sample, not an exception.
+The program runs under bubblewrap on an empty root (rstitch/grading/sandbox_root.py): read-only
+binds of the interpreter and its libraries, a fresh /proc, no network, a seccomp filter, and the
+sample's own size-limited tmpfs as the only writable place, gone with the sample; the caller's
+files, home and project are absent. Around it: an environment of a few fixed variables (nothing
+inherited), stdin from the given text or closed, a wall-clock timeout, CPU-time, memory,
+open-file and process-count limits per process, memory and process count for the whole sample in
+a cgroup where one can be made. Output comes back through pipes read with a cap, never through a
+file the program could replace. Whatever the program does, the caller gets a ``SandboxResult``
+within the timeout plus a fixed grace; a sandbox that cannot start is a failed sample, not an
+exception.
+
+Without bubblewrap the supervisor's own namespaces are the only isolation (the program sees the
+host's files): ``isolation["empty_root"]`` says so, and ``check_code_sandbox`` refuses to grade
+code benchmarks that way unless asked to (``weak_code_sandbox=true``).
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import stat
@@ -23,7 +30,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rstitch.errors import ConfigError
 from rstitch.grading.sandbox_cgroup import SampleCgroup, sample_cgroup
+from rstitch.grading.sandbox_root import (
+    BWRAP_PROCESSES,
+    INSIDE_WORKDIR,
+    MISSING,
+    STARTED_FD,
+    bubblewrap,
+    bubblewrap_version,
+    bwrap_argv,
+    interpreter_prefix,
+    seccomp_program,
+)
 
 SUPERVISOR = Path(__file__).with_name("_sandbox_supervisor.py")
 NOBODY_UID = 65534
@@ -31,11 +50,15 @@ NOBODY_UID = 65534
 # 'main.py' to an absolute path first).
 RUN_MAIN = ("import sys; sys.argv = ['main.py']; source = open('main.py', encoding='utf-8').read(); "
             "exec(compile(source, 'main.py', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__})")
+# On the empty root: first say the interpreter is up (STARTED_FD; without that byte bwrap never
+# started it, and its error is the sample's), then close every descriptor but 0-3.
+RUN_MAIN_IN_ROOT = f"import os; os.write({STARTED_FD}, b'F'); os.closerange({STARTED_FD}, 64); del os; " + RUN_MAIN
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
 SUPERVISOR_GRACE_S = 5.0  # the supervisor enforces the timeout; this only guards the supervisor itself
 WORK_PARENT = "/tmp"  # the supervisor mounts the sample's own sized tmpfs here
 REPORT_FD = 3  # a pipe the program may write to; it comes back as ``SandboxResult.report``
 MACHINE_SHARE = 0.5  # without a cgroup: processes x per-process memory stays under this share of RAM
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -88,10 +111,13 @@ def run_python(source: str, stdin: str | None = None, limits: SandboxLimits | No
     cgroup: SampleCgroup | None = None
     try:
         python, uid = sandbox_python()
-        workdir = Path(tempfile.mkdtemp(prefix="rstitch-sandbox-", dir=WORK_PARENT))
-        if uid is not None:  # the mount point, and the working directory where no tmpfs can be mounted
-            os.chown(workdir, uid, uid)
-        cgroup = sample_cgroup(int(limits.memory_bytes), int(limits.max_processes))
+        empty_root = bubblewrap() is not None
+        if not empty_root:  # the supervisor mounts the sample's tmpfs over this, where it can
+            workdir = Path(tempfile.mkdtemp(prefix="rstitch-sandbox-", dir=WORK_PARENT))
+            if uid is not None:  # the mount point, and the working directory where no tmpfs can be mounted
+                os.chown(workdir, uid, uid)
+        overhead = BWRAP_PROCESSES if empty_root else 0
+        cgroup = sample_cgroup(int(limits.memory_bytes), int(limits.max_processes) + overhead)
         config = _config(workdir, python, uid, source, stdin, limits, cgroup)
         verdict = _supervise(config, limits)
         verdict.setdefault("isolation", {})["whole_sample"] = _whole_sample_note(cgroup, verdict, config, limits)
@@ -108,10 +134,13 @@ def run_python(source: str, stdin: str | None = None, limits: SandboxLimits | No
 def sandbox_python() -> tuple[str, int | None]:
     """(interpreter, uid) for the program. Root drops to ``nobody``, who must be able to run the
     interpreter: this one if every directory above it is open to others, else the system Python
-    (a virtualenv under a private home is not); with neither, the program keeps the caller's uid."""
+    (a virtualenv under a private home is not); with neither, the program keeps the caller's uid
+    (on the empty root: uid 65534 of a user namespace of its own). The interpreter is the base one
+    of a virtualenv: the program gets the standard library, not the project's packages."""
+    base = getattr(sys, "_base_executable", "") or sys.executable
     if os.getuid() != 0:
-        return sys.executable, None
-    for candidate in (sys.executable, *SYSTEM_PYTHONS):
+        return base, None
+    for candidate in (base, *SYSTEM_PYTHONS):
         if _runnable_by_others(candidate):
             return candidate, NOBODY_UID
     return sys.executable, None
@@ -124,14 +153,27 @@ def _runnable_by_others(path: str) -> bool:
     return all(parent.stat().st_mode & stat.S_IXOTH for parent in real.parents)
 
 
-def _config(workdir: Path, python: str, uid: int | None, source: str, stdin: str | None,
+def _config(workdir: Path | None, python: str, uid: int | None, source: str, stdin: str | None,
             limits: SandboxLimits, cgroup: SampleCgroup | None) -> dict[str, Any]:
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(workdir),
+    """The supervisor's instructions. ``workdir`` None: the empty root (bwrap's command line in
+    ``empty_root``, the seccomp program in ``seccomp_bpf``); else the host path the supervisor uses."""
+    inside = INSIDE_WORKDIR if workdir is None else str(workdir)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": inside,
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "PYTHONIOENCODING": "utf-8"}
+    seccomp, seccomp_note = seccomp_program() if workdir is None else (None, "not applied: no bubblewrap")
+    root: list[str] | None = None
+    overhead = 0
+    if workdir is None:
+        root = bwrap_argv(python, int(limits.disk_bytes), os.getuid() == 0 and uid is None, seccomp is not None)
+        overhead = BWRAP_PROCESSES
     return {
-        "workdir": str(workdir),
+        "workdir": inside,
         "uid": uid,
-        "argv": [python, "-I", "-c", RUN_MAIN],
+        "argv": [python, "-I", "-c", RUN_MAIN if root is None else RUN_MAIN_IN_ROOT],
+        "empty_root": root,
+        "empty_root_note": _empty_root_note(python) if root is not None else f"none: {MISSING}",
+        "seccomp_bpf": seccomp.hex() if seccomp else None,
+        "seccomp_note": seccomp_note,
         "env": env,
         "source": source,
         "stdin": stdin,
@@ -142,9 +184,13 @@ def _config(workdir: Path, python: str, uid: int | None, source: str, stdin: str
         "max_output_bytes": int(limits.max_output_bytes),
         "max_file_bytes": int(limits.disk_bytes),
         "disk_bytes": int(limits.disk_bytes),
-        "max_processes": _process_limit(uid, limits.max_processes),
-        "fallback_max_processes": _process_limit(uid, fitting_process_count(limits)),
+        "max_processes": _process_limit(uid, int(limits.max_processes) + overhead),
+        "fallback_max_processes": _process_limit(uid, fitting_process_count(limits) + overhead),
     }
+
+
+def _empty_root_note(python: str) -> str:
+    return f"{bubblewrap_version()}: only {interpreter_prefix(python)} and the system libraries, read-only"
 
 
 def fitting_process_count(limits: SandboxLimits) -> int:
@@ -216,3 +262,20 @@ def _status(verdict: dict[str, Any]) -> str:
     if verdict["signal"] is not None:
         return "killed"
     return "ok" if verdict["exit_code"] == 0 else "error"
+
+
+def check_code_sandbox(allow_weak: bool = False) -> dict[str, Any]:
+    """Before a code benchmark decodes: run one program and return its ``isolation``. A sandbox
+    that cannot run it is a ``ConfigError``; so is one without the empty root (no bubblewrap)
+    unless ``allow_weak`` (config ``weak_code_sandbox=true``), which then logs one warning line."""
+    result = run_python("print('ok')", limits=SandboxLimits(timeout_s=30.0, cpu_s=10))
+    if not (result.ok and result.stdout == "ok\n"):
+        reason = (result.stderr.strip().splitlines() or [result.status])[-1]
+        raise ConfigError(f"the code sandbox cannot run a program here ({reason[:300]}); docs/sandbox.md lists what it needs")
+    note = str(result.isolation.get("empty_root", ""))
+    if note.startswith("none"):
+        if not allow_weak:
+            raise ConfigError(f"code benchmarks run model-written programs, and {MISSING}; "
+                              "or accept programs that can read the host's files with weak_code_sandbox=true")
+        log.warning("sandbox: weak_code_sandbox=true: %s", MISSING)
+    return result.isolation
