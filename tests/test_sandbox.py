@@ -2,7 +2,10 @@
 the files outside the working directory are untouched. Short limits keep the suite fast."""
 from __future__ import annotations
 
+import json
 import os
+import secrets
+import shutil
 import subprocess
 import sys
 import threading
@@ -11,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from rstitch.errors import ConfigError
 from rstitch.grading import sandbox, sandbox_cgroup
 from rstitch.grading.sandbox import SUPERVISOR_GRACE_S, SandboxLimits, fitting_process_count, run_python
 from rstitch.grading.sandbox_probe import memory_hog
@@ -294,3 +298,177 @@ def test_a_v2_hierarchy_without_the_memory_controller_falls_back_to_v1_or_none(t
     assert (memory_dir / "memory.limit_in_bytes").read_text() == str(1024**3)
     assert (memory_dir / "memory.memsw.limit_in_bytes").read_text() == str(1024**3)
     assert (pids_dir / "pids.max").read_text() == "9"
+
+
+# --------------------------------------------------------------------------- the empty root (issue 60)
+# Against the sandbox that ran programs on the host's file system, a program read every
+# world-readable file (the project's source, /etc/passwd, a user's tokens where it kept their uid)
+# and wrote files that outlived the sample (/run/lock, /var/lock).
+
+PROJECT = Path(__file__).resolve().parents[1]
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def hostile_program(readable: list[str], writable_dirs: list[str], token: str) -> str:
+    """Reads each path, walks / for files outside the interpreter and libraries, and writes a file
+    named ``token`` into each directory; prints what it got as JSON."""
+    return f"""
+import json, os
+got = {{}}
+for path in {readable!r}:
+    try:
+        with open(path, 'rb') as handle:
+            got[path] = handle.read(4096).decode(errors='replace')
+    except OSError as err:
+        got[path] = type(err).__name__
+files = []
+for top, dirs, names in os.walk('/'):
+    if top.startswith(('/proc', '/usr', '/lib', '/sys')):
+        dirs[:] = []
+        continue
+    files += [os.path.join(top, name) for name in names if not top.startswith(('/tmp', '/dev'))]
+    if len(files) > 10000:
+        break
+wrote = []
+for directory in {writable_dirs!r}:
+    try:
+        with open(os.path.join(directory, {token!r}), 'w') as handle:
+            handle.write('left behind')
+        wrote.append(directory)
+    except OSError:
+        pass
+print(json.dumps({{'got': got, 'files': files[:20], 'file_count': len(files), 'wrote': wrote, 'root': sorted(os.listdir('/'))}}))
+"""
+
+
+@pytest.fixture
+def canary():
+    """A world-readable file beside the project (where the old sandbox's programs read 198 .py
+    files), its text unique to this test; removed afterwards."""
+    name = f".rstitch-canary-{os.getpid()}-{time.monotonic_ns()}"
+    text = f"canary text {secrets.token_hex(8)}"  # not in its name: a listing does not give it away
+    path = PROJECT / name
+    path.write_text(text + "\n")
+    path.chmod(0o644)
+    yield path, text
+    path.unlink(missing_ok=True)
+
+
+WRITABLE_ON_HOSTS = ["/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock", "/run", "/", str(PROJECT)]
+
+
+def assert_nothing_seen_or_left(outcome: dict, canary_text: str, token: str, extra_dirs: list[str]) -> None:
+    shown = json.dumps(outcome)
+    assert canary_text not in shown and "root:x:0:0" not in shown and "def run_python" not in shown
+    assert all(value in ("FileNotFoundError", "PermissionError") for value in outcome["got"].values()), outcome["got"]
+    assert outcome["file_count"] == 0, outcome["files"]
+    assert set(outcome["root"]) <= {"dev", "proc", "tmp", "var", "usr", "lib", "lib64", "lib32", "bin", "root", "opt", "home"}
+    left = [d for d in [*WRITABLE_ON_HOSTS, *extra_dirs] if Path(d, token).exists()]
+    for directory in left:
+        Path(directory, token).unlink()
+    assert left == []
+
+
+def test_a_hostile_program_reads_no_host_file_and_leaves_none(canary):
+    path, text = canary
+    token = f"left-{path.name}"
+    readable = [str(path), "/etc/passwd", str(PROJECT / "rstitch" / "grading" / "sandbox.py"), "/root/.netrc",
+                f"/proc/1/root{path}"]
+    result = run_python(hostile_program(readable, [*WRITABLE_ON_HOSTS, str(path.parent)], token),
+                        limits=SandboxLimits(timeout_s=20.0, cpu_s=20, memory_bytes=512 * 1024**2))
+    assert result.ok, result.stderr
+    outcome = json.loads(result.stdout)
+    assert "/tmp" in outcome["wrote"]  # the sample's own tmpfs works; its files go with it
+    assert_nothing_seen_or_left(outcome, text, token, [])
+    assert not result.isolation["empty_root"].startswith("none")
+
+
+AS_USER = """
+import json, sys
+sys.path.insert(0, {project!r})
+sys.path.extend({extra_paths!r})
+from rstitch.grading.sandbox import SandboxLimits, run_python
+result = run_python({source!r}, limits=SandboxLimits(timeout_s=20.0, cpu_s=20, memory_bytes=512 * 1024**2))
+print(json.dumps({{"status": result.status, "stdout": result.stdout, "stderr": result.stderr, "isolation": result.isolation}}))
+"""
+
+
+@pytest.fixture
+def ordinary_user(tmp_path):
+    """A fresh user with a home holding credentials only it may read (a researcher on a shared node)."""
+    if os.getuid() != 0 or not shutil.which("useradd") or not shutil.which("runuser") or not os.access(SYSTEM_PYTHON, os.X_OK):
+        pytest.skip("making a user needs root, useradd, runuser and a system Python")
+    name = f"rstitch-sbx-{os.getpid() % 100000}"
+    home = Path("/home") / name
+    made = subprocess.run(["useradd", "--create-home", "--home-dir", str(home), "--shell", "/usr/sbin/nologin", name],
+                          capture_output=True, text=True, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"useradd failed: {made.stderr.strip()}")
+    try:
+        yield name, home
+    finally:
+        subprocess.run(["userdel", "--remove", name], capture_output=True, check=False)
+
+
+def test_as_an_ordinary_user_a_hostile_program_sees_neither_the_users_files_nor_the_host(canary, ordinary_user):
+    path, text = canary
+    name, home = ordinary_user
+    netrc = home / ".netrc"
+    netrc.write_text(f"machine huggingface.co login me password {text}-token\n")
+    shutil.chown(netrc, name, name)
+    netrc.chmod(0o600)
+    token = f"left-{path.name}"
+    source = hostile_program([str(path), str(netrc), "/etc/passwd", str(PROJECT / "pyproject.toml")],
+                             [*WRITABLE_ON_HOSTS, str(home), str(path.parent)], token)
+    import pyseccomp  # noqa: F401 - where it is importable, the user's process finds it too
+    script = AS_USER.format(project=str(PROJECT), extra_paths=[str(Path(pyseccomp.__file__).parent.parent)], source=source)
+    runuser = str(shutil.which("runuser"))
+    check = subprocess.run([runuser, "-u", name, "--", SYSTEM_PYTHON, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                            "import rstitch.grading.sandbox", str(PROJECT)], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    if check.returncode != 0:
+        pytest.skip(f"the project is not importable by another user here: {check.stderr.strip()[-200:]}")
+    done = subprocess.run([runuser, "-u", name, "--", SYSTEM_PYTHON, "-I", "-c", script], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(home)}, cwd=str(home), timeout=60, check=False)
+    reply = json.loads(done.stdout.strip().splitlines()[-1])
+    assert reply["status"] == "ok", reply["stderr"]
+    outcome = json.loads(reply["stdout"])
+    assert_nothing_seen_or_left(outcome, text, token, [str(home)])
+    assert "(not dropped)" in reply["isolation"]["user"] and not reply["isolation"]["empty_root"].startswith("none")
+
+
+def test_a_seccomp_filter_refuses_what_a_test_program_never_needs():
+    source = ("import ctypes, errno, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+              "status = open('/proc/self/status').read()\n"
+              "print([line.split()[1] for line in status.splitlines() if line.startswith('Seccomp:')][0])\n"
+              "for call in (lambda: libc.ptrace(16, 1, 0, 0), lambda: libc.unshare(0x10000000),\n"
+              "             lambda: libc.mount(b'x', b'/tmp', b'tmpfs', 0, None)):\n"
+              "    ctypes.set_errno(0)\n    print(call(), errno.errorcode.get(ctypes.get_errno()))")
+    result = run(source)
+    if result.isolation["seccomp"].startswith("not applied"):
+        pytest.skip(result.isolation["seccomp"])
+    assert result.ok and result.stdout.splitlines() == ["2", "-1 EPERM", "-1 EPERM", "-1 EPERM"], result.stdout
+
+
+def test_without_bubblewrap_the_weaker_mode_says_so_and_code_benchmarks_need_consent(monkeypatch, caplog):
+    monkeypatch.setattr(sandbox, "bubblewrap", lambda: None)
+    result = run("print('on the host')")
+    assert result.ok and result.isolation["empty_root"].startswith("none: bubblewrap (bwrap) is not installed")
+    with pytest.raises(ConfigError, match=r"bubblewrap \(bwrap\) is not installed.*weak_code_sandbox=true") as err:
+        sandbox.check_code_sandbox()
+    assert "\n" not in str(err.value)
+    with caplog.at_level("WARNING"):
+        assert sandbox.check_code_sandbox(allow_weak=True)["empty_root"].startswith("none")
+    assert "weak_code_sandbox=true" in caplog.text
+
+
+def test_code_benchmarks_run_on_the_empty_root_without_consent():
+    isolation = sandbox.check_code_sandbox()
+    assert isolation["empty_root"].startswith("bubblewrap") and isolation["private_proc"] == "fresh"
+
+
+def test_a_sandbox_that_cannot_start_is_one_line(monkeypatch):
+    monkeypatch.setattr(sandbox, "bwrap_argv", lambda *args: ["/bin/false", "--"])
+    result = run("print(1)")
+    assert result.status == "sandbox_error" and "the empty root did not start" in result.stderr
+    with pytest.raises(ConfigError, match="the code sandbox cannot run a program here"):
+        sandbox.check_code_sandbox()
