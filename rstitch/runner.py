@@ -19,6 +19,7 @@ from rstitch.engines.batching import BatchScheduler
 from rstitch.engines.cache import get_pair
 from rstitch.errors import ConfigError
 from rstitch.grading import grade_sample
+from rstitch.grading.sandbox import check_code_sandbox
 from rstitch.methods import DecodeContext, DecodeResult, Method, build_method
 from rstitch.methods.base import EXTRA_FLOPS, baseline_method, model_flops
 from rstitch.metrics.latency_model import load_pair_latency
@@ -228,6 +229,8 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
     records = load_dataset_records(**dataset_cfg)
     if not records:
         raise ConfigError(f"dataset '{dataset_cfg['name']}' selected no records")
+    if any(r.metadata.get("answer_type") == "code" for r in records):  # model-written programs will run
+        check_code_sandbox(bool(cfg.get("weak_code_sandbox", False)))
     n_samples, budget = count("n_samples", cfg["n_samples"]), count("max_new_tokens", cfg["max_new_tokens"])
     if first is not None:
         count("first", first)
