@@ -472,3 +472,14 @@ def test_a_sandbox_that_cannot_start_is_one_line(monkeypatch):
     assert result.status == "sandbox_error" and "the empty root did not start" in result.stderr
     with pytest.raises(ConfigError, match="the code sandbox cannot run a program here"):
         sandbox.check_code_sandbox()
+
+
+def test_a_code_benchmark_run_refuses_the_weaker_mode_before_anything_loads(monkeypatch, tmp_path):
+    from rstitch import runner
+
+    monkeypatch.setattr(sandbox, "bubblewrap", lambda: None)
+    cfg = {"method": {"name": "llm_only"}, "n_samples": 1, "max_new_tokens": 4,
+           "dataset": {"name": "humaneval", "path": str(PROJECT / "tests" / "fixtures" / "humaneval.jsonl")}}
+    with pytest.raises(ConfigError, match="weak_code_sandbox=true"):
+        runner.run(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
