@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rstitch.errors import ConfigError
-from rstitch.grading import sandbox, sandbox_cgroup
+from rstitch.grading import sandbox, sandbox_cgroup, sandbox_root
 from rstitch.grading.sandbox import SUPERVISOR_GRACE_S, SandboxLimits, fitting_process_count, run_python
 from rstitch.grading.sandbox_probe import memory_hog
 
@@ -306,6 +306,7 @@ def test_a_v2_hierarchy_without_the_memory_controller_falls_back_to_v1_or_none(t
 # and wrote files that outlived the sample (/run/lock, /var/lock).
 
 PROJECT = Path(__file__).resolve().parents[1]
+needs_bubblewrap = pytest.mark.skipif(sandbox_root.bubblewrap() is None, reason=sandbox_root.MISSING)
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
@@ -369,6 +370,7 @@ def assert_nothing_seen_or_left(outcome: dict, canary_text: str, token: str, ext
     assert left == []
 
 
+@needs_bubblewrap
 def test_a_hostile_program_reads_no_host_file_and_leaves_none(canary):
     path, text = canary
     token = f"left-{path.name}"
@@ -410,6 +412,7 @@ def ordinary_user(tmp_path):
         subprocess.run(["userdel", "--remove", name], capture_output=True, check=False)
 
 
+@needs_bubblewrap
 def test_as_an_ordinary_user_a_hostile_program_sees_neither_the_users_files_nor_the_host(canary, ordinary_user):
     path, text = canary
     name, home = ordinary_user
@@ -436,6 +439,7 @@ def test_as_an_ordinary_user_a_hostile_program_sees_neither_the_users_files_nor_
     assert "(not dropped)" in reply["isolation"]["user"] and not reply["isolation"]["empty_root"].startswith("none")
 
 
+@needs_bubblewrap
 def test_a_seccomp_filter_refuses_what_a_test_program_never_needs():
     source = ("import ctypes, errno, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
               "status = open('/proc/self/status').read()\n"
@@ -461,6 +465,7 @@ def test_without_bubblewrap_the_weaker_mode_says_so_and_code_benchmarks_need_con
     assert "weak_code_sandbox=true" in caplog.text
 
 
+@needs_bubblewrap
 def test_code_benchmarks_run_on_the_empty_root_without_consent():
     isolation = sandbox.check_code_sandbox()
     assert isolation["empty_root"].startswith("bubblewrap") and isolation["private_proc"] == "fresh"
