@@ -51,8 +51,13 @@ def load_model(engine: str, path: str, **options: Any) -> ModelRunner:
 
 def load_scoring_model(engine: str, path: str, user: str, needs: tuple[str, ...] = (), **options: Any) -> ModelRunner:
     """One model outside a pair (a PRM, a judge, a router), loaded by `engine` after the same
-    path checks as a pair's models; `needs` are the capabilities `user` reads, checked once here."""
+    path checks as a pair's models; `needs` are the capabilities `user` reads, checked once here.
+    On the HF engine a model that is not a causal LM keeping a KV cache (a bare backbone with a
+    value head, a classifier, remote code without cache objects) runs the eager path whatever
+    `compile` says: the static decoder (engines/hf_static.py) serves causal LMs with a cache only."""
     check_engine_installed(engine)
+    if engine == "hf" and not _causal_lm_with_cache(options):
+        options["compile"] = "off"
     runner = load_model(engine, **{**options, **_resolved({"path": path})})
     # Its forwards stay out of the scheduler's batches: a batched run's latency estimate is the pair's
     # fitted forwards plus each sample's own time, and a scorer's forwards are part of that own time.
@@ -60,6 +65,12 @@ def load_scoring_model(engine: str, path: str, user: str, needs: tuple[str, ...]
     for capability in needs:
         require(runner, capability, user)
     return runner
+
+
+def _causal_lm_with_cache(hf_options: dict[str, Any]) -> bool:
+    from rstitch.engines.hf import CAUSAL_LM  # the HF engine loads next anyway
+
+    return hf_options.get("auto_class", CAUSAL_LM) == CAUSAL_LM and hf_options.get("use_cache", True) is not False
 
 
 @dataclass
