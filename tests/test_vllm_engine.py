@@ -293,6 +293,34 @@ def test_baselines_and_step_methods_decode_through_native_runs(pairs, name, monk
         assert len(kinds) == 1 and len(result.token_ids) > 1  # the whole sample in one request
 
 
+def engine_steps(pair) -> int:
+    """The forwards vLLM ran (`execute_model` calls with tokens scheduled), both models."""
+    return sum(m.engine_steps for m in pair.models().values())
+
+
+def test_llm_only_takes_one_request_and_one_forward_per_token(pairs):
+    _, vllm = pairs
+    before = requests_of(vllm), engine_steps(vllm)
+    result = decode(vllm, "llm_only", PROBLEM_SEEDS[0])
+    requests, steps = requests_of(vllm) - before[0], engine_steps(vllm) - before[1]
+    assert requests == 1 and len(result.token_ids) <= steps <= len(result.token_ids) + 1
+
+
+@pytest.mark.parametrize("seed", PROBLEM_SEEDS)
+def test_rstitch_runs_no_sentinel_forward(pairs, seed):
+    """A step per token, and one more per SLM run that a crossing ends (the step whose
+    distribution crossed; the LLM writes that position). The LLM's kept crossing token ends its
+    run in the step that computed it: a sentinel step after it would add one per LLM run."""
+    _, vllm = pairs
+    before = engine_steps(vllm)
+    result = decode(vllm, "rstitch", seed)
+    steps = engine_steps(vllm) - before
+    # Runs alternate from the SLM and all but the last end at a switch.
+    dropped = (result.switches + 1) // 2
+    assert result.switches > 1 and result.sources[0] == SLM
+    assert steps == len(result.token_ids) + dropped <= len(result.token_ids) + result.switches
+
+
 RULES = [SwitchRule(0.02, stop_above=True, keep_last=False), SwitchRule(0.0005, stop_above=False, keep_last=True),
          SwitchRule(0.02, stop_above=False, keep_last=True)]
 

@@ -241,22 +241,22 @@ class _Run:
         r, runner = self.request, self.request.seq.runner
         self.tokens = r.seq.tokens + self.out
         left = r.max_new_tokens - len(self.out)
-        # A kept crossing token is followed by the forced sentinel: room for it after the budget.
-        extra = 1 if r.rule.ends and r.rule.keep_last else 0
-        self.tag = runner.new_tag()
-        self.params = runner.run_params(runner.room(len(self.tokens), left + extra), r.sampler, r.stop, r.eos,
-                                        r.rule, self.tag)
+        # A kept crossing token takes the forced sentinel's place: no room beyond the budget.
+        self.serial = runner.new_tag()
+        self.params = runner.run_params(runner.room(len(self.tokens), left), r.sampler, r.stop, r.eos, r.rule,
+                                        self.serial)
 
     def take(self, out: Any) -> None:
-        from rstitch.engines import vllm_switch
-
         r, sentinel = self.request, self.request.seq.runner.sentinel
         completion = out.outputs[0]
         new = list(completion.token_ids)
         left = r.max_new_tokens - len(self.out)
-        forced_at = vllm_switch.forced(self.tag) if r.rule.ends else None
-        if forced_at is not None and forced_at == len(new) - 1 and new[-1] == sentinel:
-            self._finish(new[:-1], "switch", dropped=not r.rule.keep_last)
+        was_forced, kept = self._forced(new, sentinel)
+        if was_forced and r.rule.keep_last:
+            new[-1] = kept  # the crossing token, recorded where the sentinel ended the request
+            self._finish(new, "eos" if kept in r.eos else "switch")
+        elif was_forced:
+            self._finish(new[:-1], "switch", dropped=True)
         elif len(new) > left:
             self._finish(new[:left], "length")
         elif new and new[-1] in r.eos:
@@ -270,6 +270,15 @@ class _Run:
             self._next()
         else:
             self._finish(new, "length")
+
+    def _forced(self, new: list[int], sentinel: int) -> tuple[bool, int]:
+        """Whether the run's last token is a sentinel the rule forced (read from the processor's
+        log, once per run), and the token kept in its place."""
+        from rstitch.engines import vllm_switch
+
+        if not (self.request.rule.ends and new and new[-1] == sentinel):
+            return False, -1
+        return vllm_switch.forced(self.serial, len(self.tokens) + len(new) - 1)
 
     def _finish(self, new: list[int], reason: str, dropped: bool = False) -> None:
         self.result = Generation(self.out + new, reason, dropped)
@@ -299,11 +308,14 @@ class VLLMModelRunner(ModelRunner):
         engine_args: dict[str, Any] | None = None,
         hidden_gpu_memory_utilization: float = 0.05,
         hidden_kv_cache_memory_bytes: int | None = None,
+        kv_tokens: int | None = None,
     ):
         """`device` is vLLM's platform (its build decides); the other options are vLLM's engine
         arguments of the same names, `engine_args` passes any further ones. `hidden_*` are the
         memory share of the hidden-state engine, opened only for sequences that want hidden
-        states (`hidden_kv_cache_memory_bytes` null: `kv_cache_memory_bytes`)."""
+        states (`hidden_kv_cache_memory_bytes` null: `kv_cache_memory_bytes`). `kv_tokens`: the KV
+        pool's capacity in tokens (its `kv_cache_memory_bytes` from the model's KV bytes per
+        token; the same value for both models gives pools of equal capacity, `vllm_memory`)."""
         super().__init__()
         _check_options(dtype, max_lookahead, hidden_gpu_memory_utilization)
         self.path = path  # as configured (a packaged:<name> stays one)
@@ -320,6 +332,8 @@ class VLLMModelRunner(ModelRunner):
         self.vocab_size = shared_vocab_size(self.tokenizer, config.vocab_size)
         self.hidden_size = config.hidden_size
         self.num_parameters = _count_parameters(config)
+        if kv_tokens is not None:
+            kv_cache_memory_bytes = _kv_pool_bytes(self.name, config, self.num_parameters, dtype, kv_tokens)
         self.eos_token_ids = eos_token_ids(self.tokenizer, generation_eos(path))
         self.top_logprobs = _logprob_count(logprobs, self.model_vocab_size)
         # Top-k logprobs are completed by spreading the leftover mass: exact only with the full vocabulary.
@@ -338,7 +352,10 @@ class VLLMModelRunner(ModelRunner):
             max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
             kv_cache_memory_bytes=kv_cache_memory_bytes, enable_prefix_caching=enable_prefix_caching,
             enforce_eager=enforce_eager, block_size=block_size, seed=seed, trust_remote_code=trust_remote_code,
-            disable_log_stats=True, **(engine_args or {}),
+            disable_log_stats=True,
+            # xxhash for the prefix cache's block hashes: each request on a long context hashes
+            # every full block of it again, and sha256 over pickle costs ~2.7 ms at 16k tokens.
+            **{"prefix_caching_hash_algo": "xxhash", **(engine_args or {})},
         )
         # The hidden-state engine shares every argument but its memory share (see open_hidden_engine).
         self._hidden_args = {**args, "gpu_memory_utilization": hidden_gpu_memory_utilization,
@@ -346,16 +363,37 @@ class VLLMModelRunner(ModelRunner):
         self.hidden_llm: Any = None
         from vllm import LLM
 
-        from rstitch.engines.vllm_switch import SwitchProcessor
-
-        processors = [SwitchProcessor] if self.switch_in_engine else None
+        self.uses_v2_runner = _v2_runner_expected()
+        processors = [_switch_processor(self.uses_v2_runner)] if self.switch_in_engine else None
         self.llm = LLM(**{k: v for k, v in {**args, "max_logprobs": self.top_logprobs,
                                             "logits_processors": processors}.items() if v is not None})
-        self.max_model_len = self.llm.llm_engine.vllm_config.model_config.max_model_len
+        vllm_config = self.llm.llm_engine.vllm_config
+        if self.switch_in_engine and vllm_config.use_v2_model_runner != self.uses_v2_runner:
+            raise ConfigError(f"engine 'vllm': '{self.name}' runs vLLM's {'V2' if vllm_config.use_v2_model_runner else 'V1'} "
+                              "model runner, not the one expected: set VLLM_USE_V2_MODEL_RUNNER explicitly")
+        self.max_model_len = vllm_config.model_config.max_model_len
+        self.engine_steps = 0
+        self._count_engine_steps()
         self.identity = vllm_identity(self.name, self.llm.llm_engine.vllm_config, dtype)
 
     def new_sequence(self, prompt_ids: Seq[int], want_hidden: bool = False) -> VLLMSequence:
         return VLLMSequence(self, prompt_ids, want_hidden)
+
+    def _count_engine_steps(self) -> None:
+        """Count the model executor's forwards (`execute_model` calls that schedule tokens) in
+        `engine_steps`; possible with the engine core in this process only."""
+        core = getattr(getattr(self.llm.llm_engine, "engine_core", None), "engine_core", None)
+        executor = getattr(core, "model_executor", None)
+        if executor is None:
+            return
+        execute = executor.execute_model
+
+        def counted(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+            if getattr(scheduler_output, "total_num_scheduled_tokens", 1):
+                self.engine_steps += 1
+            return execute(scheduler_output, *args, **kwargs)
+
+        executor.execute_model = counted
 
     # --- hidden states -------------------------------------------------------------------
     def open_hidden_engine(self) -> None:
@@ -417,9 +455,11 @@ class VLLMModelRunner(ModelRunner):
         [out] = self.run_many([token_ids], [params])
         return out
 
-    def new_tag(self) -> str:
+    def new_tag(self) -> int:
+        from rstitch.engines import vllm_switch
+
         self._tags += 1
-        return f"{id(self)}-{self._tags}"
+        return vllm_switch.new_serial()
 
     def room(self, n_tokens: int, wanted: int) -> int:
         """How many tokens a request may generate after `n_tokens` (at least one)."""
@@ -442,7 +482,7 @@ class VLLMModelRunner(ModelRunner):
         )
 
     def run_params(self, max_tokens: int, sampler: Sampler, stop: Seq[str], eos: set[int], rule: SwitchRule,
-                   tag: str) -> Any:
+                   serial: int) -> Any:
         """A run's request: stop strings, EOS ids and, when the rule can end it, the sentinel as
         stop tokens; the rule for `SwitchProcessor` (which also masks ids beyond the shared
         vocabulary, as the HF engine cuts its logits)."""
@@ -459,7 +499,7 @@ class VLLMModelRunner(ModelRunner):
         extra = None
         if self.switch_in_engine:
             extra = {vllm_switch.KEY: {
-                "tag": tag, "vocab": self.vocab_size, "sentinel": self.sentinel,
+                "serial": serial, "vocab": self.vocab_size, "sentinel": self.sentinel,
                 "tau": float(rule.tau) if rule.ends else None, "stop_above": rule.stop_above, "keep_last": rule.keep_last,
             }}
         return SamplingParams(
@@ -484,6 +524,36 @@ def _check_options(dtype: str, max_lookahead: Any, hidden_gpu_memory_utilization
     # Checked now: the hidden-state engine is loaded only at the first sequence that wants it.
     if not _is_fraction(hidden_gpu_memory_utilization):
         raise ConfigError(f"engine.hidden_gpu_memory_utilization must be in (0, 1], got {hidden_gpu_memory_utilization!r}")
+
+
+def _kv_pool_bytes(name: str, config: Any, num_parameters: int, dtype: str, kv_tokens: Any) -> int:
+    """`kv_tokens` of the model's KV in bytes; on a GPU, refused in one line unless the weights,
+    the pool and an engine's overhead fit in the memory free now."""
+    from rstitch.engines import vllm_memory
+
+    if isinstance(kv_tokens, bool) or not isinstance(kv_tokens, int) or kv_tokens < 1:
+        raise ConfigError(f"engine.kv_tokens must be an integer >= 1 or null, got {kv_tokens!r}")
+    need = vllm_memory.model_memory(name, config, num_parameters, dtype)
+    if torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info()
+        vllm_memory.plan(free, [need], 1, kv_tokens, utilization=1.0)
+    return kv_tokens * need.kv_bytes_per_token
+
+
+def _v2_runner_expected() -> bool:
+    """Whether vLLM will run its V2 model runner (`VllmConfig.use_v2_model_runner`: the
+    environment's choice, else V2 wherever Triton has a backend)."""
+    from vllm import envs
+    from vllm.triton_utils import HAS_TRITON
+
+    chosen = envs.VLLM_USE_V2_MODEL_RUNNER
+    return bool(HAS_TRITON) if chosen is None else bool(chosen)
+
+
+def _switch_processor(v2: bool) -> type:
+    from rstitch.engines.vllm_switch import SwitchProcessor, SwitchProcessorV2
+
+    return SwitchProcessorV2 if v2 else SwitchProcessor
 
 
 def vllm_identity(name: str, vllm_config: Any, dtype: str) -> EngineIdentity:

@@ -1,95 +1,264 @@
-"""A vLLM logits processor that ends a request at the first token crossing a `SwitchRule`.
+"""vLLM logits processors that end a request at the first token crossing a `SwitchRule`.
 
-It computes the exact normalized entropy of every step over the shared vocabulary (the raw
-logits, before temperature, as `TokenDistribution.normalized_entropy` does on the HF engine),
-so a token-level hybrid's run of tokens on one model is one request, not one per token. A
-request takes part through `SamplingParams.extra_args[KEY]`:
+The rule is decided on the device, inside the step that computes the crossing distribution, so
+a token-level hybrid's run of tokens on one model is one request and its steps are its tokens:
 
-    {"tag": unique id, "vocab": V, "sentinel": S, "tau": float | None, "stop_above": bool, "keep_last": bool}
+* every row of a ruled request has the logits beyond the shared vocabulary V masked (the HF
+  engine cuts them off), and its exact normalized entropy over V is computed from the raw logits
+  (before temperature, as `TokenDistribution.normalized_entropy` on the HF engine);
+* a row that crosses is forced to the sentinel S, a stop token of the request, so the request
+  ends at that step. Drop rule (`keep_last` false): the crossing position is left to the other
+  model. Keep rule: the token the step would have sampled (the argmax, or a draw from the
+  temperature/top-p distribution for sampled runs) is recorded in place of S, so no further
+  forward runs just to end the request.
 
-At every step the logits beyond V are masked (the HF engine cuts them off), and:
+A request takes part through `SamplingParams.extra_args[KEY]`:
 
-* drop rule (`keep_last` false): at the first step that crosses, the row is forced to the
-  sentinel token S, which the request lists as a stop token: the request ends there and the
-  caller drops S (the crossing position is left to the other model);
-* keep rule: the crossing step samples as usual and the *next* step is forced to S.
+    {"serial": unique int, "vocab": V, "sentinel": S, "tau": float | None, "stop_above": bool, "keep_last": bool}
 
-`forced(tag)` says at which output index S was forced, so an S the model sampled by itself is
-told apart from a forced one (on vocabularies without padding ids S is a real token). This needs
-the engine core in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, the engine's default).
+Per-request values live in per-slot tensors (staged on the host when a request is admitted,
+copied once per admission); `apply` reads no device value on the host. Forced steps are written
+to a device log keyed by serial, which the caller reads once, after its request ends on S
+(`forced`): that tells a forced S from one the model sampled (on vocabularies without padding
+ids S is a real token), and gives the kept token. This needs the engine core in this process
+(`VLLM_ENABLE_V1_MULTIPROCESSING=0`, the engine's default).
+
+`SwitchProcessorV2` is the interface of vLLM's V2 model runner (the default where Triton runs);
+`SwitchProcessor` the V1 runner's (vLLM's fallback, e.g. on CPUs). Both share `SwitchState`.
 """
 from __future__ import annotations
 
-import math
+import itertools
+import weakref
 from typing import Any
 
+import numpy as np
 import torch
-from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
+from vllm.v1.sample.logits_processor import BatchUpdate
+from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
+from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext, LogitsProcRequestState
+from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor
 
 KEY = "rstitch_switch"
+LOG_SIZE = 4096  # forced steps are logged by serial modulo this (far more than requests in flight)
+RULE_KEYS = {"serial": int, "vocab": int, "sentinel": int, "stop_above": bool, "keep_last": bool}
 
-# Shared by every engine of this process; keyed by each request's unique tag.
-_FORCED: dict[str, int] = {}  # output index where S was forced
-_ARMED: dict[str, int] = {}  # keep rule: output index of the crossing token (S is forced after it)
+# int columns of a slot's row in SwitchState.ints, float columns in SwitchState.floats
+ACTIVE, SERIAL, VOCAB, SENTINEL, RULED, STOP_ABOVE, KEEP_LAST = range(7)
+TAU, TEMPERATURE, TOP_P = range(3)
+
+_SERIALS = itertools.count()
+_STATES: weakref.WeakSet[SwitchState] = weakref.WeakSet()  # every processor's state in this process
 
 
-def forced(tag: str) -> int | None:
-    """The output index where the sentinel was forced for request `tag` (state is cleared)."""
-    _ARMED.pop(tag, None)
-    return _FORCED.pop(tag, None)
+def new_serial() -> int:
+    """A serial no other request of this process carries."""
+    return next(_SERIALS)
 
 
-class SwitchProcessor(LogitsProcessor):
+def forced(serial: int, position: int) -> tuple[bool, int]:
+    """Whether the sentinel at sequence position `position` of request `serial` was forced, and
+    the token kept in its place (-1 under the drop rule). One device read, after the request."""
+    for state in list(_STATES):
+        hit = state.read_log(serial, position)
+        if hit is not None:
+            return True, hit
+    return False, -1
+
+
+def check_rule(rule: Any) -> None:
+    """A `ValueError` for a malformed rule (vLLM fails the request with it at admission)."""
+    if not isinstance(rule, dict) or set(rule) != {*RULE_KEYS, "tau"}:
+        raise ValueError(f"extra_args[{KEY!r}] must be a dict with keys {sorted({*RULE_KEYS, 'tau'})}, got {rule!r}")
+    for key, kind in RULE_KEYS.items():
+        if not isinstance(rule[key], kind):
+            raise ValueError(f"extra_args[{KEY!r}][{key!r}] must be {kind.__name__}, got {rule[key]!r}")
+    if rule["tau"] is not None and not isinstance(rule["tau"], float):
+        raise ValueError(f"extra_args[{KEY!r}]['tau'] must be a float or None, got {rule['tau']!r}")
+
+
+class SwitchState:
+    """Per-slot rule tables on the device, their host staging copies, and the forced-step log."""
+
+    def __init__(self, max_slots: int, device: torch.device, seed: int):
+        self.device = device
+        self.host_ints = np.zeros((max_slots, 7), dtype=np.int64)
+        self.host_floats = np.zeros((max_slots, 3), dtype=np.float32)
+        self.ints = torch.zeros((max_slots, 7), dtype=torch.long, device=device)
+        self.floats = torch.zeros((max_slots, 3), dtype=torch.float32, device=device)
+        self._staged: list[torch.Tensor] = []  # host buffers of the last copy, alive until it ran
+        self._dirty = False
+        # The log: serial, position and kept token of each request's forced step; the last
+        # entry takes the rows of requests without a rule.
+        self.log = torch.full((LOG_SIZE + 1, 3), -1, dtype=torch.long, device=device)
+        self._seed = seed
+        self._generator: torch.Generator | None = None
+        _STATES.add(self)
+
+    # --- host side: admission ---------------------------------------------------------
+    def stage(self, slot: int, rule: dict[str, Any] | None, temperature: float, top_p: float) -> bool:
+        """Write slot `slot`'s row (inactive without a rule); True if the slot is ruled."""
+        self._dirty = True
+        if rule is None:
+            self.host_ints[slot] = 0
+            return False
+        ruled = rule["tau"] is not None
+        self.host_ints[slot] = (1, rule["serial"], rule["vocab"], rule["sentinel"], ruled, rule["stop_above"],
+                                rule["keep_last"])
+        self.host_floats[slot] = (rule["tau"] if ruled else 0.0, temperature, top_p)
+        return True
+
+    def flush(self) -> None:
+        """Copy the staged rows to the device (once per batch change, never per step)."""
+        if not self._dirty:
+            return
+        self._dirty = False
+        staged = [torch.from_numpy(self.host_ints.copy()), torch.from_numpy(self.host_floats.copy())]
+        if self.device.type == "cuda":
+            staged = [t.pin_memory() for t in staged]
+        self.ints.copy_(staged[0], non_blocking=True)
+        self.floats.copy_(staged[1], non_blocking=True)
+        self._staged = staged
+
+    def active(self, slots: np.ndarray) -> bool:
+        return bool(self.host_ints[slots, ACTIVE].any())
+
+    def needs_draw(self, slots: np.ndarray) -> bool:
+        """Whether a sampled keep-rule run is among `slots` (host tables: no device read)."""
+        rows = self.host_ints[slots]
+        return bool((rows[:, RULED] & rows[:, KEEP_LAST] & (self.host_floats[slots, TEMPERATURE] > 0)).any())
+
+    # --- device side: one step ----------------------------------------------------------
+    def apply(self, logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, draw: bool) -> None:
+        """Mask, decide and force the rows of ruled requests in place; log forced steps.
+        `slots` maps rows to slots, `positions` is each row's sampled token's sequence position."""
+        ints, floats = self.ints[slots], self.floats[slots]
+        active = ints[:, ACTIVE].bool()
+        columns = torch.arange(logits.shape[-1], device=logits.device)
+        logits.masked_fill_(active[:, None] & (columns[None, :] >= ints[:, VOCAB, None]), float("-inf"))
+        log_probs = torch.log_softmax(logits, dim=-1)
+        entropy = -(log_probs.exp() * log_probs).nan_to_num().sum(-1) / ints[:, VOCAB].clamp(min=2).float().log()
+        above = entropy > floats[:, TAU]
+        crossed = active & ints[:, RULED].bool() & torch.where(ints[:, STOP_ABOVE].bool(), above, ~above)
+        kept = self._kept_token(logits, floats, draw)
+        kept = torch.where(ints[:, KEEP_LAST].bool(), kept, -1)
+        sentinel = ints[:, SENTINEL, None]
+        logits.masked_fill_(crossed[:, None], float("-inf"))
+        logits.scatter_(1, sentinel, torch.where(crossed[:, None], 0.0, logits.gather(1, sentinel)))
+        self._log(torch.where(active, ints[:, SERIAL], -1), positions, crossed, kept)
+
+    def _kept_token(self, logits: torch.Tensor, floats: torch.Tensor, draw: bool) -> torch.Tensor:
+        """The token each row would sample: the argmax, or for rows with a temperature a draw
+        from the temperature-scaled distribution cut to its top-p mass (Gumbel-max)."""
+        greedy = logits.argmax(-1)
+        if not draw:
+            return greedy
+        temperature = floats[:, TEMPERATURE]
+        scaled = logits / temperature.clamp(min=1e-6)[:, None]
+        ordered, order = scaled.sort(-1, descending=True)
+        probs = ordered.softmax(-1)
+        outside = (probs.cumsum(-1) - probs) > floats[:, TOP_P, None]  # the top token always stays
+        scaled = scaled.scatter(1, order, ordered.masked_fill(outside, float("-inf")))
+        if self._generator is None:
+            self._generator = torch.Generator(device=logits.device).manual_seed(self._seed)
+        uniform = torch.rand(scaled.shape, generator=self._generator, device=logits.device).clamp(min=1e-20)
+        drawn = (scaled - (-uniform.log()).log()).argmax(-1)
+        return torch.where(temperature > 0, drawn, greedy)
+
+    def _log(self, serials: torch.Tensor, positions: torch.Tensor, crossed: torch.Tensor, kept: torch.Tensor) -> None:
+        """A forced step is written unless its request already logged an earlier forced position
+        (a step run after the stop, under async scheduling); a step at the logged position that
+        did not force clears it (a chunked prefill's discarded sample runs again there)."""
+        entry = torch.where(serials >= 0, serials % LOG_SIZE, LOG_SIZE)
+        current = self.log[entry]
+        same = current[:, 0] == serials
+        write = crossed & (~same | (current[:, 1] < 0) | (current[:, 1] >= positions))
+        clear = ~crossed & same & (current[:, 1] == positions)
+        new = torch.stack([serials, positions, kept], dim=1)
+        cleared = torch.stack([current[:, 0], torch.full_like(positions, -1), current[:, 2]], dim=1)
+        self.log.index_put_((entry,), torch.where(write[:, None], new, torch.where(clear[:, None], cleared, current)))
+
+    def read_log(self, serial: int, position: int) -> int | None:
+        logged_serial, logged_position, kept = self.log[serial % LOG_SIZE].tolist()
+        return kept if (logged_serial, logged_position) == (serial, position) else None
+
+
+def _rule_of(params: Any) -> dict[str, Any] | None:
+    return (getattr(params, "extra_args", None) or {}).get(KEY)
+
+
+def _sampling(params: Any) -> tuple[float, float]:
+    return float(params.temperature or 0.0), float(params.top_p if params.top_p is not None else 1.0)
+
+
+class SwitchProcessorV2(V2LogitsProcessor):
+    """The V2 model runner's interface: slots are the runner's persistent request slots."""
+
+    def __init__(self, vllm_config: Any, req_states: LogitsProcRequestState):
+        seed = getattr(getattr(vllm_config, "model_config", None), "seed", None) or 0
+        self.state = SwitchState(req_states.max_num_reqs, torch.device(req_states.device), seed)
+
+    @classmethod
+    def validate_params(cls, sampling_params: Any) -> None:
+        rule = _rule_of(sampling_params)
+        if rule is not None:
+            check_rule(rule)
+
+    def add_request(self, req_idx: int, sampling_params: Any) -> bool:
+        return self.state.stage(req_idx, _rule_of(sampling_params), *_sampling(sampling_params))
+
+    def apply_staged_writes(self) -> None:
+        self.state.flush()
+
+    def apply(self, logits: torch.Tensor, ctx: LogitsContext) -> torch.Tensor:
+        if not self.state.active(ctx.idx_mapping_np):
+            return logits
+        self.state.apply(logits, ctx.expanded_idx_mapping.long(), ctx.pos.long() + 1,
+                         self.state.needs_draw(ctx.idx_mapping_np))
+        return logits
+
+
+class SwitchProcessor(V1LogitsProcessor):
+    """The V1 model runner's interface: slots are batch rows, moved as vLLM reorders the batch;
+    positions come from the prompt and output lengths vLLM keeps on the host."""
+
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool):
-        self.rows: dict[int, tuple[dict[str, Any], list[int]]] = {}  # batch index -> (rule, output ids)
+        max_rows = int(getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", None) or 1024)
+        seed = getattr(getattr(vllm_config, "model_config", None), "seed", None) or 0
+        self.state = SwitchState(max_rows, torch.device(device), seed)
+        self.rows: dict[int, tuple[dict[str, Any], Any, int, list[int]]] = {}  # row -> rule, params, prompt, output
+
+    @classmethod
+    def validate_params(cls, sampling_params: Any) -> None:
+        rule = _rule_of(sampling_params)
+        if rule is not None:
+            check_rule(rule)
 
     def is_argmax_invariant(self) -> bool:
         return False  # it forces tokens
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        process_dict_updates(self.rows, batch_update, _entry)
+        if process_dict_updates(self.rows, batch_update, _v1_entry):
+            self.state.host_ints[:] = 0  # rows move: restage every row
+            for row, (rule, params, _, _) in self.rows.items():
+                self.state.stage(row, rule, *_sampling(params))
+            self.state.flush()
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.rows:
             return logits
-        indices = list(self.rows)
-        vocab = self.rows[indices[0]][0]["vocab"]  # one engine, one vocabulary
-        if vocab < logits.shape[-1]:
-            logits[indices, vocab:] = float("-inf")
-        ruled = [i for i in indices if self.rows[i][0]["tau"] is not None]
-        if ruled:
-            log_probs = torch.log_softmax(logits[ruled, :vocab], dim=-1)
-            entropy = (-(log_probs.exp() * log_probs).nan_to_num().sum(-1) / math.log(vocab)).tolist()
-            for index, h in zip(ruled, entropy):
-                self._decide(logits, index, h)
+        n = logits.shape[0]
+        slots = np.arange(n)
+        positions = np.zeros(n, dtype=np.int64)
+        for row, (_, _, prompt_len, output) in self.rows.items():
+            if row < n:
+                positions[row] = prompt_len + len(output)
+        to_device = lambda a: torch.from_numpy(a).to(logits.device, non_blocking=True)  # noqa: E731
+        self.state.apply(logits, to_device(slots), to_device(positions), self.state.needs_draw(slots))
         return logits
 
-    def _decide(self, logits: torch.Tensor, index: int, h: float) -> None:
-        """Steps run in output order; a step whose sample is thrown away (a chunk of a long
-        prompt) is run again at the same output length, which overwrites what it recorded."""
-        rule, output = self.rows[index]
-        tag, n = rule["tag"], len(output)
-        if _FORCED.get(tag) == n:
-            del _FORCED[tag]
-        if rule["keep_last"] and _ARMED.get(tag) == n - 1:  # the last sampled token crossed
-            self._force(logits, index, rule, n)
-            return
-        crossed = h > rule["tau"] if rule["stop_above"] else h <= rule["tau"]
-        if crossed and not rule["keep_last"]:
-            self._force(logits, index, rule, n)
-        elif crossed:
-            _ARMED[tag] = n
-        elif _ARMED.get(tag) == n:
-            del _ARMED[tag]
 
-    @staticmethod
-    def _force(logits: torch.Tensor, index: int, rule: dict[str, Any], n: int) -> None:
-        logits[index].fill_(float("-inf"))
-        logits[index, rule["sentinel"]] = 0.0
-        _FORCED[rule["tag"]] = n
-
-
-def _entry(params: Any, _prompt: list[int] | None, output: list[int]) -> tuple[dict[str, Any], list[int]] | None:
-    rule = (params.extra_args or {}).get(KEY)
-    return None if rule is None else (rule, output)
+def _v1_entry(params: Any, prompt: list[int] | None, output: list[int]) -> tuple[dict[str, Any], Any, int, list[int]] | None:
+    rule = _rule_of(params)
+    return None if rule is None else (rule, params, len(prompt or []), output)
