@@ -32,6 +32,25 @@ def benchmark_file(name: str) -> Path:
         pytest.skip(message)
     return path
 
+
+# The five papers' texts (docs/fidelity.md quotes them): ../shared/papers beside the checkout, or the
+# directory RSTITCH_PAPERS names. Not in the repository; .ci/run sets RSTITCH_REQUIRE_PAPERS=1.
+SHARED_PAPERS = Path(os.environ.get("RSTITCH_PAPERS") or REPO.parent / "shared" / "papers")
+REQUIRE_PAPERS = "RSTITCH_REQUIRE_PAPERS"
+
+
+def paper_file(name: str) -> Path:
+    """SHARED_PAPERS / `name`; when it is missing, the test skips saying so (and fails under
+    RSTITCH_REQUIRE_PAPERS=1)."""
+    path = SHARED_PAPERS / name
+    if not path.is_file():
+        message = f"paper text {path} missing: set RSTITCH_PAPERS to the directory of the papers' texts (docs/fidelity.md)"
+        if os.environ.get(REQUIRE_PAPERS) == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
     "{% if m['role'] == 'assistant' %}<|endoftext|>{% endif %}\n{% endfor %}"

@@ -117,9 +117,9 @@ def test_bad_config_is_one_clear_error(name, params):
 
 
 
-@pytest.mark.parametrize("preset,n", [("rsd_paper_baselines", 16), ("rsd_paper_72b_baselines", 64), ("easd_paper_baselines", 8)])
+@pytest.mark.parametrize("preset,n", [("rsd_paper_baselines", 16), ("rsd_paper_72b_baselines", 64), ("easd_paper_baselines", 16)])
 def test_rsd_baseline_presets_sample_their_candidates_at_the_papers_settings(tiny_runners, monkeypatch, preset, n):
-    """Each method of the composed preset (RSD section 4.1: N = 16 / 64, temperature 0.7, top_p 0.8)
+    """Each method of the composed preset (RSD §3 and Table 2, EASD Table 1: N = 16 / 64, temperature 0.7, top_p 0.8)
     is built and decoded under a greedy run, and every candidate step it generates is drawn by a
     sampler at 0.7 / 0.8, not by the run's."""
     from test_scaleout import sweep_params
