@@ -1,12 +1,13 @@
-"""Arbitrage: escalate a step to the target model only where it is expected to do better.
+"""Arbitrage: escalate a step to the target model only where it is expected to do better (Arbitrage
+§4; Algorithm 1 in appendix D).
 
 * `arbitrage_oracle`: draft (pair.slm) and target (pair.llm) both write the step from the same
-  prefix, the PRM scores both, and the target's step is kept iff
-  delta = s_target - s_draft > tau. The upper bound a router is trained to imitate; it runs the
-  target at every step.
+  prefix, the PRM scores both, and the target's step is kept iff delta = s_target - s_draft > tau
+  (§4.1: the advantage of Definition 4.1, eq. 4.2; the thresholding policy, eq. 4.4). The upper
+  bound a router is trained to imitate; it runs the target at every step.
 * `arbitrage`: a router reads (problem, earlier steps tagged "Model 0: " / "Model 1: " by who
-  wrote them, draft step) and predicts y_hat = P(delta > 0); the target writes the step iff
-  y_hat > tau. The target runs only when escalating.
+  wrote them, draft step; §6.2's step annotation) and predicts y_hat = P(delta > 0) (§4.2, the
+  label y = 1[delta > 0]); the target writes the step iff y_hat > tau (§4.2, Algorithm 1). The target runs only when escalating.
 """
 from __future__ import annotations
 

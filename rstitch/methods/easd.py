@@ -1,20 +1,22 @@
-"""EASD: entropy-aware speculative decoding (section 3 of the paper).
+"""EASD: entropy-aware speculative decoding (EASD §3, eqs. 1-10; Algorithm 1 in appendix B).
 
-SpecDec plus a penalty: at a draft position where the draft's and the target's Shannon entropies
-(nats, of the raw model distributions) both exceed tau_H and their top-n token sets overlap by at
-least tau_O (|T_d ∩ T_t| / n >= tau_O), the draft token is rejected and the target draws the
-position from its own distribution with that token's probability set to zero and the rest
-renormalized (eqs. 4-7). The paper's equation writes the overlap test strictly (> tau_O), but its
-text fixes tau_O = 0.8 as "at least four out of the top-5 tokens coincide": we follow the stated
-meaning (with n = 5 the strict sign would need all five). Both models being unsure yet agreeing on the candidates is where a
-plausible-but-wrong draft token slips through the ratio test.
+SpecDec (eq. 1) plus a penalty: at a draft position where the draft's and the target's Shannon
+entropies (eqs. 2-3: nats, of the raw model distributions) both exceed tau_H (eq. 4) and their
+top-n token sets overlap by at least tau_O (eq. 5: |T_d ∩ T_t| / n >= tau_O), the draft token is
+rejected and the target draws the position from its own distribution with that token's
+probability set to zero and the rest renormalized (eqs. 6-7). Eq. 5's condition (§3.4) is strict
+(> tau_O), but §3.6 fixes tau_O = 0.8 as "at least four out of the top-5 tokens coincide": we
+follow the stated meaning (with n = 5 the strict sign would need all five). Both models being
+unsure yet agreeing on the candidates is where a plausible-but-wrong draft token slips through
+the ratio test.
 
-tau_H is calibrated per pair (eqs. 8-10, scripts/calibrate_easd.py) and stored in the user's
-calibration file (`method.calibration`, by default $RSTITCH_CACHE/easd_calibration.json);
-`tau_h: auto` reads the pair's entry there, else in easd_calibration.json next to this module
-(shipped with the package: the testbed pair's). The ablations of the paper's
-Table 2 drop the overlap condition (`use_overlap: false`), the draft-entropy condition
-(`use_draft_entropy: false`), or both.
+tau_H is calibrated per pair (§3.6, eqs. 8-10: the mean of the top 5% target entropies; §4.1: on
+LIMO; scripts/calibrate_easd.py) and stored in the user's calibration file (`method.calibration`,
+by default $RSTITCH_CACHE/easd_calibration.json); `tau_h: auto` reads the pair's entry there, else
+in easd_calibration.json next to this module (shipped with the package: the testbed pair's).
+Appendices D and E give tau_H = 2 ("Entropy = 2") for the main experiments instead: `tau_h: 2.0`.
+The ablations of the paper's Table 2 drop the overlap condition (`use_overlap: false`), the
+draft-entropy condition (`use_draft_entropy: false`), or both.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Sampling-and-selection baselines of the RSD paper, all with one model (`model: llm|slm`).
+"""Sampling-and-selection baselines of the RSD paper (RSD §3 "Baselines", Tables 2-3; EASD §4.1 and
+Table 1 use maj and beam search), all with one model (`model: llm|slm`).
 
 * `maj`: N full solutions; the output is the first one whose answer is the most frequent.
 * `best_of_n`: N full solutions; the output is the one whose last step the PRM scores highest.
@@ -8,7 +9,8 @@
   the finished solution with the best last-step score.
 
 Candidates are sampled at `temperature` and `top_p` (null: the run's decoding settings); the RSD
-paper's baselines sample at temperature 0.7, top_p 0.8, the defaults of the yaml files. The cost is every
+paper's baselines sample at temperature 0.7, top_p 0.8 (RSD §3 "Default Setting", EASD §4.1), the
+defaults of the yaml files. The cost is every
 generated token: unchosen candidates count as discarded tokens, and all forwards go into FLOPs.
 """
 from __future__ import annotations

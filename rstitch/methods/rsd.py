@@ -1,6 +1,6 @@
 """Reward-guided speculative decoding (RSD; Liao et al. 2025, §2.1 Algorithms 1 and 2, Table 1, eq. 2).
 
-The draft model (pair.slm) writes a step ("\n\n"-terminated, §3 "Default Setting"); the PRM scores it
+The draft model (pair.slm) writes a step ("\\n\\n"-terminated, §3 "Default Setting"); the PRM scores it
 (r, the reward of the last step given the problem and all earlier steps, Algorithm 1 "Compute reward");
 the step is accepted with probability omega(r) (Algorithm 2), else the target model (pair.llm) writes
 the step from the same prefix. Steps sampled this way follow the mixture of eq. 2,

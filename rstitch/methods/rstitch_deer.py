@@ -1,4 +1,7 @@
-"""R-Stitch with DEER's dynamic early exit (docs/rstitch-deer.md).
+"""R-Stitch with DEER's dynamic early exit (R-Stitch appendix A.7, Table 3; docs/rstitch-deer.md).
+
+R-Stitch states the combination ("Our integration retains DEER's stopping criterion but substitutes
+its single-model decoding with R-Stitch") but none of DEER's values: those are DEER's code's.
 
 R-Stitch's entropy switching (`EntropySwitch` on the shared token loop) writes the reasoning.
 At each reasoning-transition point (DEER: the model starts a "Wait"), a trial answer is induced

@@ -1,6 +1,7 @@
-"""R-Stitch+: R-Stitch's entropy gate with a learned router at the uncertain positions.
+"""R-Stitch+: R-Stitch's entropy gate with a learned router at the uncertain positions (R-Stitch §3.3;
+Algorithm 1 in appendix A.3, the R-Stitch+ branch; the router of appendix A.13).
 
-Algorithm 1 of the paper (lines 10-22): low-entropy tokens (normalized entropy <= tau) go to the
+Algorithm 1, lines 10-22: low-entropy tokens (normalized entropy <= tau) go to the
 SLM, exactly as in R-Stitch. The router (`rstitch.routers.rstitch_router`) is consulted only
 while the SLM is active and uncertain, and reads the SLM's last hidden state:
 
@@ -10,7 +11,8 @@ while the SLM is active and uncertain, and reads the SLM's last hidden state:
   next position after that one. The router is not consulted.
 
 A router that always answers LLM is R-Stitch at the same tau; one that always answers SLM is
-SLM-only decoding. The router is trained with DAPO (`scripts/train_router.py`).
+SLM-only decoding. The router is trained with DAPO (`scripts/train_router.py`: the reward of
+eqs. 3-4, the latency estimate of eqs. 5-6, the objective of eqs. 7-8).
 """
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Baselines that decode with one model only."""
+"""Baselines that decode with one model only: the target (LLM) alone and the draft (SLM) alone, the
+reference rows of every paper (R-Stitch Table 1 "LLM-7B" and "SLM", RSD §3 "Target model only",
+SpecReason §5.1 "vanilla inference", Arbitrage §5.2's target-only and draft-only lines, EASD
+Table 1 "Single Model")."""
 from __future__ import annotations
 
 from rstitch.engines import SwitchRule, TokenDistribution

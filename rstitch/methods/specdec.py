@@ -1,4 +1,6 @@
-"""Speculative decoding (Leviathan et al. 2023; Chen et al. 2023).
+"""Speculative decoding (Leviathan et al. 2023; Chen et al. 2023), as EASD §3.1 eq. 1 writes its
+acceptance test (eps_i <= p_t(c_i) / p_d(c_i)); the papers' SD baselines use k = 7 (RSD §3) and
+k = 5 (SpecReason §5.1).
 
 Each block: the draft (SLM) samples up to k tokens x_1..x_k from its processed distributions q_i;
 the target (LLM) scores all of them in one forward, giving p_1..p_{k+1}. Token x_i is accepted

@@ -1,4 +1,6 @@
-"""SpecReason: the small model drafts each reasoning step, the base model judges it.
+"""SpecReason: the small model drafts each reasoning step, the base model judges it (SpecReason §4.1;
+SpecReason+Decode, §4.2, is specreason_decode). The paper has no numbered equations: §4.1's
+single-token 0-9 score in one prefill-only pass and a static threshold (e.g. score >= 7) are it.
 
 The judge is the base model (pair.llm) itself. As in the paper (section 4.1) it reads the draft on
 its own decoding sequence: the base model's KV cache already holds the prompt and the reasoning so

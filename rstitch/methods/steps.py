@@ -1,4 +1,6 @@
-"""The loop shared by step-level methods (RSD, SpecReason, Arbitrage, PRM search baselines).
+"""The loop shared by step-level methods (RSD, SpecReason, Arbitrage, PRM search baselines): the
+papers' steps (RSD §3, a generation ended with "\\n\\n"; Arbitrage §3.1, a separator token;
+SpecReason §4.1, semantically self-contained units).
 
 A *step* is what one model writes from the current prefix until the separator ("\\n\\n" by
 default) appears in its text, EOS, the per-step token cap, or the sample's token budget. Steps

@@ -1,4 +1,5 @@
-"""The loop shared by token-level hybrid methods: at every position one model produces the token.
+"""The loop shared by token-level hybrid methods: at every position one model produces the token
+(R-Stitch §3.2.2 and Algorithm 1 in appendix A.3, with the partial prefill of its KV cache management).
 
 A `SwitchPolicy` picks the starting model, may reject the SLM's token at a position (the LLM then
 produces that position instead), and picks the model for the next position. Each model keeps its
