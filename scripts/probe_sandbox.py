@@ -1,7 +1,8 @@
 """Attack the code sandbox as a hostile model solution would and print what each attack achieved.
 
 Classes: 1 outputs read back through links or FIFOs, 2 wrong solutions graded right, 3 memory,
-processes and disk beyond the limit for the sample as a whole, 4 host command lines in /proc.
+processes and disk beyond the limit for the sample as a whole, 4 host command lines in /proc,
+5 host files read (a world-readable file beside the project, /etc/passwd) or left behind.
 Safe on a shared machine: small sizes (at most 4 x 64 MiB of memory, 10 MiB of disk, 40 short
 processes), each attack abandoned after ``--outer-timeout`` seconds, the whole probe ended by an
 alarm after ``--total-timeout``. The logic is rstitch/grading/sandbox_probe.py.

@@ -253,7 +253,58 @@ def probe_proc(outer_s: float) -> list[ProbeOutcome]:
                          f"--token argument {'VISIBLE' if visible else 'not visible'}", not visible)]
 
 
-PROBES = (probe_output_links, probe_fake_passes, probe_whole_sample_limits, probe_proc)
+HOST_FILES = """
+import json, os, sys
+read = []
+for path in {paths!r}:
+    try:
+        read.append(open(path).read(200))
+    except OSError:
+        pass
+wrote = []
+for directory in {directories!r}:
+    try:
+        open(os.path.join(directory, {name!r}), 'w').write('left behind')
+        wrote.append(directory)
+    except OSError:
+        pass
+print(json.dumps({{'read': read, 'wrote': wrote}}))
+"""
+WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock")
+
+
+def probe_host_files(outer_s: float) -> list[ProbeOutcome]:
+    """Class 5: the host's files: a world-readable file beside the project and /etc/passwd read,
+    files left in world-writable places after the sample."""
+    project = Path(__file__).resolve().parents[2]
+    name = f".rstitch-probe-{os.getpid()}"
+    canary = project / name
+    secret = f"probe canary {os.getpid()}-{time.monotonic_ns()}"
+    try:
+        canary.write_text(secret)
+        canary.chmod(0o644)
+    except OSError:
+        canary = Path(tempfile.gettempdir()) / name  # a read-only checkout: a world-readable file in /tmp
+        canary.write_text(secret)
+        canary.chmod(0o644)
+    source = HOST_FILES.format(paths=[str(canary), "/etc/passwd"], directories=[*WORLD_WRITABLE, str(project)], name=name)
+    try:
+        done = run_bounded(lambda: run_python(source, limits=probe_limits()), outer_s)
+    finally:
+        canary.unlink(missing_ok=True)
+    left = [d for d in (*WORLD_WRITABLE, str(project)) if Path(d, name).exists()]
+    for directory in left:
+        Path(directory, name).unlink(missing_ok=True)
+    if done is None:
+        return [ProbeOutcome("5 host files", "read host files, write outside", "(no answer in time)", not left)]
+    seen = secret in done[0].stdout or "root:x:0:0" in done[0].stdout
+    isolation = str(done[0].isolation.get("empty_root", "?")).split(":")[0]
+    return [ProbeOutcome("5 host files", "read a world-readable file and /etc/passwd", f"{'READ' if seen else 'not read'} ({isolation})", not seen),
+            ProbeOutcome("5 host files", "write to /tmp, /var/tmp, /dev/shm, /run/lock, /var/lock, the project",
+                         f"{len(left)} files LEFT behind: {', '.join(left)}" if left else "nothing left behind", not left)]
+
+
+PROBES = (probe_output_links, probe_fake_passes, probe_whole_sample_limits, probe_proc, probe_host_files)
 
 
 def run_probes(outer_s: float) -> list[ProbeOutcome]:
