@@ -440,6 +440,16 @@ def test_as_an_ordinary_user_a_hostile_program_sees_neither_the_users_files_nor_
 
 
 @needs_bubblewrap
+def test_as_root_without_an_interpreter_nobody_can_run_the_program_is_uid_65534_of_its_own_namespace(monkeypatch):
+    if os.getuid() != 0:
+        pytest.skip("the caller must be root")
+    monkeypatch.setattr(sandbox, "_runnable_by_others", lambda path: False)
+    result = run("import os\nprint(os.getuid())\nprint(os.path.exists('/etc/passwd'))")
+    assert result.ok and result.stdout.splitlines() == ["65534", "False"], result.stderr
+    assert result.isolation["user"].startswith("uid 65534 in a user namespace of its own")
+
+
+@needs_bubblewrap
 def test_a_seccomp_filter_refuses_what_a_test_program_never_needs():
     source = ("import ctypes, errno, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
               "status = open('/proc/self/status').read()\n"

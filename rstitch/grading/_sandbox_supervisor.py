@@ -58,6 +58,8 @@ def main() -> None:
         config["max_processes"] = config["fallback_max_processes"]
     isolation.update(user=_drop_root(config["uid"]), interpreter=config["argv"][0])
     isolation.update(empty_root=config["empty_root_note"], seccomp=config["seccomp_note"])
+    if config["empty_root"] and "--unshare-user" in config["empty_root"]:
+        isolation["user"] = "uid 65534 in a user namespace of its own (the caller's root outside, no capabilities)"
     extra: dict[int, int] = {}
     if config["empty_root"]:
         isolation.update(pid_namespace=True, no_network=True, private_tmp=True, disk_limit=True)

@@ -143,7 +143,7 @@ def sandbox_python() -> tuple[str, int | None]:
     for candidate in (base, *SYSTEM_PYTHONS):
         if _runnable_by_others(candidate):
             return candidate, NOBODY_UID
-    return sys.executable, None
+    return base, None
 
 
 def _runnable_by_others(path: str) -> bool:
@@ -164,6 +164,7 @@ def _config(workdir: Path | None, python: str, uid: int | None, source: str, std
     root: list[str] | None = None
     overhead = 0
     if workdir is None:
+        python = os.path.realpath(python)  # inside the root only the installation it belongs to exists
         root = bwrap_argv(python, int(limits.disk_bytes), os.getuid() == 0 and uid is None, seccomp is not None)
         overhead = BWRAP_PROCESSES
     return {
