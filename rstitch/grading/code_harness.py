@@ -1,4 +1,4 @@
-"""The test harness that runs inside the sandbox around a model's program (docs/datasets.md,
+"""The test harness that runs inside the sandbox around a model's program (docs/sandbox.md,
 "What a pass means").
 
 ``HARNESS`` is Python source that becomes the sandboxed ``main.py`` together with one call
