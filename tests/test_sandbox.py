@@ -2,6 +2,7 @@
 the files outside the working directory are untouched. Short limits keep the suite fast."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import secrets
@@ -423,8 +424,9 @@ def test_as_an_ordinary_user_a_hostile_program_sees_neither_the_users_files_nor_
     token = f"left-{path.name}"
     source = hostile_program([str(path), str(netrc), "/etc/passwd", str(PROJECT / "pyproject.toml")],
                              [*WRITABLE_ON_HOSTS, str(home), str(path.parent)], token)
-    import pyseccomp  # noqa: F401 - where it is importable, the user's process finds it too
-    script = AS_USER.format(project=str(PROJECT), extra_paths=[str(Path(pyseccomp.__file__).parent.parent)], source=source)
+    seccomp = importlib.util.find_spec("pyseccomp")  # where this process has it, the user's finds it too
+    extra_paths = [str(Path(str(seccomp.origin)).parent.parent)] if seccomp else []
+    script = AS_USER.format(project=str(PROJECT), extra_paths=extra_paths, source=source)
     runuser = str(shutil.which("runuser"))
     check = subprocess.run([runuser, "-u", name, "--", SYSTEM_PYTHON, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
                             "import rstitch.grading.sandbox", str(PROJECT)], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
@@ -437,6 +439,7 @@ def test_as_an_ordinary_user_a_hostile_program_sees_neither_the_users_files_nor_
     outcome = json.loads(reply["stdout"])
     assert_nothing_seen_or_left(outcome, text, token, [str(home)])
     assert "(not dropped)" in reply["isolation"]["user"] and not reply["isolation"]["empty_root"].startswith("none")
+    assert seccomp is None or not reply["isolation"]["seccomp"].startswith("not applied"), reply["isolation"]["seccomp"]
 
 
 @needs_bubblewrap
