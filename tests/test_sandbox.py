@@ -425,7 +425,8 @@ def test_as_an_ordinary_user_a_hostile_program_sees_neither_the_users_files_nor_
     source = hostile_program([str(path), str(netrc), "/etc/passwd", str(PROJECT / "pyproject.toml")],
                              [*WRITABLE_ON_HOSTS, str(home), str(path.parent)], token)
     seccomp = importlib.util.find_spec("pyseccomp")  # where this process has it, the user's finds it too
-    extra_paths = [str(Path(str(seccomp.origin)).parent.parent)] if seccomp else []
+    folder = Path(str(seccomp.origin)).parent if seccomp else None  # a module file, or a package's __init__.py
+    extra_paths = [str(folder.parent if seccomp and seccomp.submodule_search_locations else folder)] if folder else []
     script = AS_USER.format(project=str(PROJECT), extra_paths=extra_paths, source=source)
     runuser = str(shutil.which("runuser"))
     check = subprocess.run([runuser, "-u", name, "--", SYSTEM_PYTHON, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
