@@ -357,10 +357,10 @@ CITATION_SECTION = "## Presets: every value and its citation"
 # does not, the row says so and what we chose.
 CITATION_WORDS = ("§", "Table", "Figure", "Algorithm", "eq.", "appendix", "Definition")
 # Grids without a testbed twin: the testbed has no code or cross-domain task, and one pair (the 7B and
-# Figure 4 grids' twins stand for the 72B and Figure 5 grids).
+# Figure 4 grids' twins stand for the 72B and Figure 5 grids; rstitch_paper's for the same-family pairs).
 NO_TWIN = {"rstitch_paper_code", "rstitch_paper_code_tau", "rstitch_paper_cross", "rsd_paper_72b", "rsd_paper_72b_sd",
            "rsd_paper_72b_delta", "rsd_paper_72b_baselines", "arbitrage_paper_latency", "arbitrage_paper_latency_tau",
-           "arbitrage_paper_latency_rsd"}
+           "arbitrage_paper_latency_rsd", "rstitch_paper_family"}
 GROUPS = ("pair", "dataset", "prompt", "method")
 
 
