@@ -86,6 +86,13 @@ def pair_device(pair: ModelPair) -> str:
     return str(getattr(pair.llm, "device", "cpu"))
 
 
+def decode_cpu_clock(threads: int) -> Callable[[], float]:
+    """The CPU clock of the decoding thread(s): with one compute thread the engine computes on the
+    calling thread, whose own clock leaves out the process's other threads (progress bar, logger);
+    with more, the process's, which sums the compute threads'."""
+    return time.thread_time if threads == 1 else time.process_time
+
+
 def sample_seed(base_seed: int, problem_id: str, sample_index: int) -> int:
     """Independent of run order, so a resumed run draws the same tokens."""
     digest = hashlib.sha256(f"{base_seed}/{problem_id}/{sample_index}".encode()).digest()
@@ -144,12 +151,15 @@ def decode_one_by_one(method: Method, ctx: DecodeContext, todo: list, fitted: di
         ctx.sampler.reseed(sample_seed(ctx.sampler.seed, record.id, index))
         prompt_ids, sample_budget = fitted[record.id]
         sample_ctx = replace(ctx, problem=record.problem, metadata=record.metadata, max_new_tokens=sample_budget)
-        cpu_start = time.process_time()
+        threads = engine_threads(ctx.pair)
+        cpu_clock = decode_cpu_clock(threads)
+        cpu_start = cpu_clock()
         result, latency, cost = timed_decode(method, prompt_ids, sample_ctx)
-        cpu_s = time.process_time() - cpu_start
+        cpu_s = cpu_clock() - cpu_start
         row = sample_record(record, index, result, latency, cost, ctx.pair, method)
         row["latency_estimate_s"] = estimate_latency(ctx.pair, latency_models)
-        row["measurement"] = sample_measurement(engine_threads(ctx.pair), pair_device(ctx.pair), latency, cpu_s)
+        row["measurement"] = sample_measurement(threads, pair_device(ctx.pair), latency, cpu_s,
+                                                "thread" if cpu_clock is time.thread_time else "process")
         yield record, index, row
 
 

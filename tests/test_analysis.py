@@ -188,6 +188,63 @@ def test_every_method_keeps_its_own_colour_and_marker_in_every_figure():
         method_style("nope")
 
 
+def cie_lab(color: str) -> tuple[float, float, float]:
+    """sRGB to CIE L*a*b* (D65): distances there follow what the eye tells apart."""
+    from matplotlib.colors import to_rgb
+
+    linear = [u / 12.92 if u <= 0.04045 else ((u + 0.055) / 1.055) ** 2.4 for u in to_rgb(color)]
+    x, y, z = (sum(w * c for w, c in zip(row, linear)) / white for row, white in
+               (((0.4124, 0.3576, 0.1805), 0.95047), ((0.2126, 0.7152, 0.0722), 1.0), ((0.0193, 0.1192, 0.9505), 1.08883)))
+    f = [t ** (1 / 3) if t > 0.008856 else 7.787 * t + 16 / 116 for t in (x, y, z)]
+    return 116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])
+
+
+def test_every_two_methods_colours_are_told_apart():
+    from itertools import combinations
+
+    colours = {m: method_style(m)[0] for m in METHODS}
+    closest = min(math.dist(cie_lab(colours[a]), cie_lab(colours[b])) for a, b in combinations(sorted(colours), 2))
+    assert closest >= 25  # tab10's two closest colours are 27.7 apart; tab20's light and dark blue were 20
+    assert math.dist(cie_lab(colours["rsd"]), cie_lab(colours["llm_only"])) >= 25
+
+
+def one_method_sweep() -> pd.DataFrame:
+    """A one-method sweep whose accuracies sit between 70% and 80%, two of its points close together."""
+    rows = [point("llm_only", 0.78, 0.41, tokens=144.0, share=1.0), point("rstitch", 0.74, 0.5, tau=0.001),
+            point("rstitch", 0.72, 0.17, tau=0.01), point("rstitch", 0.74, 0.135, tau=0.02),
+            point("rstitch", 0.738, 0.132, tau=0.03)]
+    runs = runs_frame(rows)
+    for end, shift in (("accuracy_ci_low", -0.04), ("accuracy_ci_high", 0.04)):
+        runs[end] = runs["accuracy"] + shift
+    runs["latency_ci_low"], runs["latency_ci_high"] = runs["latency_s"] * 0.9, runs["latency_s"] * 1.1
+    runs["frontier_share"] = 0.5
+    return mark_frontier(runs)
+
+
+def test_the_accuracy_axis_fits_the_points_and_their_intervals():
+    runs = one_method_sweep()
+    low, high = accuracy_latency_figure(runs, runs["group"].iloc[0]).axes[0].get_ylim()
+    assert 60 <= low <= 68 and 82 <= high <= 90  # the 68-82% the intervals span, a tenth of it as margin; not 0-100
+
+
+def test_point_labels_do_not_overlap_and_error_bars_are_plain():
+    from itertools import combinations
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    runs = one_method_sweep()
+    figure = accuracy_latency_figure(runs, runs["group"].iloc[0])
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    figure.draw(renderer)
+    labels = [t for t in figure.axes[0].texts if t.get_text()]
+    assert len(labels) >= 4
+    boxes = [label.get_window_extent(renderer) for label in labels]
+    assert not [(a, b) for a, b in combinations(range(len(boxes)), 2) if boxes[a].overlaps(boxes[b])], \
+        [label.get_text() for label in labels]
+    bars = [c for c in figure.axes[0].collections if c.get_linewidths()[0] > 1.0]
+    assert bars and all(c.get_alpha() is None or c.get_alpha() >= 0.8 for c in bars)
+
+
 def test_runs_of_unknown_methods_are_one_clear_error():
     with pytest.raises(ConfigError, match="unknown method 'retired'; valid: "):
         runs_frame([point("retired", 0.5, 1.0)])

@@ -135,6 +135,28 @@ def test_wandb_offline_run_holds_the_pareto_point(tmp_path, tiny_pair, problems_
     assert lines[-1].startswith("results: ") and lines[0].split()[:4] == ["method", "tag", "n", "accuracy"]
 
 
+@pytest.mark.slow
+def test_wandb_runs_of_two_results_roots_are_two_and_a_resume_says_so(tmp_path, tiny_pair, problems_file):
+    """The same run measured in two results roots (a quiet and a loaded sitting) must not merge when
+    synced; a run resumed after an interrupt continues its W&B run and says so."""
+    args = (*pair_overrides(tiny_pair), "dataset=math500", f"dataset.path={problems_file}", "dataset.limit=2", "logger=wandb")
+    (tmp_path / "other").mkdir()
+    rstitch_run(tmp_path, *args)
+    rstitch_run(tmp_path / "other", *args)
+    [first], [second] = run_dirs(tmp_path), run_dirs(tmp_path / "other")
+    ids = [json.loads((d / "wandb_run.json").read_text())["id"] for d in (first, second)]
+    assert first.relative_to(tmp_path) == second.relative_to(tmp_path / "other") and ids[0] != ids[1]
+
+    # As if interrupted after its first sample: the second and the summary not written yet.
+    samples = (first / "samples.jsonl").read_text().splitlines(keepends=True)
+    (first / "samples.jsonl").write_text(samples[0])
+    for name in ("summary.json", "wandb_run.json"):
+        (first / name).unlink()
+    resumed = rstitch_run(tmp_path, *args)
+    assert f"rstitch-run: resuming W&B run {ids[0]}: 1 samples of {first} were decoded before" in resumed.stderr
+    assert json.loads((first / "wandb_run.json").read_text())["id"] == ids[0]
+
+
 def test_prm_group_feeds_the_prm_methods_and_their_run_key():
     from rstitch.cli.run import compose_config
     from rstitch.errors import ConfigError
@@ -180,8 +202,8 @@ def test_unwritable_results_root_is_one_error_line(tmp_path, tiny_pair, problems
     assert_one_error_line(proc, f"results_root '{blocker / 'runs'}' is not writable")
 
 
-@pytest.mark.slow
-def test_ctrl_c_is_one_line_saying_what_is_saved_and_how_to_resume(tmp_path, tiny_pair):
+def interrupt_a_run(tmp_path: Path, tiny_pair, *overrides: str) -> tuple[subprocess.Popen, str]:
+    """`rstitch-run` on 40 problems, sent SIGINT once its first sample is saved: the process and its stderr."""
     import signal
     import time
 
@@ -192,17 +214,34 @@ def test_ctrl_c_is_one_line_saying_what_is_saved_and_how_to_resume(tmp_path, tin
 
     env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "rstitch.cli.run", f"results_root={tmp_path / 'runs'}", "logger=none",
-           *pair_overrides(tiny_pair)[:-1], "max_new_tokens=400", "dataset=math500", f"dataset.path={problems_file}"]
+           *pair_overrides(tiny_pair)[:-1], "max_new_tokens=400", "dataset=math500", f"dataset.path={problems_file}", *overrides]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 300  # a hang guard: the loop ends as soon as a sample is saved
     while not any((tmp_path / "runs").rglob("samples.jsonl")) and time.monotonic() < deadline:
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
+    return proc, [line for line in stderr.splitlines() if line.strip()][-1]
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_one_line_saying_what_is_saved_and_how_to_resume(tmp_path, tiny_pair):
+    _, last = interrupt_a_run(tmp_path, tiny_pair)
     [run_dir] = run_dirs(tmp_path)
     saved = len(read_samples(run_dir))
-    last = [line for line in stderr.splitlines() if line.strip()][-1]
-    assert proc.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
+    assert last == f"rstitch-run: interrupted: {saved} samples saved in {run_dir}; rerun the same command to resume"
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_the_baseline_phase_names_the_baseline_directory(tmp_path, tiny_pair):
+    """baseline=auto decodes llm_only first: an interrupt there names the llm_only run, where the
+    samples are, and leaves no empty method directory behind."""
+    _, last = interrupt_a_run(tmp_path, tiny_pair, "method=rstitch", "baseline=auto")
+    [run_dir] = run_dirs(tmp_path)
+    assert run_dir.parent.name == "llm_only"
+    assert not (tmp_path / "runs" / "tiny" / "math500" / "rstitch").exists()
+    saved = len(read_samples(run_dir))
     assert last == f"rstitch-run: interrupted: {saved} samples saved in {run_dir}; rerun the same command to resume"
 
 

@@ -263,6 +263,42 @@ def test_record_without_answer_names_dataset_and_record(tmp_path):
         load_dataset_records("aime25", path=str(path))
 
 
+def rstitch_run_error(tmp_path: Path, *overrides: str) -> str:
+    """The one stderr line of an `rstitch-run` that fails on its input (exit 2)."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "rstitch.cli.run", f"results_root={tmp_path / 'runs'}", "logger=none",
+                           *overrides], capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    return lines[0]
+
+
+@pytest.mark.slow
+def test_a_bad_record_names_the_fields_its_dataset_reads(tmp_path):
+    path = tmp_path / "hand_made.jsonl"
+    path.write_text(json.dumps({"id": "q1", "question": "What is 2 + 2?", "solution": "4"}) + "\n")
+    line = rstitch_run_error(tmp_path, "dataset=aime24", f"dataset.path={path}")
+    assert line.startswith("rstitch-run: error: dataset 'aime24' record 'q1' has no answer: 'aime24' reads the fields ")
+    assert "problem, question, answer" in line and line.endswith("this record has id, question, solution")
+
+
+@pytest.mark.slow
+def test_a_missing_benchmark_file_names_the_export_command(tmp_path):
+    missing = tmp_path / "benchmarks" / "gsm8k.jsonl"
+    line = rstitch_run_error(tmp_path, "dataset=gsm8k", f"dataset.path={missing}")
+    assert line.startswith(f"rstitch-run: error: dataset file not found: {missing}; ")
+    assert f"python scripts/export_benchmarks.py --out {missing.parent} gsm8k" in line and "drop dataset.path" in line
+
+
+def test_a_missing_file_of_a_generated_dataset_is_just_not_found(tmp_path):
+    with pytest.raises(ConfigError, match=r"^dataset file not found: \S+$"):  # nothing to export for the testbed
+        load_dataset_records("testbed", path=str(tmp_path / "missing.jsonl"))
+
+
 def test_bad_inputs_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_dataset_records("math500", path=str(tmp_path / "missing.jsonl"))

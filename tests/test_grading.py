@@ -77,10 +77,10 @@ def test_extract_multiple_choice_letter(response, expected):
     ],
 )
 def test_extraction_stays_fast_on_adversarial_text(response):
-    start = time.monotonic()
+    start = time.process_time()  # CPU time: the work done, whatever else the machine runs
     for multiple_choice in (False, True):
         extract_answer(response, multiple_choice=multiple_choice)
-    assert time.monotonic() - start < 2.0
+    assert time.process_time() - start < 2.0
 
 
 @pytest.mark.parametrize(
@@ -342,6 +342,12 @@ def test_grade_rejects_a_non_positive_timeout():
 # --------------------------------------------------------------------------- hard timeout
 
 
+# A time limit is wall clock by design, so the timeout tests check that it fired (the pool's count
+# of timed-out comparisons) and that the caller waited at least the limit; an upper bound in wall
+# seconds is only a guard against a hang, far above what any load stretches a 1 s limit to.
+HANG_GUARD_S = 120.0
+
+
 def _timed_pathological_grade(timeout_s: float) -> tuple[bool, float]:
     start = time.monotonic()
     result = grade(PATHOLOGICAL, "5", timeout_s=timeout_s)
@@ -358,7 +364,7 @@ def test_timeout_from_the_main_thread_returns_false_and_replaces_the_worker():
     replaced = verify._get_pool().timed_out
     result, elapsed = _timed_pathological_grade(timeout_s=1.0)
     assert result is False
-    assert elapsed < 1.0 + 2.0
+    assert 1.0 <= elapsed < HANG_GUARD_S
     assert verify._get_pool().timed_out == replaced + 1  # the time limit did fire
     assert grade("\\boxed{7/3}", "\\frac{14}{6}")  # a fresh worker takes over
 
@@ -375,11 +381,11 @@ def test_timeout_from_another_thread():
 
     thread = threading.Thread(target=run)
     thread.start()
-    thread.join(timeout=30)
+    thread.join(timeout=HANG_GUARD_S)
     assert not thread.is_alive()
     assert "error" not in outcome, outcome.get("error")
     assert outcome["result"] is False
-    assert outcome["elapsed"] < 1.0 + 2.0
+    assert 1.0 <= outcome["elapsed"] < HANG_GUARD_S  # type: ignore[operator]
 
 
 def test_threads_grade_concurrently():
@@ -430,8 +436,6 @@ def test_gold_solutions_grade_as_right():
 # --------------------------------------------------------------------------- hostile input
 
 HOSTILE_TIMEOUT_S = 1.0
-# Starting a replacement worker after a timeout (importing sympy) comes on top of the timeout.
-WORKER_RESTART_ALLOWANCE_S = 15.0
 MB = 1 << 20
 
 # Each pair is (response, gold); every one returns a bool within the timeout, none raises.
@@ -465,13 +469,17 @@ HOSTILE = {
 @pytest.mark.parametrize("response,gold", HOSTILE.values(), ids=HOSTILE.keys())
 def test_hostile_input_grades_in_time_without_raising(response, gold):
     _warm_worker()
-    start = time.monotonic()
+    pool = verify._get_pool()
+    timed_out, start = pool.timed_out, time.process_time()
     for multiple_choice in (False, True):
         assert isinstance(extract_answer(response, multiple_choice=multiple_choice), (str, type(None)))
         assert isinstance(grade(response, gold, multiple_choice=multiple_choice, timeout_s=HOSTILE_TIMEOUT_S), bool)
-    # The timeouts plus extracting a megabyte in pure Python (about 1.5 s per pass on a busy 2-core
-    # machine); an unbounded grade of these inputs takes minutes.
-    assert time.monotonic() - start < 2 * HOSTILE_TIMEOUT_S + 4.0
+    # The work done here, in CPU time (a busy machine stretches the wall clock, not this): extracting a
+    # megabyte in pure Python, four times, took at most 1.0 CPU-second here; grading it in this process
+    # instead of the time-limited worker would take minutes. The worker's comparisons are cut by the
+    # limit: at most one per grade ran out of time.
+    assert time.process_time() - start < 5.0
+    assert pool.timed_out - timed_out <= 2
 
 
 def test_huge_exponents_are_settled_without_math_verify():
@@ -499,10 +507,10 @@ def test_grading_random_latex_like_text_returns_a_bool_in_time():
               suppress_health_check=[HealthCheck.too_slow])
     @given(response=text, gold=text, multiple_choice=st.booleans())
     def check(response, gold, multiple_choice):
-        start = time.monotonic()
+        start = time.process_time()  # this process's work; the worker's is cut by its time limit
         verdict = grade(response, gold, multiple_choice=multiple_choice, timeout_s=HOSTILE_TIMEOUT_S)
         assert isinstance(verdict, bool)
-        assert time.monotonic() - start < HOSTILE_TIMEOUT_S + WORKER_RESTART_ALLOWANCE_S
+        assert time.process_time() - start < 1.0
 
     check()
 
@@ -511,12 +519,13 @@ def test_timeout_does_not_stretch_with_more_callers_than_workers(monkeypatch):
     pool = verify._WorkerPool(max_idle=1)
     pool._idle.extend(verify._VerifyWorker() for _ in range(3))  # started up front: time only the comparisons
     monkeypatch.setattr(verify, "_POOL", pool)
-    elapsed: list[float] = []
+    spans: list[tuple[float, float]] = []
 
     def run() -> None:
+        start = time.monotonic()
         result, seconds = _timed_pathological_grade(timeout_s=HOSTILE_TIMEOUT_S)
         assert result is False
-        elapsed.append(seconds)
+        spans.append((start, start + seconds))
 
     threads = [threading.Thread(target=run) for _ in range(3)]
     for thread in threads:
@@ -524,4 +533,9 @@ def test_timeout_does_not_stretch_with_more_callers_than_workers(monkeypatch):
     for thread in threads:
         thread.join(timeout=60)
     pool.close()
-    assert len(elapsed) == 3 and max(elapsed) < HOSTILE_TIMEOUT_S + 1.0, elapsed
+    # Each caller waited on a worker of its own, at once: a caller queued behind another would end
+    # a whole time limit after it, while a load delays them all alike.
+    assert len(spans) == 3 and pool.timed_out == 3
+    ends = sorted(end for _, end in spans)
+    assert ends[-1] - ends[0] < HOSTILE_TIMEOUT_S, spans
+    assert all(end - start >= HOSTILE_TIMEOUT_S for start, end in spans)

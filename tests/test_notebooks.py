@@ -79,3 +79,4 @@ def test_entropy_notebook(analysis_sweep, kernel_of_this_interpreter, tmp_path):
     images, text = outputs(notebook)
     assert images == 2 + 1  # entropy of slm_only and llm_only traces; speedup vs consistency
     assert "mean_entropy" in text and "consistency" in text and "SLM" in text and "LLM" in text
+    assert "Warning" not in text  # headless, without ipywidgets: no TqdmWarning from the libraries' tqdm.auto

@@ -108,7 +108,8 @@ def test_format_table_shows_standard_errors_the_paired_difference_and_the_speedu
     header, line = [[c.strip() for c in re.split(r"\s{2,}", x.strip())] for x in format_table(row).splitlines()]
     cell = dict(zip(header, line))
     assert cell["accuracy +/- se"] == "0.450 +/- 0.111" and cell["acc_diff +/- se"] == "-0.050 +/- 0.040" and cell["p"] == "0.5"
-    assert cell["speedup [95% CI]"] == "2.40 [1.90, 2.80]" and cell["tok_ratio"] == "0.50" and cell["per_tok_x"] == "1.20"
+    assert cell["wall_speedup [95% CI]"] == "2.40 [1.90, 2.80]" and cell["tok_ratio"] == "0.50" and cell["per_tok_x"] == "1.20"
+    assert cell["cpu_speedup [95% CI]"] == "-"  # no CPU time recorded (a GPU run, or one from before it was)
 
 
 def test_tokens_per_s_speedup_is_reported_beside_the_latency_ratio():
@@ -118,7 +119,7 @@ def test_tokens_per_s_speedup_is_reported_beside_the_latency_ratio():
     llm = {**summarize_samples([{**sample(1, True, 5.0), "tokens": 10}]), "method": "llm_only", "comparison_key": {}}
     assert method["tokens_per_s"] == 10.0 and llm["tokens_per_s"] == 2.0
     speedups = find_speedups({**method, "comparison_key": {}}, [llm])
-    assert speedups == {"speedup": pytest.approx(2.5), "speedup_tokens_per_s": pytest.approx(5.0)}
+    assert speedups == {"speedup": pytest.approx(2.5), "speedup_cpu": None, "speedup_tokens_per_s": pytest.approx(5.0)}
 
 
 def test_run_tag_names_parameters_and_hashes_the_rest():

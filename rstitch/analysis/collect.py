@@ -30,6 +30,7 @@ BASELINE = baseline_method()
 
 RUN_METRICS = ("n_problems", "n_samples", "accuracy", "latency_s", "latency_median_s", "latency_estimate_s", "tokens",
                "tokens_slm", "tokens_llm", "llm_token_share", "discarded_tokens", "switches", "flops",
+               "latency_cpu_s",  # the decodes' mean CPU time, on a CPU (results/metrics.py), or None
                "contention")  # why the latency is not a quiet machine's (results/measurement.py), or None
 SAMPLE_COLUMNS = ("id", "sample_index", "correct", "latency_s", "latency_estimate_s", "tokens", "tokens_slm",
                   "tokens_llm", "discarded_tokens", "switches", "finish_reason", "flops")
@@ -194,7 +195,7 @@ def run_row(summary: Mapping[str, Any], config: Mapping[str, Any], run_dir: str 
         "comparison": short_hash(recorded_comparison_key(summary, config)),
         "comparison_key": recorded_comparison_key(summary, config), "run_dir": run_dir,
         **{k: summary.get(k) for k in RUN_METRICS},
-        "speedup_recorded": summary.get("speedup"),
+        "speedup_recorded": summary.get("speedup"), "speedup_cpu_recorded": summary.get("speedup_cpu"),
         **recorded_intervals(summary),  # replaced by those of the samples in reports (`uncertainty.with_intervals`)
         "acceptance": acceptance, "acceptance_kind": kind, "params": params,
     }
@@ -207,6 +208,7 @@ def runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
     frame["setting"] = _settings(frame)
     frame["speedup"] = _speedups(frame)
+    frame["speedup_cpu"] = _speedups(frame, "latency_cpu_s", "speedup_cpu_recorded")
     frame["group"] = _group_labels(frame)
     order = frame["method"].map(method_rank)
     frame = frame.assign(_order=order).sort_values(["pair", "dataset", "budget", "comparison", "_order", "latency_s"])
@@ -219,7 +221,8 @@ def load_runs(paths: PathsLike) -> pd.DataFrame:
     Columns: pair, dataset, method, setting (the method's knobs), budget (max_new_tokens),
     comparison, group, run_dir, the run metrics of summary.json (accuracy, latency_s, tokens per
     model, flops, ...), speedup (Lat(BASELINE) / Lat(run) within the comparison; the recorded
-    value when the LLM-only run is not among `paths`), acceptance and acceptance_kind, params
+    value when the LLM-only run is not among `paths`), speedup_cpu (the same of the decodes' CPU
+    times, on a CPU; else NaN), acceptance and acceptance_kind, params
     (a dict) and one `method.<knob>` column per knob. Shard runs are left out: they are parts of
     a run (`rstitch-merge` combines them).
     """
@@ -250,10 +253,12 @@ def is_baseline(method: str) -> bool:
     return method_class(method).baseline is not None
 
 
-def _speedups(frame: pd.DataFrame) -> pd.Series:
-    baseline = frame[frame["method"] == BASELINE].groupby("comparison")["latency_s"].min()
-    measured = frame["comparison"].map(baseline) / frame["latency_s"]
-    return measured.where(measured.notna(), frame["speedup_recorded"]).astype(float)
+def _speedups(frame: pd.DataFrame, latency: str = "latency_s", recorded: str = "speedup_recorded") -> pd.Series:
+    """Lat(BASELINE) / Lat(run) within each comparison, of wall clock or of CPU time (`latency`)."""
+    times = pd.to_numeric(frame[latency], errors="coerce")
+    baseline = times[frame["method"] == BASELINE].groupby(frame["comparison"]).min()
+    measured = frame["comparison"].map(baseline) / times
+    return measured.where(measured.notna(), pd.to_numeric(frame[recorded], errors="coerce")).astype(float)
 
 
 LABEL_BASE = ["pair", "dataset", "budget"]  # what every group label names

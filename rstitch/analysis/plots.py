@@ -26,6 +26,8 @@ from matplotlib.colors import ListedColormap, to_hex
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.text import Annotation
+from matplotlib.transforms import Bbox
 
 from rstitch.analysis.collect import BASELINE
 from rstitch.analysis.frontier import check_latency_column, mark_frontier
@@ -41,10 +43,13 @@ OUTCOME_COLORS = {"both correct": "#2ca02c", "only this method correct": "#1f77b
 RANDOM = "random"
 
 
-# tab20's ten dark shades, then its ten light ones: twenty distinct colours.
-# tab20 is a ListedColormap whose colours are a tuple of RGB triples; the stubs say Colormap / ArrayLike.
-_TAB20 = cast(tuple[tuple[float, float, float], ...], cast(ListedColormap, colormaps["tab20"]).colors)
-PALETTE = tuple(to_hex(c) for c in _TAB20[0::2] + _TAB20[1::2])
+# tab10 without its grey, then eight CSS colours each as far from those before it as any could be
+# (CIE76, lightness 25-75: visible on white): every two methods' colours at least as far apart as
+# tab10's closest two (tests/test_analysis.py), where tab20's light shades put rsd's light blue beside
+# llm_only's blue. tab10 is a ListedColormap of RGB triples; the stubs say Colormap / ArrayLike.
+_TAB10 = cast(tuple[tuple[float, float, float], ...], cast(ListedColormap, colormaps["tab10"]).colors)
+PALETTE = tuple(to_hex(c) for i, c in enumerate(_TAB10) if i != 7) + (
+    "#0000ff", "#ff00ff", "#556b2f", "#ffa07a", "#a9a9a9", "#ff1493", "#9932cc", "#2f4f4f")
 MARKERS = "osD^vP*XphH<>d8"
 
 
@@ -78,10 +83,20 @@ def _log_x_if_wide(ax, values: pd.Series) -> None:
         ax.set_xscale("log")
 
 
+MIN_ACCURACY_SPAN = 10.0  # percentage points the accuracy axis shows at least
+
+
 def _accuracy_axis(ax, accuracies: pd.Series) -> None:
+    """Fitted to the accuracies given (points and interval ends), with a tenth of their span (at
+    least MIN_ACCURACY_SPAN) as margin on each side, inside [0, 100] but for that margin."""
     ax.set_ylabel("accuracy (%)")
-    top = float(accuracies.max()) * 100 if len(accuracies) else 100
-    ax.set_ylim(-3, min(103, max(10, top * 1.1 + 5)))
+    known = accuracies.dropna() * 100
+    low, high = (float(known.min()), float(known.max())) if len(known) else (0.0, 100.0)
+    if high - low < MIN_ACCURACY_SPAN:
+        middle = min(max((low + high) / 2, MIN_ACCURACY_SPAN / 2), 100 - MIN_ACCURACY_SPAN / 2)
+        low, high = middle - MIN_ACCURACY_SPAN / 2, middle + MIN_ACCURACY_SPAN / 2
+    margin = (high - low) / 10
+    ax.set_ylim(max(-3.0, low - margin), min(103.0, high + margin))
     ax.grid(alpha=0.3)
 
 
@@ -105,18 +120,38 @@ def accuracy_latency_figure(runs: pd.DataFrame, group: str, latency: str = "late
     ax.step(front[latency], front["accuracy"] * 100, "k--", where="post", lw=1, alpha=0.6, zorder=2)
     ax.scatter(front[latency], front["accuracy"] * 100, s=160, facecolors="none", edgecolors="black", lw=1.2,
                label="Pareto frontier (% of resamples on it)" if "frontier_share" in points else "Pareto frontier", zorder=4)
+    labels = []
     for _, run in points.iterrows():
         label = _frontier_annotation(run)
         if label:
-            ax.annotate(label, (run[latency], run["accuracy"] * 100), textcoords="offset points", xytext=(6, 6),
-                        fontsize=7, color="black" if run["on_frontier"] else "dimgrey")
+            labels.append(ax.annotate(label, (run[latency], run["accuracy"] * 100), textcoords="offset points",
+                                      xytext=(6, 6), fontsize=7, color="black" if run["on_frontier"] else "dimgrey"))
     _log_x_if_wide(ax, points[latency])
     ax.set_xlabel(LATENCY_LABELS[latency])
-    tops = points[["accuracy", "accuracy_ci_high"]].max(axis=1) if "accuracy_ci_high" in points else points["accuracy"]
-    _accuracy_axis(ax, tops)  # room for the error bars too
+    ends = [c for c in ("accuracy", "accuracy_ci_low", "accuracy_ci_high") if c in points]
+    _accuracy_axis(ax, points[ends].stack())  # room for the error bars too
     ax.set_title(group, fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
+    separate_labels(fig, labels)
     return fig
+
+
+def separate_labels(fig: Figure, labels: list[Annotation], gap_px: float = 2.0) -> None:
+    """Move labels up, lowest first, until none overlaps one placed before it (on the rendered figure)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw_without_rendering()  # the layout, which moves the axes, comes first
+    placed: list[Bbox] = []
+    for label in sorted(labels, key=lambda a: a.get_window_extent(renderer).y0):
+        for _ in range(len(labels)):
+            box = label.get_window_extent(renderer)
+            clash = [p for p in placed if box.overlaps(p)]
+            if not clash:
+                break
+            dx, dy = label.xyann
+            label.xyann = (dx, dy + (max(p.y1 for p in clash) - box.y0 + gap_px) * 72 / fig.dpi)
+        placed.append(label.get_window_extent(renderer))
 
 
 def _error_bars(ax, runs: pd.DataFrame, latency: str, color: str) -> None:
@@ -130,7 +165,7 @@ def _error_bars(ax, runs: pd.DataFrame, latency: str, color: str) -> None:
     y, x = known["accuracy"] * 100, known[latency]
     yerr = [(y - known["accuracy_ci_low"] * 100).clip(lower=0), (known["accuracy_ci_high"] * 100 - y).clip(lower=0)]
     xerr = [(x - known["latency_ci_low"]).clip(lower=0), (known["latency_ci_high"] - x).clip(lower=0)]
-    ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="none", ecolor=color, elinewidth=0.8, capsize=2, alpha=0.45, zorder=2)
+    ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="none", ecolor=color, elinewidth=1.3, capsize=3, alpha=0.9, zorder=2)
 
 
 def _frontier_annotation(run: pd.Series) -> str:

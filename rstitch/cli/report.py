@@ -1,6 +1,7 @@
 """`rstitch-report`: tables and figures of the runs under one or more results directories.
 
-    rstitch-report runs/                                  # report.html in the current directory
+    rstitch-report runs/                                  # runs/report.html
+    rstitch-report runs/ other_runs/                      # report.html in the current directory (git-ignored)
     rstitch-report runs/testbed -o out/report.md --latex out/tables.tex
     rstitch-report runs/ --entropy --entropy-samples 50   # also score traces with the SLM
     rstitch-report runs/ --wandb-project rstitch          # also log figures and tables to W&B
@@ -14,13 +15,15 @@ from pathlib import Path
 from rstitch.errors import ConfigError
 
 PROG = "rstitch-report"
+DEFAULT_REPORT = "report.html"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="+", type=Path, help="results roots or run directories")
-    parser.add_argument("-o", "--output", type=Path, default=Path("report.html"),
-                        help="report file: .html (self-contained) or .md (figures in <name>_files/)")
+    parser.add_argument("-o", "--output", type=Path, default=None,
+                        help="report file: .html (self-contained) or .md (figures in <name>_files/); default: "
+                             "report.html in the results directory given, or in the current directory for several")
     parser.add_argument("--latex", type=Path, default=None, help="also write every table as LaTeX to this file")
     parser.add_argument("--latency", default="latency_s", choices=["latency_s", "latency_estimate_s", "latency_median_s"],
                         help="the latency of the accuracy-latency plane (default: mean wall clock)")
@@ -34,9 +37,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="auto: online when WANDB_API_KEY is set")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads for --entropy")
     args = parser.parse_args(argv)
+    if args.output is None:
+        args.output = default_output(args.results)
     if args.entropy_samples is not None and args.entropy_samples < 1:
         parser.error(f"--entropy-samples must be >= 1, got {args.entropy_samples}")
     return args
+
+
+def default_output(results: list[Path]) -> Path:
+    """report.html in the one results directory given (beside its runs), else in the current directory."""
+    folder = results[0] if len(results) == 1 and results[0].is_dir() else Path()
+    return folder / DEFAULT_REPORT
 
 
 def fail(message: str) -> None:
@@ -75,9 +86,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.wandb_project:
         _log_to_wandb(report, runs, args)
     print(f"{len(runs)} runs, {len(report.all_tables())} tables, {len(report.all_figures())} figures")
-    print(f"report: {written[0]}")
+    print(f"report: {Path(written[0]).resolve()}")
     if args.latex:
-        print(f"latex: {args.latex}")
+        print(f"latex: {args.latex.resolve()}")
 
 
 def _flag_older_grader(results: list[Path]) -> None:

@@ -103,19 +103,23 @@ def watch_interrupts() -> None:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def app(cfg: DictConfig) -> None:
-    from rstitch.results.baseline import missing_baseline_note
+    from rstitch.results.baseline import baseline_config, missing_baseline_note, wants_baseline_run
     from rstitch.results.measurement import contention_notes
     from rstitch.results.summary import format_table
     from rstitch.runner import run, run_baseline
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    decoding_dir = run_dir  # where the samples of the phase in flight go (the baseline's first, with baseline=auto)
     interrupted = False
     watch_interrupts()
     try:
         resolved = resolved_run_config(cfg)
         logger = instantiate(resolved.pop("logger"))
         root = keys.comparison_dir(resolved.pop("results_root"), resolved)
+        if wants_baseline_run(resolved):
+            decoding_dir = keys.comparison_run_dir(root, baseline_config(resolved))
         baseline = run_baseline(resolved, root, logger=logger)  # baseline=auto: run or resume it first
+        decoding_dir = run_dir
         summary = run(resolved, run_dir, logger=logger, results_root=root)
     except ConfigError as err:
         discard_if_empty(run_dir)
@@ -124,7 +128,7 @@ def app(cfg: DictConfig) -> None:
         interrupted = True  # reported below, once the run's frames (and its progress bar) are gone
     if interrupted:
         discard_if_empty(run_dir)
-        print(f"\nrstitch-run: interrupted: {saved_samples(run_dir)} samples saved in {run_dir}; "
+        print(f"\nrstitch-run: interrupted: {saved_samples(decoding_dir)} samples saved in {decoding_dir}; "
               "rerun the same command to resume", file=sys.stderr)
         sys.exit(130)
     # Last on the console, after the loggers' output: the table, why a speedup is missing, where the results are.

@@ -157,6 +157,8 @@ def _resolve_options(spec: DatasetSpec, given: Mapping[str, Any]) -> dict[str, A
 
 def _read_rows(spec: DatasetSpec, path: str | None, revision: str | None, options: Mapping[str, Any]) -> list[Row]:
     if path is not None:
+        if spec.hf_id is not None and not Path(path).expanduser().exists():
+            raise ConfigError(f"dataset file not found: {path}; {export_hint(spec, Path(path).expanduser())}")
         return read_rows_file(path)
     if spec.generate is not None:
         if revision is not None:
@@ -242,6 +244,12 @@ LOCAL_COPY_HINT = "pass dataset.path=<a local .jsonl copy> (scripts/export_bench
 HUB_PROBE_TIMEOUT_S = 10.0
 
 
+def export_hint(spec: DatasetSpec, missing: Path) -> str:
+    """How to make the local copy of a hub benchmark that `missing` should have been (data/export.py)."""
+    return (f"make it once, online, with: python scripts/export_benchmarks.py --out {missing.parent} {spec.name} "
+            f"(it prints the file it writes: pass that as dataset.path); or drop dataset.path to read '{spec.name}' from the hub")
+
+
 def hub_offline() -> bool:
     """HF_HUB_OFFLINE as the hub client reads it (1, true, yes, on)."""
     from huggingface_hub import constants
@@ -280,11 +288,40 @@ def _check_hub_reachable(spec: DatasetSpec, where: str, revision: str | None) ->
 def _to_record(spec: DatasetSpec, row: Row, index: int) -> Record:
     record_id = _record_id(row, spec, index)
     record = spec.normalize(row, record_id)
-    if not record.answer.strip():
-        raise ConfigError(f"dataset '{spec.name}' record '{record.id}' has no answer")
-    if not record.problem.strip():
-        raise ConfigError(f"dataset '{spec.name}' record '{record.id}' has no problem text")
+    missing = "no answer" if not record.answer.strip() else "no problem text" if not record.problem.strip() else None
+    if missing:
+        raise ConfigError(f"dataset '{spec.name}' record '{record.id}' has {missing}: {_fields_note(spec, row, record_id)}")
     return record
+
+
+class _ReadFields(dict):
+    """A row that notes which fields a normalizer looks up."""
+
+    def __init__(self, row: Row) -> None:
+        super().__init__(row)
+        self.read: dict[str, None] = {}
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self.read.setdefault(str(key), None)
+        return super().get(key, default)
+
+    def __getitem__(self, key: Any) -> Any:
+        self.read.setdefault(str(key), None)
+        return super().__getitem__(key)
+
+
+def _fields_note(spec: DatasetSpec, row: Row, record_id: str) -> str:
+    """The fields `spec`'s normalizer reads (found by running it once more on the row) against the
+    fields the record has: what a hand-made file got wrong."""
+    probe = _ReadFields(row)
+    try:
+        spec.normalize(probe, record_id)
+    except Exception:  # noqa: BLE001 - only the fields looked up so far are wanted
+        pass
+    expected = [k for k in probe.read if k not in spec.id_fields] or ["?"]
+    how = " ".join((spec.normalize.__doc__ or "").replace("``", "").split()).split(". ")[0].rstrip(".")
+    return (f"'{spec.name}' reads the fields {', '.join(expected)}{f' ({how})' if how else ''}; "
+            f"this record has {', '.join(map(str, row)) or 'none'}")
 
 
 def _record_id(row: Row, spec: DatasetSpec, index: int) -> str:

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 WandbMode = Literal["online", "offline", "disabled", "shared"]
 
-PARETO_KEYS = ("accuracy", "accuracy_se", "latency_s", "tokens", "speedup", "token_ratio", "per_token_latency_ratio",
+PARETO_KEYS = ("accuracy", "accuracy_se", "latency_s", "tokens", "speedup", "speedup_cpu", "token_ratio", "per_token_latency_ratio",
                "accuracy_diff", "accuracy_diff_se", "llm_token_share")
 
 
@@ -28,6 +28,19 @@ def wandb_summary(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 LOGGED_FILE = "wandb_run.json"  # in a run directory: the W&B run that holds it, once finished
+
+
+def wandb_run_id(run_id: str, run_dir: Path | None) -> str:
+    """A W&B run's id: from the run directory's absolute path where there is one (the results root
+    is part of it), else from `run_id`."""
+    identity = str(run_dir.resolve()) if run_dir is not None else run_id
+    return hashlib.sha1(identity.encode()).hexdigest()[:16]
+
+
+def saved_samples(run_dir: Path | None) -> int:
+    """Samples a run directory already holds (a resumed run's)."""
+    path = None if run_dir is None else run_dir / "samples.jsonl"
+    return path.read_bytes().count(b"\n") if path is not None and path.is_file() else 0
 
 
 class NullLogger:
@@ -49,9 +62,11 @@ class NullLogger:
 class WandbLogger(NullLogger):
     """One W&B run per configuration: its summary holds the Pareto point; a table holds samples.
 
-    The run id derives from the run key, so a resumed run continues the same W&B run, and a
-    finished run (`wandb_run.json` in its directory names the W&B run) resumed with nothing to
-    decode is not logged again: one W&B run per run directory. Without an API key (and no explicit
+    The run id derives from the run directory's absolute path (its results root included: the same
+    run measured in two roots is two W&B runs, which a sync does not merge), so a resumed run
+    continues the same W&B run, and says so; a finished run (`wandb_run.json` in its directory
+    names the W&B run) resumed with nothing to decode is not logged again: one W&B run per run
+    directory. Without an API key (and no explicit
     mode) it logs offline. `quiet` silences W&B's console output (its banners, run history and
     summary would bury the result table); one line of ours says where the run went.
     """
@@ -85,9 +100,13 @@ class WandbLogger(NullLogger):
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.run = wandb.init(
             project=self.project, entity=self.entity, mode=self.mode, group=self.group, tags=self.tags,
-            name=name, config=config, id=hashlib.sha1(run_id.encode()).hexdigest()[:16], resume="allow",
+            name=name, config=config, id=wandb_run_id(run_id, self.run_dir), resume="allow",
             dir=self.dir, reinit="finish_previous", settings=self.settings(),
         )
+        decoded = saved_samples(self.run_dir)
+        if decoded:
+            print(f"rstitch-run: resuming W&B run {self.run.id}: {decoded} samples of {self.run_dir} were decoded "
+                  "before", file=sys.stderr)
 
     def settings(self) -> Any:
         """W&B's settings of every run this logger starts (the sweep summary's too)."""

@@ -3,8 +3,10 @@
 Latency is wall clock, so it is only as good as the machine's quietness: a CPU run whose threads
 share the cores with another job measures the other job too (a testbed sweep on two busy cores
 reported speedups of 0.13 where a quiet one gave 2.2). Every sample records its threads, device,
-the CPUs this process may use, the 1-minute load average, and the CPU time the process got during
-the decode; the run's summary aggregates them and names any contention, with what to do about it.
+the CPUs this process may use, the 1-minute load average, and the CPU time the process's threads
+used during the decode (`cpu_s`); the run's summary aggregates them, names any contention, and
+points to what still holds under it: on a CPU the speedup in CPU time (`speedup_cpu`,
+results/metrics.py), since a decode's CPU time is the work it did, whoever else shares the cores.
 """
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ SMALL_MODEL_PARAMETERS = 100_000_000
 # (a busy decode thread gets ~1.0 on a quiet core).
 LOAD_PER_CPU_LIMIT = 1.25
 MIN_CPU_PER_WALL = 0.8
-CONTENTION_ADVICE = ("a latency measured under contention, and any speedup against it, is not a quiet machine's: rerun "
+CONTENTION_ADVICE = ("on a CPU, read the CPU-time speedup (cpu_speedup, `speedup_cpu`): the CPU time a decode uses does "
+                     "not grow when other jobs share the cores, its wall clock does; a wall-clock latency (a GPU's, a "
+                     "batched run's) measured under contention, and any speedup against it, is not a quiet machine's: rerun "
                      "when the cores are free (delete the run directory, or use another results_root), "
                      "or keep engine.num_threads to the free cores")
 
@@ -51,11 +55,14 @@ def load_average() -> float | None:
         return None
 
 
-def sample_measurement(threads: int, device: str, wall_s: float, cpu_s: float | None) -> dict[str, Any]:
-    """What one sample's decode ran under (`cpu_s`: this process's CPU time during it; None in a
-    batched run, where samples share the decode loop)."""
+def sample_measurement(threads: int, device: str, wall_s: float, cpu_s: float | None,
+                       cpu_clock: str | None = None) -> dict[str, Any]:
+    """What one sample's decode ran under (`cpu_s`: the CPU time of the decoding thread(s) during it,
+    read from `cpu_clock`: "thread", the one compute thread's, or "process", the sum over the
+    process's threads; None in a batched run, where samples share the decode loop)."""
     return {"threads": threads, "device": device, "cpus": available_cpus(), "load_1m": load_average(),
-            "cpu_s": cpu_s, "cpu_per_wall": cpu_s / wall_s if cpu_s is not None and wall_s > 0 else None}
+            "cpu_s": cpu_s, "cpu_clock": cpu_clock if cpu_s is not None else None,
+            "cpu_per_wall": cpu_s / wall_s if cpu_s is not None and wall_s > 0 else None}
 
 
 def contention(device: str, cpus: int, threads: int, load_1m: float | None, cpu_per_wall: float | None) -> str | None:
@@ -93,8 +100,17 @@ def summarize_measurement(samples: Iterable[dict[str, Any]]) -> dict[str, Any]:
     return {"measurement": summary, "contention": reason}
 
 
+def robust_figure(summary: dict[str, Any]) -> str:
+    """What of a contended run still holds: its CPU-time speedup, where it has one."""
+    if summary.get("speedup_cpu") is not None:
+        return f"; its CPU-time speedup {summary['speedup_cpu']:.2f}x holds, its wall-clock one does not"
+    if summary.get("latency_cpu_s") is not None:
+        return "; its CPU time holds, its wall clock does not"
+    return ""
+
+
 def contention_notes(summaries: Iterable[dict[str, Any]]) -> list[str]:
     """The console's flag: one line per run whose latency was measured under contention, then what to do."""
     lines = [f"! {s.get('method')} {s.get('run_tag')}: latency measured under contention ({s['contention']})"
-             for s in summaries if s.get("contention")]
+             + robust_figure(s) for s in summaries if s.get("contention")]
     return [*lines, f"! {CONTENTION_ADVICE}"] if lines else []

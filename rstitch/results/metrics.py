@@ -48,12 +48,28 @@ def summarize_samples(samples: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "finished_by_eos": mean("finished_by_eos"),
         "grading_errors": sum(1 for r in rows if r.get("grading_error")),  # graded wrong (see each sample)
     }
+    summary["latency_cpu_s"] = mean_cpu_time(rows)
     estimates = [r["latency_estimate_s"] for r in rows if r.get("latency_estimate_s") is not None]
     summary["latency_estimate_s"] = statistics.fmean(estimates) if len(estimates) == len(rows) else None
     for model in ("slm", "llm"):
         summary[f"forward_time_s_{model}"] = statistics.fmean(r["cost"][model]["forward_time_s"] for r in rows)
         summary[f"forward_calls_{model}"] = statistics.fmean(r["cost"][model]["forward_calls"] for r in rows)
     return summary
+
+
+def sample_cpu_time(row: dict[str, Any]) -> float | None:
+    """The CPU time the decode of a sample on a CPU used (its threads' CPU seconds, results/measurement.py),
+    or None: a GPU decode (the CPU only launches kernels), a batched one (samples share the loop), an older run."""
+    measured = row.get("measurement") or {}
+    if not str(measured.get("device", "")).startswith("cpu"):
+        return None
+    return measured.get("cpu_s")
+
+
+def mean_cpu_time(rows: list[dict[str, Any]]) -> float | None:
+    """`latency_cpu_s`: the mean of the samples' CPU times, where every sample has one."""
+    times = [sample_cpu_time(r) for r in rows]
+    return None if any(t is None for t in times) else statistics.fmean(times)  # type: ignore[arg-type]
 
 
 def accuracy_uncertainty(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -86,19 +102,23 @@ def find_speedup(summary: dict[str, Any], others: Iterable[dict[str, Any]]) -> f
 
 def find_speedups(summary: dict[str, Any], others: Iterable[dict[str, Any]]) -> dict[str, float | None]:
     """Against the matching LLM-only run: `speedup`, the latency ratio Lat(llm_only) / Lat(method),
-    and `speedup_tokens_per_s`, the throughput ratio (tokens/s of the method over LLM-only's), the
-    speedup EASD and speculative decoding papers report. They differ when the outputs' lengths differ."""
+    `speedup_cpu`, the same ratio of the decodes' CPU times (CPU runs only: docs/analysis.md, "Timings
+    on a shared machine"), and `speedup_tokens_per_s`, the throughput ratio (tokens/s of the method
+    over LLM-only's), the speedup EASD and speculative decoding papers report. They differ when the
+    outputs' lengths differ."""
     baseline = baseline_method()
     for other in others:
         if other.get("method") == baseline and comparison_key_matches(summary, other):
             return speedups_against(summary, other)
-    return {"speedup": None, "speedup_tokens_per_s": None}
+    return {"speedup": None, "speedup_cpu": None, "speedup_tokens_per_s": None}
 
 
 def speedups_against(summary: dict[str, Any], baseline: dict[str, Any]) -> dict[str, float | None]:
-    out: dict[str, float | None] = {"speedup": None, "speedup_tokens_per_s": None}
+    out: dict[str, float | None] = {"speedup": None, "speedup_cpu": None, "speedup_tokens_per_s": None}
     if baseline.get("latency_s") and summary.get("latency_s"):
         out["speedup"] = baseline["latency_s"] / summary["latency_s"]
+    if baseline.get("latency_cpu_s") and summary.get("latency_cpu_s"):
+        out["speedup_cpu"] = baseline["latency_cpu_s"] / summary["latency_cpu_s"]
     if baseline.get("tokens_per_s") and summary.get("tokens_per_s"):
         out["speedup_tokens_per_s"] = summary["tokens_per_s"] / baseline["tokens_per_s"]
     return out
@@ -107,14 +127,17 @@ def speedups_against(summary: dict[str, Any], baseline: dict[str, Any]) -> dict[
 # The comparison with the baseline beside the speedup (docs/analysis.md, "Uncertainty"): the
 # speedup split (speedup = per_token_latency_ratio / token_ratio), its paired bootstrap intervals,
 # and the paired accuracy difference. None where there is no baseline run (or no samples of it).
-COMPARISON_KEYS = ("speedup", "speedup_tokens_per_s", "speedup_ci", "token_ratio", "token_ratio_ci", "token_reduction",
+COMPARISON_KEYS = ("speedup", "speedup_cpu", "speedup_tokens_per_s", "speedup_ci", "speedup_cpu_ci", "token_ratio", "token_ratio_ci",
+                   "token_reduction",
                    "per_token_latency_ratio", "per_token_latency_ratio_ci", "accuracy_diff", "accuracy_diff_se",
                    "accuracy_diff_p", "accuracy_diff_test", "paired_problems")
 
 
 def self_comparison(summary: dict[str, Any]) -> dict[str, Any]:
     """The baseline against itself: exact, so every interval is a point."""
-    return {"speedup": 1.0, "speedup_tokens_per_s": 1.0, "speedup_ci": [1.0, 1.0], "token_ratio": 1.0,
+    on_cpu = summary.get("latency_cpu_s") is not None
+    return {"speedup": 1.0, "speedup_cpu": 1.0 if on_cpu else None, "speedup_cpu_ci": [1.0, 1.0] if on_cpu else None,
+            "speedup_tokens_per_s": 1.0, "speedup_ci": [1.0, 1.0], "token_ratio": 1.0,
             "token_ratio_ci": [1.0, 1.0], "token_reduction": 0.0, "per_token_latency_ratio": 1.0,
             "per_token_latency_ratio_ci": [1.0, 1.0], "accuracy_diff": 0.0, "accuracy_diff_se": 0.0,
             "accuracy_diff_p": 1.0, "accuracy_diff_test": None, "paired_problems": summary.get("n_problems")}
@@ -167,9 +190,14 @@ def paired_statistics(samples: list[dict[str, Any]], baseline_samples: list[dict
         return problem_means([float(r.get(key, 0) or 0) for r in rows], [r["id"] for r in rows])
 
     diff = paired_accuracy_difference(grouped(samples, "correct"), grouped(baseline_samples, "correct"))
-    intervals = speedup_intervals({"run": grouped(samples, "latency_s"), "baseline": grouped(baseline_samples, "latency_s")},
-                                  {"run": grouped(samples, "tokens"), "baseline": grouped(baseline_samples, "tokens")})
+    tokens = {"run": grouped(samples, "tokens"), "baseline": grouped(baseline_samples, "tokens")}
+    intervals = speedup_intervals({"run": grouped(samples, "latency_s"), "baseline": grouped(baseline_samples, "latency_s")}, tokens)
+    cpu_ci = None
+    if mean_cpu_time(samples) is not None and mean_cpu_time(baseline_samples) is not None:
+        cpu = {who: problem_means([sample_cpu_time(r) for r in rows], [r["id"] for r in rows])  # type: ignore[misc]
+               for who, rows in (("run", samples), ("baseline", baseline_samples))}
+        cpu_ci = _pair(speedup_intervals(cpu, tokens).speedup)
     return {"accuracy_diff": None if np.isnan(diff.difference) else diff.difference, "accuracy_diff_se": diff.se,
             "accuracy_diff_p": diff.p_value, "accuracy_diff_test": diff.test, "paired_problems": diff.n_problems,
-            "speedup_ci": _pair(intervals.speedup), "token_ratio_ci": _pair(intervals.token_ratio),
+            "speedup_ci": _pair(intervals.speedup), "speedup_cpu_ci": cpu_ci, "token_ratio_ci": _pair(intervals.token_ratio),
             "per_token_latency_ratio_ci": _pair(intervals.per_token_latency_ratio)}

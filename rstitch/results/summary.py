@@ -71,20 +71,24 @@ def with_interval(key: str, fmt: str) -> Callable[[dict[str, Any]], str | None]:
 
 
 # (header, cell of a summary; None shows "-"). The speedup split: speedup = per_tok_x / tok_ratio.
+# On a CPU the table leads with the speedup in the decodes' CPU time, which other jobs on the cores
+# do not change, then the wall-clock one; a GPU run (and a batched one) has only the wall-clock
+# speedup, the papers' figure (docs/analysis.md, "Timings on a shared machine").
 TABLE_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str | None]], ...] = (
     ("method", _number("method", "{}")), ("tag", _number("run_tag", "{}")), ("n", _number("n_samples", "{}")),
     ("accuracy +/- se", plus_minus("accuracy", "{:.3f}")), ("acc_diff +/- se", plus_minus("accuracy_diff", "{:+.3f}")),
     ("p", _number("accuracy_diff_p", "{:.2g}")), ("latency_s", _number("latency_s", "{:.3f}")),
     ("tokens", _number("tokens", "{:.1f}")), ("slm_tok", _number("tokens_slm", "{:.1f}")),
     ("llm_tok", _number("tokens_llm", "{:.1f}")), ("switches", _number("switches", "{:.1f}")),
-    ("speedup [95% CI]", with_interval("speedup", "{:.2f}")), ("tok_ratio", _number("token_ratio", "{:.2f}")),
+    ("cpu_speedup [95% CI]", with_interval("speedup_cpu", "{:.2f}")), ("wall_speedup [95% CI]", with_interval("speedup", "{:.2f}")),
+    ("tok_ratio", _number("token_ratio", "{:.2f}")),
     ("per_tok_x", _number("per_token_latency_ratio", "{:.2f}")), ("tok/s_speedup", _number("speedup_tokens_per_s", "{:.2f}")),
 )
 
 
 def format_table(*summaries: dict[str, Any]) -> str:
     """One row per run summary, right-aligned; a missing value is "-". Accuracy with its standard
-    error, the paired difference from the baseline (its p-value), the speedup with its interval,
+    error, the paired difference from the baseline (its p-value), the speedups with their intervals,
     and the speedup split into the token ratio and the per-token latency ratio."""
     rows = [[render(s) or "-" for _, render in TABLE_COLUMNS] for s in summaries]
     headers = [header for header, _ in TABLE_COLUMNS]
