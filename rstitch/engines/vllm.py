@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Any
@@ -278,6 +278,8 @@ class _Run:
 
         if not (self.request.rule.ends and new and new[-1] == sentinel):
             return False, -1
+        if not self.request.rule.keep_last and sentinel >= self.request.seq.runner.vocab_size:
+            return True, -1  # a padding id, masked for the model: only a crossing puts it there
         return vllm_switch.forced(self.serial, len(self.tokens) + len(new) - 1)
 
     def _finish(self, new: list[int], reason: str, dropped: bool = False) -> None:
@@ -380,20 +382,10 @@ class VLLMModelRunner(ModelRunner):
         return VLLMSequence(self, prompt_ids, want_hidden)
 
     def _count_engine_steps(self) -> None:
-        """Count the model executor's forwards (`execute_model` calls that schedule tokens) in
-        `engine_steps`; possible with the engine core in this process only."""
-        core = getattr(getattr(self.llm.llm_engine, "engine_core", None), "engine_core", None)
-        executor = getattr(core, "model_executor", None)
-        if executor is None:
-            return
-        execute = executor.execute_model
+        def step() -> None:
+            self.engine_steps += 1
 
-        def counted(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-            if getattr(scheduler_output, "total_num_scheduled_tokens", 1):
-                self.engine_steps += 1
-            return execute(scheduler_output, *args, **kwargs)
-
-        executor.execute_model = counted
+        count_engine_steps(self.llm, step)
 
     # --- hidden states -------------------------------------------------------------------
     def open_hidden_engine(self) -> None:
@@ -524,6 +516,24 @@ def _check_options(dtype: str, max_lookahead: Any, hidden_gpu_memory_utilization
     # Checked now: the hidden-state engine is loaded only at the first sequence that wants it.
     if not _is_fraction(hidden_gpu_memory_utilization):
         raise ConfigError(f"engine.hidden_gpu_memory_utilization must be in (0, 1], got {hidden_gpu_memory_utilization!r}")
+
+
+def count_engine_steps(llm: Any, on_step: Callable[[], None]) -> bool:
+    """Call `on_step` at each forward of `llm`'s model executor (an `execute_model` call that
+    schedules tokens); possible with the engine core in this process only (False otherwise)."""
+    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
+    executor = getattr(core, "model_executor", None)
+    if executor is None:
+        return False
+    execute = executor.execute_model
+
+    def counted(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(scheduler_output, "total_num_scheduled_tokens", 1):
+            on_step()
+        return execute(scheduler_output, *args, **kwargs)
+
+    executor.execute_model = counted
+    return True
 
 
 def _kv_pool_bytes(name: str, config: Any, num_parameters: int, dtype: str, kv_tokens: Any) -> int:

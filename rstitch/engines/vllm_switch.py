@@ -130,13 +130,21 @@ class SwitchState:
         return bool((rows[:, RULED] & rows[:, KEEP_LAST] & (self.host_floats[slots, TEMPERATURE] > 0)).any())
 
     # --- device side: one step ----------------------------------------------------------
-    def apply(self, logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, draw: bool) -> None:
+    def ruled(self, slots: np.ndarray) -> bool:
+        """Whether a rule that can end a run is among `slots` (else only the mask applies)."""
+        return bool(self.host_ints[slots, RULED].any())
+
+    def apply(self, logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, ruled: bool,
+              draw: bool) -> None:
         """Mask, decide and force the rows of ruled requests in place; log forced steps.
-        `slots` maps rows to slots, `positions` is each row's sampled token's sequence position."""
+        `slots` maps rows to slots, `positions` is each row's sampled token's sequence position;
+        `ruled` false: no row has a rule that can end it, so only the mask applies."""
         ints, floats = self.ints[slots], self.floats[slots]
         active = ints[:, ACTIVE].bool()
         columns = torch.arange(logits.shape[-1], device=logits.device)
         logits.masked_fill_(active[:, None] & (columns[None, :] >= ints[:, VOCAB, None]), float("-inf"))
+        if not ruled:
+            return
         log_probs = torch.log_softmax(logits, dim=-1)
         entropy = -(log_probs.exp() * log_probs).nan_to_num().sum(-1) / ints[:, VOCAB].clamp(min=2).float().log()
         above = entropy > floats[:, TAU]
@@ -214,8 +222,9 @@ class SwitchProcessorV2(V2LogitsProcessor):
     def apply(self, logits: torch.Tensor, ctx: LogitsContext) -> torch.Tensor:
         if not self.state.active(ctx.idx_mapping_np):
             return logits
-        self.state.apply(logits, ctx.expanded_idx_mapping.long(), ctx.pos.long() + 1,
-                         self.state.needs_draw(ctx.idx_mapping_np))
+        slots = ctx.idx_mapping_np
+        self.state.apply(logits, ctx.expanded_idx_mapping.long(), ctx.pos.long() + 1, self.state.ruled(slots),
+                         self.state.needs_draw(slots))
         return logits
 
 
@@ -227,6 +236,7 @@ class SwitchProcessor(V1LogitsProcessor):
         max_rows = int(getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", None) or 1024)
         seed = getattr(getattr(vllm_config, "model_config", None), "seed", None) or 0
         self.state = SwitchState(max_rows, torch.device(device), seed)
+        self._slots = torch.arange(max_rows, device=device)  # batch rows are the slots
         self.rows: dict[int, tuple[dict[str, Any], Any, int, list[int]]] = {}  # row -> rule, params, prompt, output
 
     @classmethod
@@ -250,12 +260,13 @@ class SwitchProcessor(V1LogitsProcessor):
             return logits
         n = logits.shape[0]
         slots = np.arange(n)
+        ruled = self.state.ruled(slots)
         positions = np.zeros(n, dtype=np.int64)
         for row, (_, _, prompt_len, output) in self.rows.items():
-            if row < n:
+            if ruled and row < n:
                 positions[row] = prompt_len + len(output)
-        to_device = lambda a: torch.from_numpy(a).to(logits.device, non_blocking=True)  # noqa: E731
-        self.state.apply(logits, to_device(slots), to_device(positions), self.state.needs_draw(slots))
+        self.state.apply(logits, self._slots[:n], torch.from_numpy(positions).to(logits.device, non_blocking=True),
+                         ruled, self.state.needs_draw(slots))
         return logits
 
 

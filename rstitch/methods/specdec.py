@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
-from rstitch.engines import Sampler, Sequence, TokenDistribution
+from rstitch.engines import Sampler, Sequence, TokenDistribution, require
 from rstitch.engines.base import StopWatcher
 from rstitch.errors import ConfigError
 from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, Method, register_method, require_int
@@ -100,6 +100,9 @@ class SpeculativeDecoder:
 
     def decode(self, prompt_ids: list[int], ctx: DecodeContext) -> DecodeResult:
         check_vocabularies(ctx)
+        if self.penalty is not None or not ctx.sampler.greedy:  # entropies; p(x)/q(x) and the residual
+            for model in (ctx.pair.slm, ctx.pair.llm):
+                require(model, "exact_distributions", "EASD or sampled speculative decoding")
         draft = ctx.pair.slm.new_sequence(prompt_ids)
         target = ctx.pair.llm.new_sequence(prompt_ids)
         stats = SpecStats(self.k)
