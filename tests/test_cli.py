@@ -277,3 +277,70 @@ def test_override_key_names_the_setting(override: str, key: str) -> None:
 
     assert override_key(override) == key
     assert is_method_override(override) == key.startswith("method.")
+
+
+@pytest.mark.slow
+def test_report_of_one_root_is_written_into_it_and_named_by_its_absolute_path(tmp_path):
+    from rstitch.cli.run import compose_config
+    from rstitch.runner import run_config
+
+    root = tmp_path / "runs"
+    run_config(compose_config(["method=llm_only", f"results_root={root}", "logger=none", "dataset.limit=2", "max_new_tokens=8"]))
+    (tmp_path / "elsewhere").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "rstitch.cli.report", "../runs"], capture_output=True, text=True,
+                          cwd=tmp_path / "elsewhere", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (root / "report.html").is_file() and not (tmp_path / "elsewhere" / "report.html").exists()
+    assert f"report: {root / 'report.html'}" in proc.stdout.splitlines()
+
+
+def test_a_report_written_in_the_repository_is_ignored_by_git():
+    repo = Path(__file__).resolve().parent.parent
+    for path in ("report.html", "report_files/frontier.png"):
+        assert subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=repo).returncode == 0, path
+
+
+# --------------------------------------------------------------------------- what the README tells a new user
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_table_row(group: str) -> str:
+    [row] = [line for line in README.read_text().splitlines() if line.startswith(f"| `{group}` |")]
+    return row
+
+
+@pytest.mark.parametrize("group", ["dataset", "prompt", "logger", "engine"])
+def test_the_readme_lists_every_choice_of_a_config_group(group):
+    from rstitch.config_groups import group_choices
+
+    row = readme_table_row(group)
+    assert not [name for name in group_choices(group) if f"`{name}`" not in row], row
+
+
+def test_the_readme_says_wandb_is_the_default_and_shows_the_hub_and_the_offline_forms():
+    text = README.read_text()
+    assert "`logger=wandb`" in text and "`logger=none` turns it off" in text
+    commands = [line for line in text.splitlines() if line.startswith("rstitch-run ") and "dataset=gsm8k" in line]
+    assert any("dataset.path" not in line for line in commands)  # the hub form, for a user with network
+    assert any("dataset.path" in line for line in commands) and "python scripts/export_benchmarks.py --out" in text
+    assert "a few minutes" not in text and "../shared/" not in text.split("## Benchmark files")[0]
+
+
+def test_the_extras_pyproject_asks_of_installed_packages_exist():
+    """`pip install` warns of an extra a package does not provide (math-verify[antlr4_9_3])."""
+    from importlib.metadata import PackageNotFoundError, metadata
+
+    import tomllib
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((README.parent / "pyproject.toml").read_text())["project"]
+    for spec in project["dependencies"]:
+        requirement = Requirement(spec)
+        try:
+            provided = metadata(requirement.name).get_all("Provides-Extra") or []
+        except PackageNotFoundError:
+            continue
+        missing = set(requirement.extras) - set(provided)  # as spelled: older pips compare names unnormalized
+        assert not missing, f"{requirement.name} provides {sorted(map(canonicalize_name, provided))}, not {sorted(missing)}"

@@ -65,3 +65,20 @@ def test_hydra_run_dir_is_the_runner_s(overrides, run_dir, key_hash):
     run = OmegaConf.select(cfg, "hydra.run.dir")
     sweep = Path(OmegaConf.select(cfg, "hydra.sweep.dir")) / OmegaConf.select(cfg, "hydra.sweep.subdir")
     assert Path(run) == sweep == Path("runs") / run_dir
+
+
+def test_the_shown_tag_names_only_settings_that_differ_from_the_method_defaults():
+    from rstitch.results.keys import settings_tag
+    from rstitch.results.summary import format_table
+
+    rsd = compose_config(["method=rsd"])
+    assert len(run_tag(rsd)) > 100  # every knob: the run directory keeps it, so stored runs resume where they are
+    assert settings_tag(rsd) == short_hash(run_key(rsd))  # RSD at its defaults: the hash alone
+    swept = compose_config(["method=rsd", "method.delta=0.9", "method.weighting=logistic"])
+    assert settings_tag(swept) == f"delta=0.9_weighting=logistic_{short_hash(run_key(swept))}"
+    assert settings_tag(compose_config(["method=rsd", "prm=oracle"])) != settings_tag(rsd)  # the PRM: in the hash
+    plus = compose_config(["method=rstitch_plus"])
+    assert settings_tag(plus) == short_hash(run_key(plus))  # asset paths by interpolation are defaults too
+    header, row = format_table({"method": "rsd", "run_tag": run_tag(swept), "setting_tag": settings_tag(swept)}).splitlines()
+    assert row.split()[1] == settings_tag(swept) and len(run_tag(swept)) - len(settings_tag(swept)) > 60
+    assert format_table({"method": "rsd", "run_tag": "old_tag"}).splitlines()[1].split()[1] == "old_tag"  # older summaries

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rstitch.configs import compiled_path
+from rstitch.configs import CONF_DIR, compiled_path
 from rstitch.results.weights import fingerprint, is_local, method_weights, pair_weights
 
 SHARD_KEYS = ("shard", "num_shards")
@@ -117,6 +117,34 @@ def run_tag(cfg: dict[str, Any]) -> str:
     if cfg.get("batch_size", 1) != 1:
         params.append(f"batch={cfg['batch_size']}")
     return "_".join([*params, short_hash(run_key(cfg))])
+
+
+def settings_tag(cfg: dict[str, Any]) -> str:
+    """What the console and the sweep table show of a run: `run_tag` with only the method's settings
+    that differ from its defaults (conf/method/<name>.yaml), so RSD's default run reads `f81ca936`
+    and a sweep's point `delta=0.9_1c2d3e4f`. The run directory keeps `run_tag`: the runs stored
+    under it stay where a resume looks for them."""
+    method = portable(cfg["method"])
+    defaults = method_defaults(str(method.get("name")))
+    shown = {k: v for k, v in method.items() if k == "name" or (k in defaults and defaults[k] is not INTERPOLATED
+                                                                  and defaults[k] != v) or k not in defaults}
+    tag = run_tag({**cfg, "method": shown})
+    return tag.rsplit("_", 1)[0] + "_" + short_hash(run_key(cfg)) if "_" in tag else short_hash(run_key(cfg))
+
+
+INTERPOLATED = object()  # a default set by an interpolation (`prm: ${prm}`, an asset path): left to the hash
+
+
+def method_defaults(name: str) -> dict[str, Any]:
+    """conf/method/<name>.yaml's values (INTERPOLATED where one is computed from others); empty for
+    a method without a config file."""
+    import yaml
+
+    path = CONF_DIR / "method" / f"{name}.yaml"
+    if not path.is_file():
+        return {}
+    loaded = yaml.safe_load(path.read_text()) or {}
+    return {k: INTERPOLATED if isinstance(v, str) and "${" in v else v for k, v in loaded.items()}
 
 
 def _short_setting(value: Any) -> bool:

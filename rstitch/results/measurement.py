@@ -111,6 +111,6 @@ def robust_figure(summary: dict[str, Any]) -> str:
 
 def contention_notes(summaries: Iterable[dict[str, Any]]) -> list[str]:
     """The console's flag: one line per run whose latency was measured under contention, then what to do."""
-    lines = [f"! {s.get('method')} {s.get('run_tag')}: latency measured under contention ({s['contention']})"
+    lines = [f"! {s.get('method')} {s.get('setting_tag') or s.get('run_tag')}: latency measured under contention ({s['contention']})"
              + robust_figure(s) for s in summaries if s.get("contention")]
     return [*lines, f"! {CONTENTION_ADVICE}"] if lines else []

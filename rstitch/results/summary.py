@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rstitch.grading.version import GRADER_VERSION
-from rstitch.results.keys import comparison_key, run_tag
+from rstitch.results.keys import comparison_key, run_tag, settings_tag
 from rstitch.results.metrics import COMPARISON_KEYS, compare_with_baseline, self_comparison, summarize_samples
 
 if TYPE_CHECKING:  # results are read without the methods (and their engines) loaded
@@ -23,7 +23,8 @@ def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, A
         "method": method.name,
         "pair": cfg["pair"]["name"],
         "dataset": cfg["dataset"]["name"],
-        "run_tag": run_tag(cfg),
+        "run_tag": run_tag(cfg),  # names the run directory
+        "setting_tag": settings_tag(cfg),  # what the console shows: the settings that differ from the method's defaults
         **summarize_samples(samples),
         "batch_size": cfg.get("batch_size", 1),
         "latency_estimated": any(s.get("latency_estimated") for s in samples),
@@ -42,6 +43,12 @@ def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, A
     else:
         summary.update(compare_with_baseline(summary, samples, results_root))
     return summary
+
+
+def shown_tag(summary: dict[str, Any]) -> str | None:
+    """A run's tag on the console: its settings apart from the method's defaults (`setting_tag`),
+    or, in a summary written before it existed, the run directory's tag."""
+    return summary.get("setting_tag") or summary.get("run_tag")
 
 
 def _number(key: str, fmt: str) -> Callable[[dict[str, Any]], str | None]:
@@ -75,7 +82,7 @@ def with_interval(key: str, fmt: str) -> Callable[[dict[str, Any]], str | None]:
 # do not change, then the wall-clock one; a GPU run (and a batched one) has only the wall-clock
 # speedup, the papers' figure (docs/analysis.md, "Timings on a shared machine").
 TABLE_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str | None]], ...] = (
-    ("method", _number("method", "{}")), ("tag", _number("run_tag", "{}")), ("n", _number("n_samples", "{}")),
+    ("method", _number("method", "{}")), ("tag", shown_tag), ("n", _number("n_samples", "{}")),
     ("accuracy +/- se", plus_minus("accuracy", "{:.3f}")), ("acc_diff +/- se", plus_minus("accuracy_diff", "{:+.3f}")),
     ("p", _number("accuracy_diff_p", "{:.2g}")), ("latency_s", _number("latency_s", "{:.3f}")),
     ("tokens", _number("tokens", "{:.1f}")), ("slm_tok", _number("tokens_slm", "{:.1f}")),
