@@ -331,9 +331,10 @@ def test_the_extras_pyproject_asks_of_installed_packages_exist():
     """`pip install` warns of an extra a package does not provide (math-verify[antlr4_9_3])."""
     from importlib.metadata import PackageNotFoundError, metadata
 
-    import tomllib
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 on
 
     project = tomllib.loads((README.parent / "pyproject.toml").read_text())["project"]
     for spec in project["dependencies"]:
