@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rstitch.cli import regrade as regrade_cli
+from rstitch.errors import ConfigError
 from rstitch.grading.version import GRADER_VERSION, SUMMARY_KEY
 from rstitch.results.keys import run_key, run_tag
 from rstitch.results.store import SUMMARY_FILE, SampleStore
@@ -156,3 +157,15 @@ def test_report_flags_runs_of_an_older_grader(tmp_path, config, records):
     assert older_grader_run_dirs(tmp_path) == [run_dir.resolve()]
     regrade_cli.main([str(tmp_path)])
     assert older_grader_run_dirs(tmp_path) == []
+
+
+def test_regrading_code_samples_checks_the_sandbox_as_a_decode_does(monkeypatch):
+    """Regrading a code run runs model-written programs: without the empty root it is refused
+    unless the user opts into the weaker sandbox, as `rstitch-run` refuses a code benchmark."""
+    from rstitch.grading import sandbox
+
+    monkeypatch.setattr(sandbox, "bubblewrap", lambda: None)
+    humaneval = {"name": "humaneval", "path": str(Path(__file__).parent / "fixtures" / "humaneval.jsonl")}
+    with pytest.raises(ConfigError, match="weak_code_sandbox=true"):
+        regrade_cli.RecordIndex().records(humaneval)
+    assert regrade_cli.RecordIndex(allow_weak_sandbox=True).records(humaneval)

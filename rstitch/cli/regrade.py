@@ -3,6 +3,7 @@
     rstitch-regrade runs/                 # every finished run under runs/ graded by an older grader
     rstitch-regrade runs/ --dry-run       # count the verdicts that would change, write nothing
     rstitch-regrade runs/testbed --force  # also runs already graded by the current grader
+    rstitch-regrade runs/ --weak-code-sandbox  # code samples without bubblewrap (docs/sandbox.md)
 
 Nothing is decoded: each sample's saved response is graded against its saved gold, with the
 grading metadata (multiple choice, tolerance, answer type) of its dataset record. A run's
@@ -24,6 +25,7 @@ from typing import Any
 
 from rstitch.errors import ConfigError
 from rstitch.grading import grade_sample
+from rstitch.grading.sandbox import check_code_sandbox
 from rstitch.grading.version import GRADER_VERSION, summary_grader_version
 from rstitch.results.store import RUN_KEY_FILE, SAMPLES_FILE, SUMMARY_FILE, SampleStore, iter_samples, write_samples
 from rstitch.results.summary import summarize_run
@@ -67,10 +69,14 @@ def find_runs(roots: Sequence[str | Path]) -> tuple[list[Path], list[Path]]:
 
 
 class RecordIndex:
-    """The dataset records of each run's selection, by id, loaded once per dataset config."""
+    """The dataset records of each run's selection, by id, loaded once per dataset config. Code
+    records are graded by running model-written programs: the first such selection checks the
+    sandbox as a decode of a code benchmark does (no empty root: refused unless ``allow_weak``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, allow_weak_sandbox: bool = False) -> None:
         self._cache: dict[str, dict[str, Any]] = {}
+        self._allow_weak_sandbox = allow_weak_sandbox
+        self._sandbox_checked = False
 
     def records(self, dataset_cfg: dict[str, Any]) -> dict[str, Any]:
         key = json.dumps(dataset_cfg, sort_keys=True, default=str)
@@ -84,6 +90,9 @@ class RecordIndex:
             except Exception as err:  # noqa: BLE001 - one line naming the dataset, not a traceback
                 raise ConfigError(f"cannot load dataset '{dataset_cfg.get('name')}' for its records' grading "
                                   f"metadata ({type(err).__name__}: {err})") from None
+            if not self._sandbox_checked and any(r.metadata.get("answer_type") == "code" for r in loaded):
+                check_code_sandbox(self._allow_weak_sandbox)
+                self._sandbox_checked = True
             self._cache[key] = {record.id: record for record in loaded}
         return self._cache[key]
 
@@ -139,10 +148,11 @@ def _summary(config: dict[str, Any], samples: list[dict[str, Any]], run_dir: Pat
     return {**{k: v for k, v in old.items() if k not in new}, **new}  # e.g. merged_from
 
 
-def regrade(roots: Sequence[str | Path], force: bool = False, dry_run: bool = False) -> tuple[list[Regraded], list[Path], int]:
+def regrade(roots: Sequence[str | Path], force: bool = False, dry_run: bool = False,
+            weak_code_sandbox: bool = False) -> tuple[list[Regraded], list[Path], int]:
     """(the runs graded again, the unfinished runs left alone, the runs already current)."""
     finished, unfinished = find_runs(roots)
-    index = RecordIndex()
+    index = RecordIndex(allow_weak_sandbox=weak_code_sandbox)
     done, current = [], 0
     for run_dir in finished:
         result = regrade_run(run_dir, index, force=force, dry_run=dry_run)
@@ -185,13 +195,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("results", nargs="+", type=Path, help="results roots or run directories")
     parser.add_argument("--force", action="store_true", help="also grade runs already graded by the current grader")
     parser.add_argument("--dry-run", action="store_true", help="count the changes, write nothing")
+    parser.add_argument("--weak-code-sandbox", action="store_true",
+                        help="grade code samples even without bubblewrap's empty root (programs can read the host's files)")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        results, unfinished, current = regrade(args.results, force=args.force, dry_run=args.dry_run)
+        results, unfinished, current = regrade(args.results, force=args.force, dry_run=args.dry_run,
+                                              weak_code_sandbox=args.weak_code_sandbox)
     except ConfigError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         sys.exit(2)
