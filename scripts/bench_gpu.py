@@ -11,18 +11,24 @@ with HF `generate` as the anchor and the weights' bandwidth floor, in one run:
 
     python scripts/bench_gpu.py --random-weights --tokenizer .gpu/tok                 # the R-Stitch pair's shapes, offline
     python scripts/bench_gpu.py --pair l1_short_r1_7b                                  # real weights (hub or local paths)
-    python scripts/bench_gpu.py --random-weights --tiny --device cpu --dtype float32  # a CPU dry run (2-layer models)
+    python scripts/bench_gpu.py --random-weights --tiny --device cpu --dtype float32 --tokens 16 --batch-sizes 1 4 --hf eager
+                                                         # a CPU dry run: 2-layer models, engine.compile=static and off
 
 `--random-weights` builds random Qwen2 models with the exact shapes of `--shapes` (the R-Stitch
 pair L1-1.5B-Short / DeepSeek-R1-Distill-Qwen-7B) and a tokenizer directory (default: the
 testbed's; on a GPU the Qwen2.5 tokenizer from ../shared/gpu/bundle.sh): outputs are noise, but
-weight bytes, kernel shapes and per-token cost are the real models'. Each section reports its own
-failure in one line and the run goes on. `--json` writes every number.
+weight bytes, kernel shapes and per-token cost are the real models'. The engine paths default to
+`graphs` then `off` on CUDA, `static` then `off` elsewhere (the same static path without capture).
+Each section reports its own failure in one line and the run goes on; the exit status is 1 if
+any failed. `--json` writes every number after every section, and a run stopped by SIGTERM (a
+`timeout`) prints the report of what it measured. Steps captured inside a timed region are
+counted (`captures_in_timed`): capture belongs in warm-up, so any count there taints the timing.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -62,15 +68,26 @@ def main(argv: list[str] | None = None) -> int:
     results["transformers"] = transformers.__version__
     print(f"# {results['device']}, torch {torch.__version__}, transformers {transformers.__version__}, {args.dtype}, "
           f"{args.tokens} tokens per measurement")
-    with tempfile.TemporaryDirectory() as scratch:
-        specs = random_pair(Path(scratch), args) if args.random_weights else pair_specs(args.pair)
-        section(results, "bandwidth", lambda: copy_bandwidth(device), args.json)
-        section(results, "sampling", lambda: sampling_cost(device), args.json)
-        for path in args.paths:
-            section(results, f"engine[{path}]", lambda path=path: engine_path(specs, path, args, results), args.json)
-        section(results, "hf_generate", lambda: hf_anchors(specs, args), args.json)
-    report(results, args)
-    return 0
+    signal.signal(signal.SIGTERM, stopped)
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            specs = random_pair(Path(scratch), args) if args.random_weights else pair_specs(args.pair)
+            section(results, "bandwidth", lambda: copy_bandwidth(device), args.json)
+            section(results, "sampling", lambda: sampling_cost(device), args.json)
+            for path in args.paths:
+                section(results, f"engine[{path}]", lambda path=path: engine_path(specs, path, args, results), args.json)
+            eager_pair: list[ModelPair] = []  # loaded once for every anchor
+            for anchor in args.hf:
+                section(results, f"hf_generate[{anchor}]", lambda anchor=anchor: hf_anchor(specs, anchor, args, eager_pair), args.json)
+    finally:
+        report(results, args)
+    return 1 if failures(results) else 0
+
+
+def stopped(signum: int, frame: Any) -> None:
+    """SIGTERM (a `timeout`): stop, report what was measured, exit as `timeout` does."""
+    print(f"# stopped by signal {signum}", flush=True)
+    raise SystemExit(124)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -82,11 +99,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--tokens", type=int, default=256, help="generated tokens per measurement")
-    p.add_argument("--paths", nargs="+", default=["off", "graphs"], help="engine.compile values to measure")
+    p.add_argument("--paths", nargs="*", default=None,
+                   help="engine.compile values to measure (default: graphs off on CUDA, static off elsewhere; none: HF generate only)")
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 32])
     p.add_argument("--hf", nargs="*", default=["eager", "compiled"], help="HF generate anchors to measure")
     p.add_argument("--json", type=Path, default=None)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.paths is None:
+        args.paths = ["graphs" if args.device.startswith("cuda") else "static", "off"]
+    return args
 
 
 def device_name(device: torch.device) -> str:
@@ -186,7 +207,12 @@ def sampling_cost(device: torch.device, vocab: int = 152064, repeats: int = 50) 
     return out
 
 
-def per_token_ms(pair: ModelPair, role: str, tokens: int) -> tuple[float, list[int]]:
+def captures(pair: ModelPair) -> int:
+    """Steps captured or compiled so far by both models (0 on the eager and the uncaptured path)."""
+    return sum(getattr(runner.static, "captured", 0) for runner in pair.models().values())  # type: ignore[attr-defined]
+
+
+def per_token_ms(pair: ModelPair, role: str, tokens: int, timed_captures: list[int]) -> tuple[float, list[int]]:
     """Greedy decode of `tokens` tokens at batch 1 after the prompt's prefill (EOS ignored)."""
     runner = getattr(pair, role)
     warm = runner.new_sequence(prompt_ids(pair, 1))
@@ -195,29 +221,33 @@ def per_token_ms(pair: ModelPair, role: str, tokens: int) -> tuple[float, list[i
     seq = runner.new_sequence(prompt_ids(pair, 2))
     seq.next_distribution()
     runner.synchronize()
-    start = time.perf_counter()
+    before, start = captures(pair), time.perf_counter()
     out = seq.generate(tokens, Sampler(), eos_ids=())
     runner.synchronize()
+    seconds = time.perf_counter() - start
+    timed_captures.append(captures(pair) - before)
     assert len(out.token_ids) == tokens
-    return 1000 * (time.perf_counter() - start) / tokens, out.token_ids
+    return 1000 * seconds / tokens, out.token_ids
 
 
-def random_mix(pair: ModelPair, tokens: int) -> dict[str, float]:
+def random_mix(pair: ModelPair, tokens: int, timed_captures: list[int]) -> dict[str, float]:
     """`random` p=0.5 per generated token (its catch-up prefills included)."""
     method = build_method("random", p=0.5, seed=0)
     method.decode(prompt_ids(pair, 3), DecodeContext(pair, Sampler(), 16))  # warm-up: captures the buckets it meets
     for runner in pair.models().values():
         runner.synchronize()
-    start = time.perf_counter()
+    before, start = captures(pair), time.perf_counter()
     result = method.decode(prompt_ids(pair, 4), DecodeContext(pair, Sampler(), tokens))
     for runner in pair.models().values():
         runner.synchronize()
+    seconds = time.perf_counter() - start
+    timed_captures.append(captures(pair) - before)
     n = len(result.token_ids)
-    return {"ms_per_token": 1000 * (time.perf_counter() - start) / n, "tokens": n,
+    return {"ms_per_token": 1000 * seconds / n, "tokens": n,
             "slm_share": sum(s == 0 for s in result.sources) / n}
 
 
-def engine_throughput(pair: ModelPair, batch: int, tokens: int) -> float:
+def engine_throughput(pair: ModelPair, batch: int, tokens: int, timed_captures: list[int]) -> float:
     """LLM tokens per second with `batch` greedy samples in flight (continuous batching)."""
     runner = pair.llm
 
@@ -226,45 +256,51 @@ def engine_throughput(pair: ModelPair, batch: int, tokens: int) -> float:
 
     list(BatchScheduler(batch).run([(i, job(100 + i, 4)) for i in range(batch)]))  # warm-up at this batch size
     runner.synchronize()
-    start = time.perf_counter()
+    before, start = captures(pair), time.perf_counter()
     done = sum(f.value for f in BatchScheduler(batch).run([(i, job(200 + i, tokens)) for i in range(batch)]))
     runner.synchronize()
-    return done / (time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    timed_captures.append(captures(pair) - before)
+    return done / seconds
 
 
 def engine_path(specs: dict[str, dict], path: str, args: argparse.Namespace, results: dict) -> dict[str, Any]:
     pair = load(specs, path, args)
     out: dict[str, Any] = {}
+    timed: list[int] = []  # steps captured inside each timed region
     if "weight_bytes" not in results:
         results["weight_bytes"] = {role: sum(p.numel() * p.element_size() for p in r.model.parameters())
                                    for role, r in pair.models().items()}
     for role in ("slm", "llm"):
-        out[f"{role}_ms"], out[f"{role}_tokens"] = per_token_ms(pair, role, args.tokens)
+        out[f"{role}_ms"], out[f"{role}_tokens"] = per_token_ms(pair, role, args.tokens, timed)
         print(f"  {path}: {role} {out[f'{role}_ms']:.2f} ms/token", flush=True)
-    out["random_p0.5"] = random_mix(pair, args.tokens)
+    out["random_p0.5"] = random_mix(pair, args.tokens, timed)
     for batch in args.batch_sizes:
-        out[f"tokens_per_s_b{batch}"] = engine_throughput(pair, batch, args.tokens)
+        out[f"tokens_per_s_b{batch}"] = engine_throughput(pair, batch, args.tokens, timed)
         print(f"  {path}: batch {batch} {out[f'tokens_per_s_b{batch}']:.1f} tokens/s", flush=True)
     static = pair.llm.static  # type: ignore[attr-defined]
     out["captured_steps_llm"] = static.captured if static is not None else 0
+    out["captures_in_timed"] = sum(timed)
     return out
 
 
-def hf_anchors(specs: dict[str, dict], args: argparse.Namespace) -> dict[str, Any]:
-    """HF `generate` on the same weights: per token at batch 1 (generate of N tokens minus one of
-    1, over N - 1), and LLM tokens per second at each batch size."""
-    pair = load(specs, "off", args)
+def hf_anchor(specs: dict[str, dict], anchor: str, args: argparse.Namespace, loaded: list[ModelPair]) -> dict[str, Any]:
+    """HF `generate` on the same weights (`anchor` eager: DynamicCache; compiled: static cache and
+    torch.compile): per token at batch 1 (generate of N tokens minus one of 1, over N - 1), and
+    LLM tokens per second at each batch size. `loaded` keeps the pair for the next anchor."""
+    if not loaded:
+        loaded.append(load(specs, "off", args))
+    pair = loaded[0]
+    options = {"cache_implementation": "static"} if anchor == "compiled" else {}
     out: dict[str, Any] = {}
-    for anchor in args.hf:
-        options = {"cache_implementation": "static"} if anchor == "compiled" else {}
-        for role in ("slm", "llm"):
-            out[f"{anchor}_{role}_ms"] = 1000 * _hf_per_token(getattr(pair, role).model, prompt_ids(pair, 2), args, options)
-            print(f"  hf {anchor}: {role} {out[f'{anchor}_{role}_ms']:.2f} ms/token", flush=True)
-        for batch in args.batch_sizes:
-            ids = [prompt_ids(pair, 5)] * batch
-            seconds = _hf_generate(pair.llm.model, ids, args.tokens, options, args) - _hf_generate(pair.llm.model, ids, 1, options, args)
-            out[f"{anchor}_tokens_per_s_b{batch}"] = batch * (args.tokens - 1) / seconds
-            print(f"  hf {anchor}: batch {batch} {out[f'{anchor}_tokens_per_s_b{batch}']:.1f} tokens/s", flush=True)
+    for role in ("slm", "llm"):
+        out[f"{role}_ms"] = 1000 * _hf_per_token(getattr(pair, role).model, prompt_ids(pair, 2), args, options)
+        print(f"  hf {anchor}: {role} {out[f'{role}_ms']:.2f} ms/token", flush=True)
+    for batch in args.batch_sizes:
+        ids = [prompt_ids(pair, 5)] * batch
+        seconds = _hf_generate(pair.llm.model, ids, args.tokens, options, args) - _hf_generate(pair.llm.model, ids, 1, options, args)
+        out[f"tokens_per_s_b{batch}"] = batch * (args.tokens - 1) / seconds
+        print(f"  hf {anchor}: batch {batch} {out[f'tokens_per_s_b{batch}']:.1f} tokens/s", flush=True)
     return out
 
 
@@ -303,10 +339,10 @@ def report(results: dict, args: argparse.Namespace) -> None:
         got = results.get(f"engine[{path}]", {})
         if "slm_ms" in got:
             rows.append((f"rstitch HF engine, engine.compile={path}", got["slm_ms"], got["llm_ms"]))
-    hf = results.get("hf_generate", {})
     for anchor in args.hf:
-        if f"{anchor}_slm_ms" in hf:
-            rows.append((f"HF generate, {anchor}", hf[f"{anchor}_slm_ms"], hf[f"{anchor}_llm_ms"]))
+        hf = results.get(f"hf_generate[{anchor}]", {})
+        if "slm_ms" in hf:
+            rows.append((f"HF generate, {anchor}", hf["slm_ms"], hf["llm_ms"]))
     print(f"\n| ms per generated token ({results['device']}, {args.dtype}, batch 1) | SLM | LLM | ratio |")
     print("|---|---|---|---|")
     for label, slm, llm in rows:
@@ -325,7 +361,8 @@ def report(results: dict, args: argparse.Namespace) -> None:
         got = results.get(f"engine[{path}]", {})
         print(f"| engine.compile={path} | " + " | ".join(_fmt(got.get(f"tokens_per_s_b{b}")) for b in args.batch_sizes) + " |")
     for anchor in args.hf:
-        print(f"| HF generate, {anchor} | " + " | ".join(_fmt(hf.get(f"{anchor}_tokens_per_s_b{b}")) for b in args.batch_sizes) + " |")
+        hf = results.get(f"hf_generate[{anchor}]", {})
+        print(f"| HF generate, {anchor} | " + " | ".join(_fmt(hf.get(f"tokens_per_s_b{b}")) for b in args.batch_sizes) + " |")
     sampling = results.get("sampling", {})
     if "sampled_ms" in sampling:
         print(f"\nhost sampling (V=152064, T=0.6, top-p 0.95): {sampling['sampled_ms']:.3f} ms per sampled token "
@@ -341,9 +378,16 @@ def report(results: dict, args: argparse.Namespace) -> None:
             agree = sum(x == y for x, y in zip(a, b))
             print(f"agreement with the eager path, {path} {role}: {agree}/{len(a)} positions equal, "
                   f"first difference at {'none' if first is None else first}")
-    failed = {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
-    for name, error in failed.items():
+    for path in args.paths:
+        timed = results.get(f"engine[{path}]", {}).get("captures_in_timed")
+        if timed:
+            print(f"WARNING engine.compile={path}: {timed} steps captured inside timed regions (their times include capture)")
+    for name, error in failures(results).items():
         print(f"FAILED {name}: {error}")
+
+
+def failures(results: dict) -> dict[str, str]:
+    return {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
 
 
 def _fmt(value: Any) -> str:
