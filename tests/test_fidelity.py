@@ -134,16 +134,14 @@ def test_a_changed_quote_is_not_found(papers):
 
 
 def test_every_test_a_row_names_exists():
-    """`tests/x.py::name` and the `::name` after it in a row name test functions that exist."""
-    missing = []
-    for line in FIDELITY.read_text().splitlines():
-        current = None
-        for match in re.finditer(r"`(tests/[\w/]+\.py)(?:::(\w+))?`|`::(\w+)`", line):
-            current = match.group(1) or current
-            name = match.group(2) or match.group(3)
-            path = FIDELITY.parent.parent / current if current else None
-            if path is None or not path.is_file():
-                missing.append(current or match.group(0))
-            elif name and not re.search(rf"^def {name}\(", path.read_text(), re.MULTILINE):
-                missing.append(f"{current}::{name}")
+    """`tests/x.py::name`, and a `::name` after it (same file), name test functions that exist."""
+    missing, current = [], None
+    for match in re.finditer(r"`(tests/[\w/]+\.py)(?:::(\w+))?`|`::(\w+)`", FIDELITY.read_text()):
+        current = match.group(1) or current
+        name = match.group(2) or match.group(3)
+        path = FIDELITY.parent.parent / current if current else None
+        if path is None or not path.is_file():
+            missing.append(current or match.group(0))
+        elif name and not re.search(rf"^def {name}\(", path.read_text(), re.MULTILINE):
+            missing.append(f"{current}::{name}")
     assert not missing, missing
