@@ -11,10 +11,11 @@ vocabulary.
 
 `--steps-only` (also run by default) decodes each method through the engine and the LLM alone
 through stock `LLM.generate` (no logits processor, same engine options), and counts per generated
-token: vLLM forwards (`execute_model` calls that schedule tokens, both models), requests, host
+token: vLLM forwards (`execute_model` calls that schedule tokens, both models), requests (and
+scoring requests repeated without the prefix cache, which had covered wanted positions), host
 reads of tensor values (`.item()`, `int()`, `bool()`, `.tolist()`, `.numpy()` of a tensor, in vLLM
 and the project alike: `HostReads`), and the switch processor's log reads (one per run that a
-forced sentinel ends); then ms per token (a pass without counting). CPU or GPU alike.
+forced sentinel ends); then ms per token (the best of three passes without counting). CPU or GPU alike.
 
 CPU runs want `engine.block_size` 32 (the CPU default of 128 rarely fills on testbed sequences).
 """
@@ -204,9 +205,9 @@ def stock_decoder(llm, eos: list[int], budget: int) -> Callable[[str, list[int]]
                                                use_tqdm=False)[0].outputs[0].token_ids)
 
 
-def step_counts(vllm: ModelPair, methods: list[str], n_problems: int, budget: int) -> None:
+def step_counts(vllm: ModelPair, methods: list[str], n_problems: int, budget: int, repeats: int = 3) -> None:
     """Engine steps, requests and host reads per token of each method through the engine, and of
-    the LLM alone through stock `LLM.generate`; ms per token from a second, uncounted pass."""
+    the LLM alone through stock `LLM.generate`; ms per token: the best of `repeats` uncounted passes."""
     from rstitch.engines import vllm_switch
 
     items = prompts(vllm.tokenizer, n_problems)
@@ -215,28 +216,25 @@ def step_counts(vllm: ModelPair, methods: list[str], n_problems: int, budget: in
     log_reads = [0]
     read_log = vllm_switch.SwitchState.read_log
     vllm_switch.SwitchState.read_log = lambda self, *a: log_reads.__setitem__(0, log_reads[0] + 1) or read_log(self, *a)
-    print(f"\nper generated token, {n_problems} problems x {budget} tokens, greedy"
-          f" (steps: vLLM forwards of both models; reads: host reads of tensor values)")
-    print(f"{'decoder':22s} {'tokens':>6s} {'steps/tok':>9s} {'req/tok':>7s} {'reads/tok':>9s} {'log reads':>9s} "
-          f"{'ms/tok':>7s}")
-    rows: list[tuple[str, Callable[[str, list[int]], list[int]], Callable[[], tuple[int, int]]]] = [
-        ("LLM.generate (stock)", stock, lambda: (stock_steps[0], 0))]
+    print(f"\nper generated token, {n_problems} problems x {budget} tokens, greedy (steps: vLLM forwards of both"
+          f" models; reads: host reads of tensor values; ms: best of {repeats} passes)")
+    print(f"{'decoder':22s} {'tokens':>6s} {'steps/tok':>9s} {'req/tok':>7s} {'retries':>7s} {'reads/tok':>9s} "
+          f"{'log reads':>9s} {'ms/tok':>7s}")
+    total = lambda field: sum(getattr(m, field) for m in vllm.models().values())  # noqa: E731
+    rows: list[tuple[str, Callable[[str, list[int]], list[int]], Callable[[], tuple[int, int, int]]]] = [
+        ("LLM.generate (stock)", stock, lambda: (stock_steps[0], 0, 0))]
     rows += [(name, lambda problem, prompt, name=name: decode(vllm, name, problem, prompt, budget).token_ids,
-              lambda: (sum(m.engine_steps for m in vllm.models().values()), sum(m.requests for m in vllm.models().values())))
-             for name in methods]
+              lambda: (total("engine_steps"), total("requests"), total("prefix_cache_retries"))) for name in methods]
     for label, run, counters in rows:
         run(*items[0])  # warm-up
-        (steps, requests), reads, logs = counters(), HostReads(), log_reads[0]
+        (steps, requests, retries), reads, logs = counters(), HostReads(), log_reads[0]
         with reads:
             tokens = sum(len(run(*item)) for item in items)
-        (steps_after, requests_after), logs = counters(), log_reads[0] - logs
-        start = time.perf_counter()
-        for item in items:
-            run(*item)
-        ms = 1000 * (time.perf_counter() - start) / tokens
+        (steps_after, requests_after, retries_after), logs = counters(), log_reads[0] - logs
+        ms = best_ms(lambda run=run: [run(*item) for item in items], repeats) / tokens
         requests_per_token = (requests_after - requests) / tokens if requests_after else len(items) / tokens
         print(f"{label:22s} {tokens:6d} {(steps_after - steps) / tokens:9.3f} {requests_per_token:7.3f} "
-              f"{reads.count / tokens:9.2f} {logs:9d} {ms:7.2f}")
+              f"{retries_after - retries:7d} {reads.count / tokens:9.2f} {logs:9d} {ms:7.2f}")
     vllm_switch.SwitchState.read_log = read_log
 
 
@@ -251,7 +249,7 @@ def main() -> None:
     parser.add_argument("--llm-max-lookahead", type=int, default=None, help="the LLM's own (default: --max-lookahead)")
     parser.add_argument("--entropy-only", action="store_true")
     parser.add_argument("--steps-only", action="store_true", help="only the per-token counts against stock generate")
-    parser.add_argument("--step-methods", nargs="*", default=["llm_only", "slm_only", "rstitch"])
+    parser.add_argument("--step-methods", nargs="*", default=["llm_only", "slm_only", "rstitch", "specdec"])
     args = parser.parse_args()
     torch.set_num_threads(1)
 

@@ -221,6 +221,7 @@ class _Scoring:
     def take(self, out: Any) -> None:
         if self.keep > 1 and out.num_cached_tokens > len(self.tokens) - self.keep:
             # The cache held positions whose prompt logprobs were wanted: recompute them.
+            self.seq.runner.prefix_cache_retries += 1
             self.params = self.seq.runner.scoring_params(self.lookahead, self.keep, read_cache=False)
             return
         self.seq._store(self.tokens, self.keep, out)
@@ -342,7 +343,7 @@ class VLLMModelRunner(ModelRunner):
         self.capabilities = Capabilities(hidden_states=True, batched_forward=True, exact_distributions=self.top_logprobs == -1)
         self.max_lookahead = max_lookahead
         self.served_from_lookahead = self.lookahead_tokens = self.requests = self.hidden_requests = 0
-        self.generate_calls = self._tags = 0
+        self.generate_calls = self._tags = self.prefix_cache_retries = 0
         # Runs that a SwitchRule ends are decided inside vLLM by SwitchProcessor, which reports
         # through this process's memory: with the engine core in another process they fall back
         # to one request per token.

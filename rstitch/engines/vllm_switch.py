@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,7 @@ TAU, TEMPERATURE, TOP_P = range(3)
 
 _SERIALS = itertools.count()
 _STATES: weakref.WeakSet[SwitchState] = weakref.WeakSet()  # every processor's state in this process
+_OWNERS: OrderedDict[int, weakref.ref[SwitchState]] = OrderedDict()  # serial -> the state that admitted it
 
 
 def new_serial() -> int:
@@ -60,8 +62,10 @@ def new_serial() -> int:
 def forced(serial: int, position: int) -> tuple[bool, int]:
     """Whether the sentinel at sequence position `position` of request `serial` was forced, and
     the token kept in its place (-1 under the drop rule). One device read, after the request."""
-    for state in list(_STATES):
-        hit = state.read_log(serial, position)
+    owner = _OWNERS.pop(serial, None)
+    states = [owner()] if owner is not None else list(_STATES)
+    for state in states:
+        hit = None if state is None else state.read_log(serial, position)
         if hit is not None:
             return True, hit
     return False, -1
@@ -104,6 +108,9 @@ class SwitchState:
             self.host_ints[slot] = 0
             return False
         ruled = rule["tau"] is not None
+        _OWNERS[rule["serial"]] = weakref.ref(self)
+        if len(_OWNERS) > LOG_SIZE:  # serials of runs that never ended on the sentinel
+            _OWNERS.popitem(last=False)
         self.host_ints[slot] = (1, rule["serial"], rule["vocab"], rule["sentinel"], ruled, rule["stop_above"],
                                 rule["keep_last"])
         self.host_floats[slot] = (rule["tau"] if ruled else 0.0, temperature, top_p)
@@ -114,9 +121,9 @@ class SwitchState:
         if not self._dirty:
             return
         self._dirty = False
+        # Fresh host copies (the staging arrays change at the next admission); pageable memory:
+        # the copy returns once staged, with no wait on the device, and pinning would allocate.
         staged = [torch.from_numpy(self.host_ints.copy()), torch.from_numpy(self.host_floats.copy())]
-        if self.device.type == "cuda":
-            staged = [t.pin_memory() for t in staged]
         self.ints.copy_(staged[0], non_blocking=True)
         self.floats.copy_(staged[1], non_blocking=True)
         self._staged = staged
