@@ -90,20 +90,21 @@ def version_problems() -> tuple[list[str], list[str]]:
 
 
 def import_problems(missing: set[str]) -> list[str]:
-    """Modules that fail to import, except for a module of a distribution already named."""
+    """Modules that fail to import, except for a module of a distribution already named; the
+    targets that fail alike are named together."""
     missing_modules = {MODULE_NAMES.get(name, name.replace("-", "_")) for name in missing}
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-    problems = []
+    failing: dict[str, list[str]] = {}  # error -> targets
     for target in [*LAZY_MODULES, *(f"transformers:{name}" for name in TRANSFORMERS_CLASSES), *ENTRY_FILES]:
         try:
             with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
                 load(target)
         except ModuleNotFoundError as err:
             if (err.name or "").split(".")[0] not in missing_modules:
-                problems.append(f"{target}: {err}")
+                failing.setdefault(str(err), []).append(target)
         except Exception as err:  # noqa: BLE001 - any failure to import is what the line reports
-            problems.append(f"{target}: {type(err).__name__}: {first_line(err)}")
-    return list(dict.fromkeys(problems))
+            failing.setdefault(f"{type(err).__name__}: {first_line(err)}", []).append(target)
+    return [f"{', '.join(targets)}: {error}" for error, targets in failing.items()]
 
 
 def load(target: str) -> None:

@@ -9,7 +9,7 @@
 #
 # `run` installs .gpu/whl with --no-deps (the machine's own numpy, pandas, tqdm, tokenizers,
 # huggingface-hub, safetensors, regex... stay; the bundle carries what it lacks: transformers in
-# the project's range, hydra-core, omegaconf, antlr4, greenlet, math-verify); a failed install
+# the project's range, hydra-core, omegaconf, antlr4, greenlet, math-verify, pytest); a failed install
 # stops the session in one line. Then scripts/gpu_preflight.py imports everything the sections
 # import and stops the session in one line naming what is missing. Then the sections, each under
 # its own `timeout`: tests (`pytest -m gpu` of the GPU tests) and bench (scripts/bench_gpu.py on
@@ -34,6 +34,8 @@ if [ "$cmd" = prepare ]; then
   set -e
   bash ../shared/gpu/bundle.sh "$bundle"
   cp ../shared/gpu/make_shapes.py "$bundle/"
+  # pytest with its own requirements, so that the tests section never depends on the machine's version
+  "$python" -m pip download -q --no-deps --only-binary=:all: -d "$bundle/whl" "pytest>=8,<9" pluggy iniconfig packaging
   exclude=$(git rev-parse --git-path info/exclude)
   grep -qx "/$bundle/" "$exclude" 2>/dev/null || echo "/$bundle/" >> "$exclude"   # ignored here, so that it is carried explicitly
   du -sh "$bundle"
