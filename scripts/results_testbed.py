@@ -1,25 +1,25 @@
-"""Accuracy-latency points of every method on the testbed (docs/results-testbed.md).
+"""The testbed report (docs/reports/testbed/): accuracy-latency points of every method on the
+embedded testbed pair, regenerated from the records the folder keeps.
 
-    python scripts/results_testbed.py --n 40 --write-doc            # all families, one process
-    python scripts/results_testbed.py --n 40 --families token,speculative &
-    python scripts/results_testbed.py --n 40 --families step          # two processes, then:
-    python scripts/results_testbed.py --n 40 --write-doc              # resumes: renders what is there
+    python scripts/results_testbed.py --n 12 --minutes 10    # decode for at most 10 minutes, resumable
+    python scripts/results_testbed.py --render-only          # rewrite README.md from the records
 
-Each point is a resumable run directory under --results-root (test split, greedy, batch 1, one
-torch thread), so a rerun only decodes what is missing. Speedups are against `llm_only` on the
-same problems.
+Problems are decoded in order, every row of a problem one after the other (test split, greedy,
+budget 512, batch 1, one torch thread); each finished problem's records go into the folder at once,
+so a later call, on this machine or a fresh clone, goes on where this one stopped
+(rstitch/cli/report_decode.py).
 """
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from rstitch.analysis.tables import replace_marked_section
-from rstitch.cli.run import compose_config
-from rstitch.results.summary import plus_minus, with_interval
-from rstitch.runner import run_config
+from rstitch.analysis.record_reports import PAGE, render_page
+from rstitch.cli.report_decode import ReportSpec, decode_report
+from rstitch.errors import ConfigError
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "results-testbed.md"
+FOLDER = Path(__file__).resolve().parents[1] / "docs" / "reports" / "testbed"
 
 # family -> [(method, {param: value})]; the baselines open every table.
 GRID: dict[str, list[tuple[str, dict]]] = {
@@ -37,62 +37,44 @@ GRID: dict[str, list[tuple[str, dict]]] = {
         *[("arbitrage_oracle", {"tau": t}) for t in (0.0, 0.2)],
     ],
 }
-BASELINES = [("llm_only", {}), ("slm_only", {})]
-EXTRA = {"token": "switches", "speculative": "spec_acceptance_rate", "step": "acceptance_rate"}
+BASELINES: list[tuple[str, dict]] = [("llm_only", {}), ("slm_only", {})]
+EXTRA = {"token": "switches", "speculative": "spec_acceptance", "step": "acceptance"}
+COLUMNS = ["n", "accuracy", "accuracy_diff", "p", "latency", "speedup", "cpu_speedup", "token_ratio", "per_token_ratio",
+           "share", "tokens", "switches", "spec_acceptance", "acceptance", "gflops", "sittings"]
+DESCRIPTION = (
+    "The embedded testbed pair (`pair=testbed`, [testbed.md](../../testbed.md)): test split, greedy, budget 512, "
+    "batch 1, one torch thread. Latency is the mean wall clock per problem after warm-up; the wall speedup is "
+    "against `llm_only` on the same problems, the CPU-time speedup the same ratio of the decodes' CPU seconds, "
+    "which other jobs on the cores change less ([analysis.md](../../analysis.md)). ± is one standard error "
+    "(Δ accuracy: paired with `llm_only`, with the paired test's p); [ ] are 95% paired bootstrap intervals over "
+    "the problems, which resample problems, not repeated timings. GFLOPs per problem count every model run.")
 
 
-def run_point(common: list[str], method: str, params: dict) -> dict:
-    overrides = [*common, f"method={method}", *(f"method.{k}={v}" for k, v in params.items())]
-    return run_config(compose_config(overrides))
-
-
-def table(family: str, points: list[tuple[str, dict, dict]]) -> list[str]:
-    extra = EXTRA[family]
-    lines = [
-        f"| method | setting | accuracy ± se | Δ accuracy vs llm_only | latency (s) | speedup [95% CI] | token ratio | "
-        f"per-token ratio | LLM token share | tokens | {extra.replace('_', ' ')} | GFLOPs |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for method, params, s in points:
-        setting = " ".join(f"{k}={v}" for k, v in params.items())
-        accuracy, diff = plus_minus("accuracy", "{:.3f}", " ± ")(s), plus_minus("accuracy_diff", "{:+.3f}", " ± ")(s) or "-"
-        speed, ratio = with_interval("speedup", "{:.2f}")(s) or "-", with_interval("token_ratio", "{:.2f}")(s) or "-"
-        per_token = with_interval("per_token_latency_ratio", "{:.2f}")(s) or "-"
-        value = s.get(extra)
-        extra_cell = "" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
-        lines.append(
-            f"| {method} | {setting} | {accuracy} | {diff} | {s['latency_s']:.3f} | {speed} | {ratio} | {per_token} | "
-            f"{s.get('llm_token_share', float('nan')):.3f} | {s['tokens']:.1f} | {extra_cell} | {s.get('flops', 0) / 1e9:.2f} |"
-        )
-    return lines
+def spec(n: int) -> ReportSpec:
+    rows = BASELINES + [row for family in GRID.values() for row in family]
+    return ReportSpec(
+        title="Results on the testbed", description=DESCRIPTION,
+        command=f"python scripts/results_testbed.py --n {n} --minutes 10   # repeated until every problem is decoded",
+        overrides=[f"dataset.limit={n}", f"dataset.n={n}", "engine.num_threads=1"], rows=rows,
+        tables=[(family, BASELINES + GRID[family]) for family in GRID], columns=COLUMNS)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=40, help="first n test problems")
-    parser.add_argument("--families", default=",".join(GRID), help=f"comma list of {', '.join(GRID)}")
-    parser.add_argument("--results-root", default="runs/testbed-results")
-    parser.add_argument("--write-doc", action="store_true", help=f"replace the generated section of {DOC}")
+    parser.add_argument("--n", type=int, default=12, help="first n test problems")
+    parser.add_argument("--minutes", type=float, default=10.0, help="decode for at most this long, then stop")
+    parser.add_argument("--folder", type=Path, default=FOLDER, help="the report folder")
+    parser.add_argument("--render-only", action="store_true", help="decode nothing; rewrite README.md from the records")
     args = parser.parse_args()
-    families = args.families.split(",")
-    unknown = [f for f in families if f not in GRID]
-    if unknown:
-        parser.error(f"unknown family {unknown[0]!r}; valid: {', '.join(GRID)}")
-    common = [f"dataset.limit={args.n}", f"dataset.n={args.n}", f"results_root={args.results_root}",
-              "logger=none", "engine.num_threads=1"]
-    baselines = [(m, p, run_point(common, m, p)) for m, p in BASELINES]
-    lines = [f"Generated by `python scripts/results_testbed.py --n {args.n} --write-doc`: first {args.n} test "
-             "problems, greedy, budget 512, batch 1, one torch thread; latency is the mean wall clock per "
-             "problem, speedup is against `llm_only`, GFLOPs per problem count every model run (RSD 3.3). "
-             "± one standard error (Δ accuracy: paired with `llm_only` on the same problems); [ ] 95% paired bootstrap "
-             "intervals over problems; speedup = per-token ratio / token ratio (docs/analysis.md)."]
-    for family in families:
-        points = baselines + [(m, p, run_point(common, m, p)) for m, p in GRID[family]]
-        lines += ["", f"**{family}**", "", *table(family, points)]
-    report = "\n".join(lines)
-    print(report)
-    if args.write_doc:
-        replace_marked_section(DOC, "results", report)
+    try:
+        if args.render_only:
+            (args.folder / PAGE).write_text(render_page(args.folder))
+        else:
+            decoded = decode_report(args.folder, spec(args.n), args.minutes)
+            print(f"decoded {decoded} problems into {args.folder}")
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,148 @@
+"""Decode a report (rstitch/analysis/record_reports.py) in resumable chunks: problem by problem,
+every row of a problem one after the other, for at most a given number of minutes; each finished
+problem's records are written into the report folder at once, so a later call (on any machine, from
+a fresh clone of the folder) goes on from the first problem some row lacks. Each call that decodes
+something is a sitting, labelled with its machine, build, threads, and (from its samples) its
+CPU-seconds per wall second and load.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rstitch.analysis.record_reports import (
+    PAGE,
+    compact,
+    finished_problems,
+    load_manifest,
+    read_records,
+    render_page,
+    run_id,
+    write_manifest,
+    write_records,
+)
+from rstitch.config_groups import compose_config
+from rstitch.data import load_dataset_records
+from rstitch.errors import ConfigError
+from rstitch.results.lookup import config_run_dir
+from rstitch.results.store import iter_samples, write_samples
+from rstitch.runner import run_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class ReportSpec:
+    """What a report decodes: its rows (method, settings), the overrides they share, its tables
+    (title -> methods) and columns, and the words of its page."""
+
+    title: str
+    description: str
+    command: str
+    overrides: list[str]
+    rows: list[tuple[str, dict[str, Any]]]
+    tables: list[tuple[str, list[tuple[str, dict[str, Any]]]]]
+    columns: list[str]
+
+
+def machine_label() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} CPUs"
+
+
+def build_label() -> str:
+    """The commit decoding, and whether the decoding code differs from it in this checkout."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    return commit + (" + local changes" if git("status", "--porcelain", "--", "rstitch", "conf") else "")
+
+
+def new_manifest(spec: ReportSpec, cfgs: dict[str, dict[str, Any]], problems: list[str]) -> dict[str, Any]:
+    return {
+        "title": spec.title, "description": spec.description, "command": spec.command, "overrides": spec.overrides,
+        "runs": {run_id(m, p): {"method": m, "params": p, "method_cfg": cfgs[run_id(m, p)]["method"]} for m, p in spec.rows},
+        "tables": [{"title": t, "runs": [run_id(m, p) for m, p in rows]} for t, rows in spec.tables],
+        "columns": spec.columns, "problems": problems, "sittings": [],
+    }
+
+
+def checked_manifest(folder: Path, spec: ReportSpec, cfgs: dict[str, dict[str, Any]], problems: list[str]) -> dict[str, Any]:
+    """The folder's manifest (a new one for a new folder); one error line when its records were
+    decoded with other settings, which a resume must not mix in."""
+    fresh = new_manifest(spec, cfgs, problems)
+    if not (folder / "report.json").is_file():
+        return fresh
+    manifest = load_manifest(folder)
+    for key in ("overrides", "runs", "problems"):
+        if manifest[key] != fresh[key]:
+            raise ConfigError(f"{folder} was decoded with other {key}; decode into a new folder or delete this one")
+    return {**fresh, "sittings": manifest["sittings"]}
+
+
+def seeded_run(cfg: dict[str, Any], rows: list[dict[str, Any]]) -> Path:
+    """The scratch run directory of `cfg`, holding the report's records of it, so that the runner
+    decodes only what they lack."""
+    run_dir = config_run_dir(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_samples(run_dir, rows)
+    return run_dir
+
+
+def decode_problem(folder: Path, cfgs: dict[str, dict[str, Any]], index: int, problem: str, sitting: int) -> None:
+    """Every row's sample of one problem, each written into the report as soon as it is decoded."""
+    for run, cfg in cfgs.items():
+        kept = read_records(folder, run)
+        if any(r["id"] == problem for r in kept):
+            continue
+        run_dir = seeded_run(cfg, kept)
+        run_config(cfg, first=index + 1)
+        new = [s for s in iter_samples(run_dir / "samples.jsonl") if s["id"] == problem]
+        write_records(folder, run, [*kept, *(compact(s, sitting) for s in new)])
+
+
+def decode_report(folder: Path, spec: ReportSpec, minutes: float) -> int:
+    """Decode the problems the report lacks, in order, for at most `minutes` (a problem is started
+    only while the longest one of this sitting still fits); rewrite its page. Returns the number of
+    problems decoded."""
+    if minutes <= 0:
+        raise ConfigError(f"--minutes must be > 0, got {minutes}")
+    with tempfile.TemporaryDirectory(prefix="report-") as scratch:
+        cfgs = {run_id(m, p): compose_config([*spec.overrides, f"results_root={scratch}", "logger=none", f"method={m}",
+                                              *(f"method.{k}={v}" for k, v in p.items())]) for m, p in spec.rows}
+        first = next(iter(cfgs.values()))
+        problems = [str(r.id) for r in load_dataset_records(**first["dataset"])]
+        manifest = checked_manifest(folder, spec, cfgs, problems)
+        write_manifest(folder, manifest)
+        done = set(finished_problems(manifest, folder))
+        start, longest, decoded = time.monotonic(), 0.0, 0
+        for index, problem in enumerate(problems):
+            if problem in done:
+                continue
+            if time.monotonic() - start + longest > minutes * 60:
+                break
+            if decoded == 0:
+                manifest["sittings"].append({"started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
+                                             "machine": machine_label(), "commit": build_label(),
+                                             "threads": first["engine"].get("num_threads")})
+                write_manifest(folder, manifest)
+            began = time.monotonic()
+            decode_problem(folder, cfgs, index, problem, len(manifest["sittings"]))
+            longest, decoded = max(longest, time.monotonic() - began), decoded + 1
+    (folder / PAGE).write_text(render_page(folder))
+    return decoded
