@@ -417,3 +417,18 @@ def test_methods_that_read_whole_distributions_refuse_top_k_logprobs(pairs, monk
         build_method(name).decode(prompt, DecodeContext(vllm, sampler, 8, problem=problem))
     if name == "specdec":
         assert build_method(name).decode(prompt, DecodeContext(vllm, Sampler(), 8, problem=problem)).token_ids
+
+
+def test_scoring_requests_are_never_repeated_for_the_prefix_cache(pairs):
+    """SpecDec's verifications want prompt logprobs, which vLLM computes only where its prefix
+    cache does not hit. Decoding a problem again finds the first decode's blocks cached: a
+    request reads the cache only where it holds no wanted position (looked up before sending),
+    so none is sent twice, and the tokens are the first decode's."""
+    _, vllm = pairs
+    [problem] = generate_problems("test", 1, seed=5)
+    prompt = PromptFormat().encode(vllm.tokenizer, problem.problem)
+    retries = lambda: sum(m.prefix_cache_retries for m in vllm.models().values())  # noqa: E731
+    before = retries()
+    outputs = [build_method("specdec").decode(prompt, DecodeContext(vllm, Sampler(), 128, problem=problem.problem)).token_ids
+               for _ in range(2)]
+    assert retries() == before and outputs[0] == outputs[1] and len(outputs[0]) > 32

@@ -203,8 +203,10 @@ class RunRequest:
 
 
 class _Scoring:
-    """A forward of the base class as vLLM requests: served from the lookahead, or one request
-    (repeated without the prefix cache if the cache hid a wanted prompt position)."""
+    """A forward of the base class as vLLM requests: served from the lookahead, or one request.
+    vLLM computes prompt logprobs only for positions its prefix cache does not cover: a request
+    that wants some reads the cache unless it holds one of them now (`cached_tokens`), and is
+    repeated without it only if the cache grew in between (another request of the same round)."""
 
     def __init__(self, seq: VLLMSequence, new_ids: list[int], keep: int):
         self.seq, self.keep = seq, keep
@@ -216,7 +218,8 @@ class _Scoring:
             return
         seq._adapt_lookahead(self.tokens)
         self.lookahead = seq.runner.room(len(self.tokens), seq._lookahead)
-        self.params = seq.runner.scoring_params(self.lookahead, keep, read_cache=True)
+        read_cache = keep <= 1 or seq.runner.cached_tokens(self.tokens) <= len(self.tokens) - keep
+        self.params = seq.runner.scoring_params(self.lookahead, keep, read_cache=read_cache)
 
     def take(self, out: Any) -> None:
         if self.keep > 1 and out.num_cached_tokens > len(self.tokens) - self.keep:
@@ -409,9 +412,11 @@ class VLLMModelRunner(ModelRunner):
 
     def hidden_states(self, token_ids: list[int], n_rows: int) -> torch.Tensor:
         """The last hidden states [n_rows, H] (float32) of the last `n_rows` positions of `token_ids`."""
-        data = self._pool(token_ids, read_cache=True)
+        # Only computed positions get a state: read the cache unless it holds a wanted position
+        # now (and repeat without it if it came to hold one before the request ran).
+        data = self._pool(token_ids, read_cache=cached_tokens(self.hidden_llm, token_ids) <= len(token_ids) - n_rows)
         if data.shape[0] < n_rows:
-            # Only computed positions get a state, and the prefix cache covered wanted ones.
+            self.prefix_cache_retries += 1
             data = self._pool(token_ids, read_cache=False)
         return data[-n_rows:].float()
 
@@ -447,6 +452,10 @@ class VLLMModelRunner(ModelRunner):
     def run(self, token_ids: list[int], params: Any) -> Any:
         [out] = self.run_many([token_ids], [params])
         return out
+
+    def cached_tokens(self, token_ids: list[int]) -> int:
+        """How many leading tokens of `token_ids` the generation engine's prefix cache holds now."""
+        return cached_tokens(self.llm, token_ids)
 
     def new_tag(self) -> int:
         from rstitch.engines import vllm_switch
@@ -517,6 +526,24 @@ def _check_options(dtype: str, max_lookahead: Any, hidden_gpu_memory_utilization
     # Checked now: the hidden-state engine is loaded only at the first sequence that wants it.
     if not _is_fraction(hidden_gpu_memory_utilization):
         raise ConfigError(f"engine.hidden_gpu_memory_utilization must be in (0, 1], got {hidden_gpu_memory_utilization!r}")
+
+
+def cached_tokens(llm: Any, token_ids: list[int]) -> int:
+    """How many leading tokens of `token_ids` `llm`'s prefix cache holds now: a lookup in the
+    engine core's KV cache manager (nothing allocated), only where the cache could hold more
+    than nothing (vLLM computes the last token at least). With the engine core in another
+    process: all it could hold (the caller then skips the cache for wanted positions)."""
+    block = llm.llm_engine.vllm_config.cache_config.block_size
+    limit = (len(token_ids) - 1) // block * block
+    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
+    if limit == 0 or core is None:
+        return limit
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    probe = Request("rstitch-prefix-probe", token_ids, SamplingParams(max_tokens=1), None,
+                    block_hasher=core.request_block_hasher)
+    return core.scheduler.kv_cache_manager.get_computed_blocks(probe)[1]
 
 
 def count_engine_steps(llm: Any, on_step: Callable[[], None]) -> bool:
