@@ -14,7 +14,7 @@ from rstitch.errors import ConfigError
 MULTIRUN_FLAGS = ("-m", "--multirun")
 # Hydra's sweep functions: a value calling one of these is a sweep, as a comma list is.
 SWEEP_FUNCTIONS = re.compile(r"^(range|choice|glob|interval|tag|sort|shuffle)\(")
-SLURM_COMMANDS = ("sbatch", "srun")
+SLURM_COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "scancel")
 
 
 def is_multirun(argv: Sequence[str]) -> bool:
@@ -62,26 +62,32 @@ def check_sweep_needs_multirun(overrides: Sequence[str], multirun: bool) -> None
 
 
 def check_slurm(overrides: Sequence[str]) -> None:
-    """`hydra/launcher=slurm` on a machine without Slurm: submitit's traceback after composing."""
-    if not any(o.lstrip("+").split("=", 1) == ["hydra/launcher", "slurm"] for o in overrides):
+    """A Slurm launcher on a machine without Slurm (submitit's traceback after composing), or with
+    requests that no node of the partition meets (a job pending forever): one line each."""
+    from rstitch.cli.cluster import SLURM_LAUNCHERS, check_requests, launcher_of
+
+    launcher = launcher_of(overrides)
+    if launcher not in SLURM_LAUNCHERS:
         return
     missing = [c for c in SLURM_COMMANDS if shutil.which(c) is None]
     if missing:
-        raise ConfigError(f"hydra/launcher=slurm submits Slurm jobs, and this machine has no {' or '.join(missing)} on PATH; "
+        raise ConfigError(f"hydra/launcher={launcher} submits Slurm jobs, and this machine has no {' or '.join(missing)} on PATH; "
                           "run it on a Slurm login node, or use hydra/launcher=local (parallel processes here) "
                           "or no launcher (one run after another)")
+    check_requests(launcher_settings(overrides))
 
 
-def first_values(overrides: Sequence[str]) -> list[str] | None:
-    """Each sweep override reduced to its first value (one point to compose), or None when a
-    sweep function makes the points unknown here."""
-    out = []
-    for override in overrides:
-        key, value = override.split("=", 1)
-        if SWEEP_FUNCTIONS.match(value.strip()):
-            return None
-        out.append(f"{key}={top_level_items(value)[0]}")
-    return out
+def launcher_settings(overrides: Sequence[str]) -> dict:
+    """`hydra.launcher` as the command line composes it."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    hydra_overrides = [o for o in overrides if o.lstrip("+~").startswith("hydra")]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=hydra_overrides, return_hydra_config=True)
+    settings = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
+    assert isinstance(settings, dict), "hydra.launcher is a mapping"
+    return settings
 
 
 def grid_points(sweeper_params: dict | None) -> int:
@@ -90,30 +96,54 @@ def grid_points(sweeper_params: dict | None) -> int:
 
 
 def check_composes(overrides: Sequence[str], multirun: bool) -> None:
-    """Compose one point of the command as Hydra will: a misspelt key is one line (not Hydra's
-    multi-line message), and a grid preset (`experiment=...` with sweeper params) run without -m,
-    which would silently run a single point, is refused."""
+    """Compose every point of the command as Hydra will, and check what a job would find wrong in
+    it before decoding (a shard index out of range, a bad `baseline`): a misspelt key or a bad
+    later point is one line before anything runs or is submitted (not Hydra's multi-line message,
+    nor a failed job). A grid preset (`experiment=...` with sweeper params) run without -m, which
+    would silently run a single point, is refused."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    point = first_values([o for o in overrides if not o.lstrip("+~").startswith("hydra")])
-    if point is None:
-        return
+    from rstitch.logging.sweep import sweep_points
+
+    run_overrides = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
+    first = sweep_points(run_overrides)[0]  # the first point: the preset it names (and its grid)
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=point, return_hydra_config=True)
+            cfg = compose(config_name="config", overrides=first, return_hydra_config=True)
+            params = OmegaConf.to_container(cfg.hydra.sweeper.params) if cfg.hydra.sweeper.get("params") else None
+            given = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
+            swept = {k: v for k, v in (params if isinstance(params, dict) else {}).items() if k not in given}
+            if not multirun and grid_points(swept) > 1:
+                preset = cfg.hydra.runtime.choices.get("experiment") or "the composed config"
+                raise ConfigError(f"experiment '{preset}' is a grid of {grid_points(swept)} runs (hydra.sweeper.params: "
+                                  f"{', '.join(map(str, swept))}); run it with -m (rstitch-run -m experiment={preset}), "
+                                  "or give each of those keys one value")
+            points = sweep_points(run_overrides, swept) if multirun else [run_overrides]
+            for point in points:
+                check_point(point, len(points) > 1)
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(composition_error(str(err))) from None
-    params = OmegaConf.to_container(cfg.hydra.sweeper.params) if cfg.hydra.sweeper.get("params") else None
-    given = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
-    swept = {k: v for k, v in (params if isinstance(params, dict) else {}).items() if k not in given}
-    points = grid_points(swept)
-    if not multirun and points > 1:
-        preset = cfg.hydra.runtime.choices.get("experiment") or "the composed config"
-        raise ConfigError(f"experiment '{preset}' is a grid of {points} runs (hydra.sweeper.params: {', '.join(map(str, swept))}); "
-                          f"run it with -m (rstitch-run -m experiment={preset}), or give each of those keys one value")
+
+
+def check_point(point: Sequence[str], name_it: bool) -> None:
+    """One point composed and checked as its run starts (before the models load)."""
+    from hydra import compose
+
+    from rstitch.config_groups import resolved_run_config
+    from rstitch.data import load_dataset_records
+    from rstitch.results.baseline import wants_baseline_run
+
+    try:
+        cfg = resolved_run_config(compose(config_name="config", overrides=list(point)))
+        wants_baseline_run(cfg)
+        dataset = cfg.get("dataset") or {}
+        if (dataset.get("shard"), dataset.get("num_shards")) not in ((None, None), (0, 1), (None, 1), (0, None)):
+            load_dataset_records(**dataset)  # the shard index and count against the selection
+    except ConfigError as err:
+        raise ConfigError(f"sweep point {' '.join(point)}: {err}" if name_it else str(err)) from None
 
 
 def composition_error(message: str) -> str:

@@ -15,6 +15,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rstitch import config_groups
+from rstitch.cli.cluster import exit_run, install_sigterm_handler, submitting
 from rstitch.cli.preflight import check_command_line
 from rstitch.config_groups import compose_config, resolved_run_config  # noqa: F401  (compose_config: scripts and tests import it from here)
 from rstitch.configs import CONF_DIR
@@ -36,7 +37,7 @@ OmegaConf.register_new_resolver("run_subdir", lambda *, _root_: str(keys.run_sub
 
 def fail(message: str) -> None:
     print(f"rstitch-run: error: {message}", file=sys.stderr)
-    sys.exit(2)
+    exit_run(2, message)  # in a submitit job: an error its submitter reports
 
 
 def discard_if_empty(run_dir: Path) -> None:
@@ -99,6 +100,7 @@ def watch_interrupts() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_interrupt)
+    install_sigterm_handler(on_interrupt)  # scancel, kill: the same stop (not a preempted Slurm job's)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
@@ -128,9 +130,9 @@ def app(cfg: DictConfig) -> None:
         interrupted = True  # reported below, once the run's frames (and its progress bar) are gone
     if interrupted:
         discard_if_empty(run_dir)
-        print(f"\nrstitch-run: interrupted: {saved_samples(decoding_dir)} samples saved in {decoding_dir}; "
-              "rerun the same command to resume", file=sys.stderr)
-        sys.exit(130)
+        message = f"interrupted: {saved_samples(decoding_dir)} samples saved in {decoding_dir}; rerun the same command to resume"
+        print(f"\nrstitch-run: {message}", file=sys.stderr)
+        exit_run(130, message)
     # Last on the console, after the loggers' output: the table, why a speedup is missing, where the results are.
     print(format_table(*filter(None, [baseline, summary])))
     for line in contention_notes(filter(None, [baseline, summary])):
@@ -148,7 +150,8 @@ def main() -> None:
         check_command_line(sys.argv[1:])
     except ConfigError as err:
         fail(str(err))
-    app()
+    with submitting(sys.argv[1:]):  # a submitit launcher's jobs: watched, cancelled on Ctrl-C, errors in one line
+        app()
 
 
 if __name__ == "__main__":

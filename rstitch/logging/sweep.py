@@ -4,18 +4,23 @@ share of bootstrap resamples of the problems in which each point stays on it), a
 plot of accuracy vs latency, and the accuracy-latency figures with error bars.
 
 `SweepSummary` is a Hydra callback (conf/config.yaml, `hydra.callbacks`). After every multirun it
-prints one table of the sweep's runs, last on the console (with the submitit launchers the jobs'
-own output goes to `.submitit/`, so this is the only result shown); with `logger=wandb` it logs
-the W&B summary first. The jobs' run directories come from `on_job_end`, or, when a launcher runs
-the jobs in other processes (submitit), from the runs under the sweep directory whose summary was
-written after the multirun started.
+fills in the speedups of the points that finished before a baseline of the same sweep (parallel
+jobs), then prints one table of the sweep's runs, last on the console (with the submitit launchers
+the jobs' own output goes to `.submitit/`, so this is the only result shown); with `logger=wandb`
+it logs the W&B summary first, unless a rerun changed no sample. The sweep's runs are its points'
+run directories (and, with `baseline=auto`, their baselines'), composed from the sweep's overrides
+as the launcher composed them: another sweep writing under the same `results_root` at the same
+time does not enter its table.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import sys
-import time
+import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +41,9 @@ POINT_COLUMNS = ("group", "method", "setting", "accuracy", "accuracy_se", "accur
 class SweepSummary(Callback):
     def __init__(self) -> None:
         self.run_dirs: list[Path] = []
-        self.started = time.time()
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self.run_dirs, self.started = [], time.time()
+        self.run_dirs = []
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         run_dir = Path(config.hydra.runtime.output_dir)
@@ -48,19 +52,93 @@ class SweepSummary(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.utils import instantiate
+        from omegaconf import OmegaConf
 
         from rstitch.logging import WandbLogger
 
         sweep_dir = Path(config.hydra.sweep.dir)
-        # The jobs' runs, and the runs they finished besides (baseline=auto's llm_only), whichever launcher ran them.
-        run_dirs = sorted({d.resolve() for d in [*finished_since(sweep_dir, self.started), *self.run_dirs]})
+        params = OmegaConf.to_container(config.hydra.sweeper.params) if config.hydra.sweeper.get("params") else None
+        points = sweep_points(list(config.hydra.overrides.task), params if isinstance(params, dict) else None)
+        # The jobs' runs, and the baselines they ran (baseline=auto's llm_only), whichever launcher ran them.
+        own = [d for point in points for d in point_run_dirs(composed_point(point))]
+        run_dirs = sorted({d.resolve() for d in [*own, *self.run_dirs] if (d / SUMMARY_FILE).is_file()})
+        fill_speedups(run_dirs)
         logger = instantiate(config.logger)
         if isinstance(logger, WandbLogger):
             try:
-                log_sweep_summary(run_dirs, logger, name=f"sweep/{sweep_dir.name}")
+                log_sweep_summary(run_dirs, logger, name=f"sweep/{sweep_dir.name}", state_dir=sweep_dir / ".sweep_summaries")
             except ConfigError as err:  # the jobs' results stand; only the summary is missing
                 print(f"rstitch-run: warning: no W&B sweep summary: {err}", file=sys.stderr)
         print(sweep_table(run_dirs, sweep_dir), flush=True)
+
+
+def sweep_points(overrides: Sequence[str], params: Mapping[Any, Any] | None = None) -> list[list[str]]:
+    """The points of `rstitch-run -m <overrides>` (with a preset's `hydra.sweeper.params` for the
+    keys the command line leaves), each as its list of overrides, expanded by Hydra's own sweeper."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    given = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
+    arguments = [f"{k}={v}" for k, v in (params or {}).items() if k not in given] + list(overrides)
+    parsed = OverridesParser.create().parse_overrides(arguments)
+    return [list(point) for batch in BasicSweeper.split_arguments(parsed, None) for point in batch]
+
+
+def composed_point(point: Sequence[str]) -> dict[str, Any]:
+    """The resolved run config of one point, composed in the running Hydra app."""
+    from hydra import compose
+
+    from rstitch.config_groups import resolved_run_config
+
+    return resolved_run_config(compose(config_name="config", overrides=list(point)))
+
+
+def point_run_dirs(cfg: Mapping[str, Any]) -> list[Path]:
+    """The run directories a point's job writes: its own, and its baseline's with `baseline=auto`."""
+    from rstitch.results.baseline import baseline_config, wants_baseline_run
+    from rstitch.results.keys import comparison_dir, comparison_run_dir, run_dir
+
+    dirs = [run_dir(cfg["results_root"], cfg)]
+    if wants_baseline_run(dict(cfg)):
+        dirs.append(comparison_run_dir(comparison_dir(cfg["results_root"], cfg), baseline_config(dict(cfg))))
+    return dirs
+
+
+def fill_speedups(run_dirs: Sequence[Path]) -> list[Path]:
+    """A point that finished before its baseline (parallel jobs of one sweep) stored no speedup:
+    compute it now from the baseline's finished run and rewrite its summary.json. Returns the runs
+    filled in."""
+    from rstitch.results.metrics import baseline_method, compare_with_baseline
+    from rstitch.results.store import iter_samples
+
+    filled = []
+    for run_dir in run_dirs:
+        summary = json.loads((run_dir / SUMMARY_FILE).read_text())
+        if summary.get("speedup") is not None or summary.get("method") == baseline_method() or summary.get("partial"):
+            continue
+        samples = list(iter_samples(run_dir / "samples.jsonl"))
+        comparison = compare_with_baseline(summary, samples, run_dir.parent.parent)
+        if comparison.get("speedup") is None:
+            continue
+        write_atomically(run_dir / SUMMARY_FILE, json.dumps({**summary, **comparison}, indent=2))
+        filled.append(run_dir)
+    return filled
+
+
+def write_atomically(path: Path, text: str) -> None:
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
+        tmp.write(text)
+    if path.exists():
+        shutil.copymode(path, tmp.name)  # not the temporary file's 0600
+    else:
+        os.chmod(tmp.name, 0o666 & ~current_umask())
+    os.replace(tmp.name, path)
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def sweep_table(run_dirs: list[Path], sweep_dir: Path) -> str:
@@ -79,12 +157,22 @@ def sweep_table(run_dirs: list[Path], sweep_dir: Path) -> str:
     return "\n".join(lines)
 
 
-def finished_since(root: Path, start: float) -> list[Path]:
-    return sorted(p.parent for p in root.rglob(SUMMARY_FILE) if p.stat().st_mtime >= start)
+def samples_fingerprint(run_dirs: Sequence[Path]) -> str:
+    """What a sweep summary shows, as a hash: the runs and their samples (a rerun that decoded
+    nothing leaves it unchanged, though it rewrites the summaries' timing fields)."""
+    digest = hashlib.sha1()
+    for run_dir in sorted(run_dirs):
+        digest.update(str(run_dir).encode())
+        samples = run_dir / "samples.jsonl"
+        digest.update(samples.read_bytes() if samples.is_file() else b"")
+        summary = json.loads((run_dir / SUMMARY_FILE).read_text()) if (run_dir / SUMMARY_FILE).is_file() else {}
+        digest.update(repr(summary.get("speedup")).encode())
+    return digest.hexdigest()
 
 
-def log_sweep_summary(run_dirs: list[Path], logger: Any, name: str) -> str:
-    """Log the runs in `run_dirs` as one W&B run of `logger`'s project; returns the run's id."""
+def log_sweep_summary(run_dirs: list[Path], logger: Any, name: str, state_dir: Path | None = None) -> str | None:
+    """Log the runs in `run_dirs` as one W&B run of `logger`'s project; returns the run's id, or
+    None when `state_dir` records that this run was logged with the same samples already."""
     import wandb
 
     from rstitch.analysis import load_runs, load_samples, mark_frontier
@@ -99,6 +187,11 @@ def log_sweep_summary(run_dirs: list[Path], logger: Any, name: str) -> str:
     points = runs[list(POINT_COLUMNS)].astype({"on_frontier": bool})
     table = wandb.Table(dataframe=points)
     run_id = hashlib.sha1("\n".join(sorted(map(str, runs["run_dir"]))).encode()).hexdigest()[:16]
+    fingerprint = samples_fingerprint(run_dirs)
+    state = state_dir / f"{run_id}.sha1" if state_dir is not None else None
+    if state is not None and state.is_file() and state.read_text() == fingerprint:
+        print(f"sweep: W&B sweep summary {run_id} is up to date (no sample changed)", file=sys.stderr)
+        return None
     run = wandb.init(project=logger.project, entity=logger.entity, mode=logger.mode, group=logger.group,
                      tags=logger.tags, dir=logger.dir, name=name, id=run_id, job_type="sweep-summary",
                      resume="allow", reinit="finish_previous", config={"run_dirs": list(points["run_dir"])},
@@ -113,4 +206,7 @@ def log_sweep_summary(run_dirs: list[Path], logger: Any, name: str) -> str:
     run.log(payload)
     run.summary.update({"sweep/runs": len(runs), "sweep/frontier_runs": int(runs["on_frontier"].sum())})
     run.finish()
+    if state is not None:
+        state.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(state, fingerprint)
     return run_id
