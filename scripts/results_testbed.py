@@ -1,7 +1,7 @@
 """The testbed report (docs/reports/testbed/): accuracy-latency points of every method on the
 embedded testbed pair, regenerated from the records the folder keeps.
 
-    python scripts/results_testbed.py --n 12 --minutes 10    # decode for at most 10 minutes, resumable
+    python scripts/results_testbed.py --n 20 --minutes 10    # decode for at most 10 minutes, resumable
     python scripts/results_testbed.py --render-only          # rewrite README.md from the records
 
 Problems are decoded in order, every row of a problem one after the other (test split, greedy,
@@ -15,8 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rstitch.analysis.record_reports import PAGE, render_page
-from rstitch.cli.report_decode import ReportSpec, decode_report
+from rstitch.cli.report_decode import ReportSpec, decode_report, refresh_page
 from rstitch.errors import ConfigError
 
 FOLDER = Path(__file__).resolve().parents[1] / "docs" / "reports" / "testbed"
@@ -61,14 +60,14 @@ def spec(n: int) -> ReportSpec:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=12, help="first n test problems")
+    parser.add_argument("--n", type=int, default=20, help="first n test problems")
     parser.add_argument("--minutes", type=float, default=10.0, help="decode for at most this long, then stop")
     parser.add_argument("--folder", type=Path, default=FOLDER, help="the report folder")
     parser.add_argument("--render-only", action="store_true", help="decode nothing; rewrite README.md from the records")
     args = parser.parse_args()
     try:
         if args.render_only:
-            (args.folder / PAGE).write_text(render_page(args.folder))
+            refresh_page(args.folder, spec(args.n))
         else:
             decoded = decode_report(args.folder, spec(args.n), args.minutes)
             print(f"decoded {decoded} problems into {args.folder}")

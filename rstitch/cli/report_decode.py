@@ -36,6 +36,7 @@ from rstitch.results.store import iter_samples, write_samples
 from rstitch.runner import run_config
 
 ROOT = Path(__file__).resolve().parents[2]
+clock = time.monotonic  # the minutes a decode may take are counted on it
 
 
 @dataclass
@@ -116,6 +117,27 @@ def decode_problem(folder: Path, cfgs: dict[str, dict[str, Any]], index: int, pr
         write_records(folder, run, [*kept, *(compact(s, sitting) for s in new)])
 
 
+def prepared(folder: Path, spec: ReportSpec, scratch: str) -> tuple[dict[str, dict[str, Any]], list[str], dict[str, Any]]:
+    """The rows' composed configs (run directories under `scratch`), the problems in decode order,
+    and the folder's manifest, checked against the spec and written with its words."""
+    cfgs = {run_id(m, p): compose_config([*spec.overrides, f"results_root={scratch}", "logger=none", f"method={m}",
+                                          *(f"method.{k}={v}" for k, v in p.items())]) for m, p in spec.rows}
+    problems = [str(r.id) for r in load_dataset_records(**next(iter(cfgs.values()))["dataset"])]
+    manifest = checked_manifest(folder, spec, cfgs, problems)
+    write_manifest(folder, manifest)
+    return cfgs, problems, manifest
+
+
+def refresh_page(folder: Path, spec: ReportSpec) -> None:
+    """Rewrite a report's words (title, description, command, tables) from `spec` and its page from
+    its records, decoding nothing; one error line when the records were decoded with other settings."""
+    if not (folder / "report.json").is_file():
+        raise ConfigError(f"{folder} is not a report yet: decode it first")
+    with tempfile.TemporaryDirectory(prefix="report-") as scratch:
+        prepared(folder, spec, scratch)
+    (folder / PAGE).write_text(render_page(folder))
+
+
 def decode_report(folder: Path, spec: ReportSpec, minutes: float) -> int:
     """Decode the problems the report lacks, in order, for at most `minutes` (a problem is started
     only while the longest one of this sitting still fits); rewrite its page. Returns the number of
@@ -123,26 +145,22 @@ def decode_report(folder: Path, spec: ReportSpec, minutes: float) -> int:
     if minutes <= 0:
         raise ConfigError(f"--minutes must be > 0, got {minutes}")
     with tempfile.TemporaryDirectory(prefix="report-") as scratch:
-        cfgs = {run_id(m, p): compose_config([*spec.overrides, f"results_root={scratch}", "logger=none", f"method={m}",
-                                              *(f"method.{k}={v}" for k, v in p.items())]) for m, p in spec.rows}
+        cfgs, problems, manifest = prepared(folder, spec, scratch)
         first = next(iter(cfgs.values()))
-        problems = [str(r.id) for r in load_dataset_records(**first["dataset"])]
-        manifest = checked_manifest(folder, spec, cfgs, problems)
-        write_manifest(folder, manifest)
         done = set(finished_problems(manifest, folder))
-        start, longest, decoded = time.monotonic(), 0.0, 0
+        start, longest, decoded = clock(), 0.0, 0
         for index, problem in enumerate(problems):
             if problem in done:
                 continue
-            if time.monotonic() - start + longest > minutes * 60:
+            if clock() - start + longest > minutes * 60:
                 break
             if decoded == 0:
                 manifest["sittings"].append({"started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
                                              "machine": machine_label(), "commit": build_label(),
                                              "threads": first["engine"].get("num_threads")})
                 write_manifest(folder, manifest)
-            began = time.monotonic()
+            began = clock()
             decode_problem(folder, cfgs, index, problem, len(manifest["sittings"]))
-            longest, decoded = max(longest, time.monotonic() - began), decoded + 1
+            longest, decoded = max(longest, clock() - began), decoded + 1
     (folder / PAGE).write_text(render_page(folder))
     return decoded
