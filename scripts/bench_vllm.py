@@ -225,17 +225,29 @@ def step_counts(vllm: ModelPair, methods: list[str], n_problems: int, budget: in
         ("LLM.generate (stock)", stock, lambda: (stock_steps[0], 0, 0))]
     rows += [(name, lambda problem, prompt, name=name: decode(vllm, name, problem, prompt, budget).token_ids,
               lambda: (total("engine_steps"), total("requests"), total("prefix_cache_retries"))) for name in methods]
-    for label, run, counters in rows:
-        run(*items[0])  # warm-up
-        (steps, requests, retries), reads, logs = counters(), HostReads(), log_reads[0]
-        with reads:
-            tokens = sum(len(run(*item)) for item in items)
-        (steps_after, requests_after, retries_after), logs = counters(), log_reads[0] - logs
-        ms = best_ms(lambda run=run: [run(*item) for item in items], repeats) / tokens
-        requests_per_token = (requests_after - requests) / tokens if requests_after else len(items) / tokens
-        print(f"{label:22s} {tokens:6d} {(steps_after - steps) / tokens:9.3f} {requests_per_token:7.3f} "
-              f"{retries_after - retries:7d} {reads.count / tokens:9.2f} {logs:9d} {ms:7.2f}")
+    counted = [count_row(run, counters, items, log_reads) for _, run, counters in rows]
+    seconds = [math.inf] * len(rows)
+    for _ in range(repeats):  # passes interleaved across the rows, so that load drifts hit all alike
+        for i, (_, run, _) in enumerate(rows):
+            start = time.perf_counter()
+            for item in items:
+                run(*item)
+            seconds[i] = min(seconds[i], time.perf_counter() - start)
+    for (label, _, _), (tokens, steps, requests, retries, reads, logs), s in zip(rows, counted, seconds):
+        print(f"{label:22s} {tokens:6d} {steps / tokens:9.3f} {(requests or len(items)) / tokens:7.3f} "
+              f"{retries:7d} {reads / tokens:9.2f} {logs:9d} {1000 * s / tokens:7.2f}")
     vllm_switch.SwitchState.read_log = read_log
+
+
+def count_row(run: Callable, counters: Callable[[], tuple[int, int, int]], items: list, log_reads: list[int]) -> tuple:
+    """One warm-up decode of the first item, then one counted pass over all: tokens, and the
+    engine steps, requests, prefix-cache retries, host reads and switch-log reads it took."""
+    run(*items[0])
+    before, reads, logs = counters(), HostReads(), log_reads[0]
+    with reads:
+        tokens = sum(len(run(*item)) for item in items)
+    steps, requests, retries = (after - b for after, b in zip(counters(), before))
+    return tokens, steps, requests, retries, reads.count, log_reads[0] - logs
 
 
 def main() -> None:

@@ -499,7 +499,9 @@ class VLLMModelRunner(ModelRunner):
             sampling = {"temperature": float(sampler.temperature), "top_p": float(sampler.top_p), "seed": seed}
         stop_ids = eos | ({self.sentinel} if rule.ends else set())
         extra = None
-        if self.switch_in_engine:
+        # The processor takes part only where it has work: a rule that can end the run, or ids
+        # beyond the shared vocabulary to mask.
+        if self.switch_in_engine and (rule.ends or self.vocab_size < self.model_vocab_size):
             extra = {vllm_switch.KEY: {
                 "serial": serial, "vocab": self.vocab_size, "sentinel": self.sentinel,
                 "tau": float(rule.tau) if rule.ends else None, "stop_above": rule.stop_above, "keep_last": rule.keep_last,
