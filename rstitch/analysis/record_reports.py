@@ -315,7 +315,9 @@ def render_page(folder: Path) -> str:
     manifest = load_manifest(folder)
     summaries = report_summaries(manifest, folder)
     done = finished_problems(manifest, folder)
-    names = {"problems": len(done), "planned": len(manifest["problems"]), "sittings": len(manifest["sittings"])}
+    names: dict[str, Any] = {"problems": len(done), "planned": len(manifest["problems"]), "sittings": len(manifest["sittings"])}
+    for sitting, measured in sitting_measures(manifest, folder).items():  # `cpu_per_wall_1`, `load_1`, ...
+        names.update({f"{key}_{sitting}": value for key, value in measured.items()})
     lines = [f"# {manifest['title']}", "", "Generated from this folder's records by", "", "```",
              manifest["command"], "```", "",
              f"{len(done)} of {len(manifest['problems'])} planned problems are decoded for every row. "
