@@ -3,15 +3,23 @@ capture (`static`) and, where a GPU is present, with CUDA graphs (`graphs`): the
 and tokens as the eager path."""
 from __future__ import annotations
 
+import gc
 import json
+import math
+import re
+import time
+import weakref
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rstitch.cli.run import compose_config
 from rstitch.engines import Sampler, TokenDistribution, hf_static, load_pair
 from rstitch.engines.hf import HFModelRunner
-from rstitch.engines.hf_static import StaticDecoder, StaticKV, StaticSequence, resolve_mode
+from rstitch.engines.hf_static import StaticDecoder, StaticSequence, resolve_mode
 from rstitch.errors import ConfigError
 from rstitch.results.keys import run_key
 from rstitch.runner import run
@@ -161,23 +169,304 @@ def test_batch_n_on_the_static_path_decodes_what_batch_1_decodes(tmp_path, metho
         assert rows[4][key]["token_sources"] == row["token_sources"], key
 
 
-def test_the_step_makes_no_host_synchronization():
-    """The decode step runs on the meta device, whose tensors have no values: any `.item()`,
-    `.tolist()` or data-dependent branch inside it (a sync on CUDA, and a failed graph capture)
-    raises here."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+HOST_SYNCS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default}
 
-    config = AutoConfig.from_pretrained(LLM_DIR)
+
+class StepProbe(TorchDispatchMode):
+    """Every aten call of a step: a host synchronization (`.item()`, `.tolist()`, a data-dependent
+    branch: on CUDA a sync, and a failed capture), a tensor of another device, or a key/value
+    tensor copied to every query head fails the step."""
+
+    def __init__(self, device: torch.device, query_heads: int):
+        super().__init__()
+        self.device, self.query_heads, self.shapes = device, query_heads, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's protocol
+        kwargs = kwargs or {}
+        assert func not in HOST_SYNCS, f"host synchronization in the step: {func}"
+        for a in [*args, *kwargs.values()]:
+            assert not isinstance(a, torch.Tensor) or a.device == self.device, f"{func} reads a {a.device} tensor"
+        out = func(*args, **kwargs)
+        if isinstance(out, torch.Tensor):
+            self.shapes.append(tuple(out.shape))
+        return out
+
+
+def _meta_decoder(config, dtype=torch.bfloat16):
+    """A StaticDecoder over a model on the meta device (no values, no memory)."""
+    from transformers import AutoModelForCausalLM
+
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    decoder = object.__new__(StaticDecoder)
-    decoder.model, decoder.base, decoder.head = model, model.model, model.get_output_embeddings()
-    decoder.runner = type("Runner", (), {"vocab_size": config.vocab_size})()
-    decoder.kv = StaticKV(config, torch.float32, torch.device("meta"))
-    for width in (1, 8):
-        ids = torch.zeros((2, width), dtype=torch.long, device="meta")
-        logits, entropy, argmax, hidden = decoder.compute(ids, torch.zeros_like(ids))
-        assert logits.shape == (2, width, config.vocab_size) and entropy.shape == argmax.shape == (2, width)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    runner = type("Runner", (), {"vocab_size": config.vocab_size, "model": model, "device": torch.device("meta"),
+                                 "name": "meta", "synchronize": lambda self: None})()
+    return StaticDecoder(runner, "static")
+
+
+def test_the_step_makes_no_host_synchronization_and_reads_grouped_keys_in_place():
+    """The R-Stitch pair's attention layout (28 query heads over 4 KV heads) at the default slot
+    length, on the meta device: no step (decode, verification, wide) syncs with the host, and
+    none materializes the keys for every query head ([rows, 28, positions, head dim])."""
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(hidden_size=28 * 8, num_attention_heads=28, num_key_value_heads=4, num_hidden_layers=2,
+                         intermediate_size=64, vocab_size=1000)
+    decoder = _meta_decoder(config)
+    for rows, width, full in ((2, 1, True), (4, 8, True), (1, 64, False)):
+        ids = torch.zeros((rows, width), dtype=torch.long, device="meta")
+        probe = StepProbe(torch.device("meta"), 28)
+        with probe:
+            outputs = (decoder.compute if full else decoder.hidden_only)(ids, torch.zeros_like(ids), 512)
+        assert outputs[-1].shape == (rows, width, 28 * 8)
+        if full:
+            logits, entropy, argmax, _ = outputs
+            assert logits.shape == (rows, width, 1000) and entropy.shape == argmax.shape == (rows, width)
+        repeated = [s for s in probe.shapes if len(s) == 4 and s[1] == 28 and s[2] >= 512]
+        assert not repeated, f"keys copied to every query head: {repeated[:2]}"
+
+
+def test_grouped_attention_equals_attention_over_repeated_keys():
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    torch.manual_seed(0)
+    query, key, value = torch.randn(3, 8, 5, 16), torch.randn(3, 2, 40, 16), torch.randn(3, 2, 40, 16)
+    mask = torch.arange(40)[None, None, None, :] <= torch.tensor([10, 20, 39])[:, None, None, None] + torch.arange(5)[:, None]
+    out, _ = hf_static.grouped_attention(None, query, key, value, mask, scaling=0.25)
+    reference = torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, 4), repeat_kv(value, 4),
+                                                                 attn_mask=mask, scale=0.25)
+    assert torch.allclose(out, reference.transpose(1, 2), atol=1e-5)
+
+
+def test_a_padded_forward_that_fills_a_slot_to_its_last_position_equals_the_eager_path(monkeypatch):
+    """Rows of n_cached + width = the slot's length: the padding column writes its key to the
+    scratch position, which must lie past the last real token (the `+ 1` of `needed`)."""
+    monkeypatch.setattr(hf_static, "INITIAL_LENGTH", 16)
+    monkeypatch.setattr(hf_static, "MIN_READ", 4)
+    runner, eager = HFModelRunner(str(SLM_DIR), compile="static"), HFModelRunner(str(SLM_DIR))
+    for width in (3, 5, 7):  # buckets 4, 8, 8: one to three padding columns
+        prompt = list(range(3, 3 + runner.static.kv.length - width))
+        fast, slow = runner.new_sequence(prompt), eager.new_sequence(prompt)
+        fast.score([prompt[-1]]), slow.score([prompt[-1]])
+        new = list(range(20, 20 + width))
+        for x, y in zip(fast.score(new), slow.score(new)):
+            assert torch.allclose(x.logits, y.logits, atol=1e-4)
+
+
+def test_a_short_sequence_attends_over_its_live_length_only(static_llm):
+    """Attention reads the first MIN_READ (or the next power of two) positions of a slot, not
+    the whole buffer."""
+    lengths = []
+    layer = static_llm.model.model.layers[0].self_attn
+    handle = layer.register_forward_pre_hook(lambda m, a, k: lengths.append(k["attention_mask"].shape[-1]),
+                                             with_kwargs=True)
+    try:
+        static_llm.new_sequence(list(range(3, 60))).generate(4, Sampler())
+    finally:
+        handle.remove()
+    assert static_llm.static.kv.length == hf_static.INITIAL_LENGTH
+    assert lengths and set(lengths) == {hf_static.MIN_READ}
+
+
+def test_a_prefill_runs_the_head_only_on_the_positions_kept(static_llm):
+    """A 40-token prompt and its next token (bucket 64) keep two positions: the LM head makes
+    logits of those two only."""
+    vocab = static_llm.model.config.vocab_size
+    probe = StepProbe(torch.device("cpu"), 4)
+    seq = static_llm.new_sequence(list(range(3, 43)))
+    with probe:
+        seq.score([43])
+    head_rows = [s for s in probe.shapes if s and s[-1] == vocab]
+    assert head_rows and max(math.prod(s[:-1]) for s in head_rows) == 2
+
+
+def test_a_straggler_in_a_high_slot_moves_down_and_decodes_the_same(monkeypatch):
+    runner, eager = HFModelRunner(str(SLM_DIR), compile="static"), HFModelRunner(str(SLM_DIR))
+    prompts = [list(range(3 + i, 20 + i)) for i in range(3)]
+    seqs = [runner.new_sequence(p) for p in prompts]
+    for seq in seqs:
+        seq.score([5])
+    straggler = seqs.pop()
+    assert straggler.slot == 2
+    del seqs, seq
+    gc.collect()  # the others finish: slots 0 and 1 are free
+    reference = eager.new_sequence(prompts[2])
+    reference.score([5])
+    assert straggler.generate(6, Sampler()).token_ids == reference.generate(6, Sampler()).token_ids
+    assert straggler.slot == 0 and 2 in runner.static.free
+    del straggler
+    gc.collect()
+    assert sorted(runner.static.free) == [0, 1, 2, 3]  # the moved sequence frees the slot it holds
+
+
+def test_the_kv_budget_check_names_what_fits_in_one_line():
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(hidden_size=3584, num_attention_heads=28, num_key_value_heads=4, num_hidden_layers=28)
+    gib = 1 << 30
+    assert hf_static.kv_bytes(config, torch.bfloat16, 32, 32768) == 56 * gib  # a 7B's KV at batch 32 x 32k
+    hf_static.check_kv_budget(config, torch.bfloat16, 32, 32768, 60 * gib, "llm")
+    with pytest.raises(ConfigError) as refused:
+        hf_static.check_kv_budget(config, torch.bfloat16, 32, 32768, 40 * gib, "llm")
+    message = str(refused.value)
+    assert "\n" not in message and "56.0 GiB for 32 sequences x 32768 positions" in message
+    slots, length = map(int, re.search(r"(\d+) sequences fit at 32768 positions, or 32 at (\d+)", message).groups())
+    for fits, over in (((slots, 32768), (slots + 1, 32768)), ((32, length), (32, length + 1))):
+        assert hf_static.kv_bytes(config, torch.bfloat16, *fits) <= 40 * gib < hf_static.kv_bytes(config, torch.bfloat16, *over)
+
+
+def test_latency_profiles_are_keyed_by_the_decode_path():
+    from rstitch.metrics.latency_model import latency_file, runner_identity
+
+    eager, static = HFModelRunner(str(SLM_DIR)), HFModelRunner(str(SLM_DIR), compile="static")
+    files = {latency_file("profiles", *runner_identity(r)) for r in (eager, static)}
+    assert len(files) == 2 and latency_file("profiles", *runner_identity(eager)).name == f"{eager.name}.cpu.float32.json"
+
+
+def test_inductor_is_a_cpu_path_with_the_recompile_limit_raised(monkeypatch):
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    assert resolve_mode("inductor", torch.device("cpu")) == "inductor"
+    runner = HFModelRunner(str(SLM_DIR), compile="static")
+    StaticDecoder(runner, "inductor")
+    shapes = len(hf_static.WIDTHS) * 8 * 8  # widths x row buckets up to 128 x attention windows up to 32k
+    assert torch._dynamo.config.recompile_limit >= shapes
+
+
+# --- capture and replay, emulated on a CPU ----------------------------------------------------
+class _Stream:
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+
+class _Recorder(TorchDispatchMode):
+    """The aten calls of a capture, with their tensors: what a CUDA graph records (kernels on
+    fixed addresses, host values baked in)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[Any, tuple, dict, Any]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's protocol
+        kwargs = kwargs or {}
+        assert func not in HOST_SYNCS, f"host synchronization during capture: {func}"
+        out = func(*args, **kwargs)
+        self.ops.append((func, args, kwargs, out))
+        return out
+
+
+class _Graph:
+    def __init__(self, cuda: EmulatedCuda):
+        self.cuda, self.ops = cuda, []
+
+    def replay(self) -> None:
+        """Every recorded call again on the recorded tensors, results written where the capture's went."""
+        self.cuda.replays += 1
+        for func, args, kwargs, out in self.ops:
+            fresh = func(*args, **kwargs)
+            if func.is_view or not isinstance(out, torch.Tensor) or any(out is a for a in args):
+                continue  # views share their input's memory; in-place calls wrote it already
+            out.copy_(fresh)
+
+
+class EmulatedCuda:
+    """torch.cuda's stream and graph API on a CPU: captures record aten calls and replays rerun
+    them; it keeps which streams ran work, and a pool handle whose graphs were all freed refuses
+    reuse as PyTorch's caching allocator does (`use_count > 0`)."""
+
+    def __init__(self, capture_cost_s: float = 0.0):
+        self.capture_stream, self.current = _Stream(), _Stream()
+        self.work_streams: set[int] = set()
+        self.pools: dict[tuple[int, int], int] = {}  # handle -> live graphs
+        self.captures = self.replays = self.handles = 0
+        self.graphs: list[weakref.ref] = []
+        self.capture_cost_s = capture_cost_s
+
+    def install(self, monkeypatch) -> None:
+        monkeypatch.setattr(hf_static.CaptureStream, "_streams", {})
+        for name in ("Stream", "current_stream", "stream", "graph_pool_handle", "CUDAGraph", "graph"):
+            monkeypatch.setattr(torch.cuda, name, getattr(self, name))
+
+    def Stream(self, device: Any = None) -> _Stream:  # noqa: N802 - torch.cuda's name
+        return _Stream()
+
+    def current_stream(self, device: Any = None) -> _Stream:
+        return self.current
+
+    @contextmanager
+    def stream(self, stream: _Stream):
+        self.work_streams.add(id(stream))
+        previous, self.current = self.current, stream
+        try:
+            yield
+        finally:
+            self.current = previous
+
+    def graph_pool_handle(self) -> tuple[int, int]:
+        self.handles += 1
+        return (0, self.handles)
+
+    def CUDAGraph(self) -> _Graph:  # noqa: N802 - torch.cuda's name
+        graph = _Graph(self)
+        self.graphs.append(weakref.ref(graph))
+        return graph
+
+    @contextmanager
+    def graph(self, graph: _Graph, pool: Any = None, stream: Any = None, **kwargs: Any):
+        if pool is not None:
+            if self.pools.get(pool) == 0:
+                raise RuntimeError("INTERNAL ASSERT FAILED: it->second->use_count > 0")
+            self.pools[pool] = self.pools.get(pool, 0) + 1
+            weakref.finalize(graph, self._release, pool)
+        with self.stream(stream or self.capture_stream), _Recorder() as recorder:
+            yield
+        time.sleep(self.capture_cost_s)
+        graph.ops = recorder.ops
+        self.captures += 1
+
+    def _release(self, pool: tuple[int, int]) -> None:
+        self.pools[pool] -= 1
+
+
+def _emulated_graphs(monkeypatch, path=SLM_DIR, capture_cost_s: float = 0.0):
+    cuda = EmulatedCuda(capture_cost_s)
+    cuda.install(monkeypatch)
+    runner = HFModelRunner(str(path), compile="static")
+    runner.static = StaticDecoder(runner, "graphs")
+    return runner, cuda
+
+
+def test_emulated_capture_and_replay_across_slot_and_length_doublings(monkeypatch):
+    """Graphs recorded on a CPU and replayed: three sequences (slots double twice) past 16, 32 and
+    64 positions (the length doubles three times, every graph recaptured) decode the eager path's
+    tokens, on one stream, re-capturing into a pool handle that is still valid, and the steps keep
+    no captured output alive."""
+    monkeypatch.setattr(hf_static, "INITIAL_LENGTH", 16)
+    monkeypatch.setattr(hf_static, "MIN_READ", 8)
+    runner, cuda = _emulated_graphs(monkeypatch)
+    eager = HFModelRunner(str(SLM_DIR))
+    prompts = [list(range(3 + i, 14 + i)) for i in range(3)]
+    seqs = [runner.new_sequence(p) for p in prompts]
+    outs = [s.generate(60, Sampler()).token_ids for s in seqs]
+    assert outs == [eager.new_sequence(p).generate(60, Sampler()).token_ids for p in prompts]
+    assert runner.static.kv.slots == 4 and runner.static.kv.length == 128
+    assert cuda.captures == runner.static.captured > 8 and cuda.replays > 100
+    assert len(cuda.work_streams) == 1  # every warm-up and capture on the one capture stream
+    assert sum(g() is not None for g in cuda.graphs) == len(runner.static.steps)  # resizes freed the old graphs
+    for step in runner.static.steps.values():
+        recorded = {t.untyped_storage()._cdata for _, _, _, t in step.graph.ops if isinstance(t, torch.Tensor)}
+        assert all(t.untyped_storage()._cdata not in recorded for t in step.outputs)  # unowned aliases
+
+
+def test_capture_time_is_left_out_of_the_forward_times(monkeypatch):
+    """Captures made inside a timed forward (here each costs 0.3 s) count for no forward time."""
+    runner, cuda = _emulated_graphs(monkeypatch, capture_cost_s=0.3)
+    seq = runner.new_sequence(list(range(3, 30)))
+    seconds = []
+    for new_ids in ([30], [31, 32, 33], [34]):  # widths 1, 4 (a capture each), then a replay
+        _, _, elapsed = runner.run_forward(seq, new_ids, len(new_ids))
+        seq.n_cached += len(new_ids)
+        seconds.append(elapsed)
+    assert cuda.captures == 2 and len(runner.static.capture_spans) == 2
+    assert max(seconds) < 0.3 and sum(s for _, s in runner.static.capture_spans) >= 0.6
 
 
 # --- on a GPU ------------------------------------------------------------------------------

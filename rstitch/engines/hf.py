@@ -132,11 +132,12 @@ class HFModelRunner(ModelRunner):
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
         self.hidden_size = self.model.config.hidden_size
         self.eos_token_ids = eos_token_ids(self.tokenizer, getattr(getattr(self.model, "generation_config", None), "eos_token_id", None))
-        self.identity = EngineIdentity("hf", self.name, self.device.type, dtype)
         self.capabilities = Capabilities(hidden_states=True, batched_forward=self.causal_lm and batchable(self.model),
                                          exact_distributions=True)
         self._slots: SlotCache | None = None  # made at the first batched forward
         mode = resolve_mode(compile, self.device)
+        # Latency profiles are keyed by the identity: a compiled path's forwards are timed apart from the eager path's.
+        self.identity = EngineIdentity("hf" if mode == "off" else f"hf-{mode}", self.name, self.device.type, dtype)
         self.static = None if mode == "off" else StaticDecoder(self, mode)
 
     def new_sequence(self, prompt_ids: Seq[int], want_hidden: bool = False) -> Sequence:
@@ -158,8 +159,11 @@ class HFModelRunner(ModelRunner):
         return outputs
 
     def elapsed_since(self, start: float) -> float:
+        """Wall time since `start`, less what the static path spent capturing or compiling steps
+        in it (a one-off cost, recorded apart in `static.capture_spans`)."""
         self.synchronize()
-        return time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        return seconds - self.static.capture_seconds_since(start) if self.static is not None else seconds
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":

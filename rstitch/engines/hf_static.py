@@ -6,32 +6,46 @@ weights (docs/gpu.md). Here every forward of a model has one of a few shapes, so
 captured once and replayed:
 
 * KV cache: per layer one buffer [slots, kv heads, length, head dim] per model, allocated once
-  (both dimensions double when outgrown, which drops the captured graphs). A sequence owns one
-  slot while it lives; its valid length is its `n_cached`, so rollback lowers a number and moves
-  no data, and batched runs (`batch_size` > 1) put their rows in the same slots. The last
-  position of every slot is scratch: padding rows and columns write their keys there.
+  (both dimensions double when outgrown, which drops the captured graphs; `check_kv_budget`
+  refuses a size the device cannot hold in one line). A sequence owns one slot while it lives;
+  its valid length is its `n_cached`, so rollback lowers a number and moves no data, and batched
+  runs (`batch_size` > 1) put their rows in the same slots. The last position of every slot is
+  scratch: padding rows and columns write their keys there.
 * Shapes: a forward runs rows [0, R) of the buffers, R a power of two covering the slots it
-  serves, and a width W from `WIDTHS` covering its longest row (decode steps W = 1; catch-up
-  prefills, speculative verification and step regeneration a bucket). Wider forwards (a prompt's
-  prefill) run eagerly on the same buffers at their own width.
-* One step computes, on the device, logits, log-probabilities, entropy and argmax of every
-  position; the host then reads only the entropy and argmax of the positions kept, in one
-  transfer per forward (greedy decoding needs nothing else; sampling copies the probabilities
-  too, engines/sampling.py).
-* Capture: `graphs` records each (R, W) step with torch.cuda.CUDAGraph on first use; `inductor`
-  compiles it with torch.compile(mode="reduce-overhead") instead; `static` runs the same step
-  without capture (any device: CPU tests check its invariants).
+  serves, a width W from `WIDTHS` covering its longest row (decode steps W = 1; catch-up
+  prefills, speculative verification and step regeneration a bucket), and attention reads the
+  first S positions of each slot, S a power of two (at least `MIN_READ`) covering the live
+  length. Wider forwards (a prompt's prefill) run uncaptured on the same buffers at their own width.
+* Attention reads the grouped keys and values as stored (`grouped_attention`): the query heads
+  of one KV head are stacked along the query axis, so no [rows, heads, S, head dim] copy of the
+  keys is made (transformers' SDPA path repeats them whenever a mask is given).
+* Narrow steps (at most `FULL_STEP_WIDTH` wide) compute, on the device, logits, log-probabilities,
+  entropy and argmax of every position; wider ones (prefills) only the hidden states, then the
+  head on the positions kept. The host reads only the entropy and argmax of the positions kept,
+  in one transfer per forward (greedy decoding needs nothing else; sampling copies the
+  probabilities too, engines/sampling.py).
+* Capture: `graphs` records each (R, W, S) step with torch.cuda.CUDAGraph on first use, warming
+  up and capturing on one side stream per device (`CaptureStream`) into one memory pool per
+  cache size (a fresh pool handle after every resize: a handle whose graphs were all freed
+  cannot be reused). A step keeps non-owning aliases of its captured outputs (the pool holds the
+  memory; each replay's results are copied out before the next replay). `inductor` compiles the
+  step with torch.compile (reduce-overhead on CUDA) instead, with Dynamo's recompile limit raised
+  to cover every shape; `static` runs the same step without capture (any device: CPU tests check
+  its invariants). Time spent capturing or compiling is recorded (`capture_spans`) and left out
+  of the forward times the runner reports.
 
-Outputs equal the eager path's up to floating-point rounding (attention reads the whole slot
-under a mask instead of the cached prefix); tests/test_static_cache.py checks tokens on CPU.
+Outputs equal the eager path's up to floating-point rounding; tests/test_static_cache.py checks
+tokens on CPU and replays an emulated capture.
 """
 from __future__ import annotations
 
 import heapq
 import logging
+import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -48,12 +62,17 @@ log = logging.getLogger("rstitch")
 
 MODES = ("auto", "off", "static", "graphs", "inductor")
 WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # forward widths with their own captured step
-# Steps of at most this many positions (rows x width) compute the head and the summaries of every
-# position inside the step; wider ones only the hidden states, then the head on the kept positions
-# (full-vocabulary logits of every position would cost 0.6 MB each in float32).
+# Steps at most this wide (decode steps, speculative verification) compute the head and the
+# summaries of every position inside the step; wider ones (prefills, which keep one or a few
+# positions) only the hidden states, then the head on the kept positions: full-vocabulary logits
+# cost 0.6 MB per position in float32. A step of more than FULL_STEP_POSITIONS positions in all
+# takes the second path too.
+FULL_STEP_WIDTH = 16
 FULL_STEP_POSITIONS = 256
 INITIAL_LENGTH = 2048  # positions per slot at first; doubles when outgrown
+MIN_READ = 256  # the shortest attention window (positions of a slot read): power-of-two buckets above
 STATIC_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}  # lm_head(final norm) and a 4D mask
+GROUPED_ATTENTION = "rstitch_grouped_sdpa"  # the name grouped_attention is registered under
 
 
 def resolve_mode(value: Any, device: torch.device) -> str:
@@ -62,9 +81,10 @@ def resolve_mode(value: Any, device: torch.device) -> str:
     if value not in (*MODES, True, False, None):
         raise ConfigError(f"engine.compile must be one of {', '.join(MODES)} (or true/false), got {value!r}")
     value = compiled_path(value, device.type)
-    if value in ("graphs", "inductor") and device.type != "cuda":
-        raise ConfigError(f"engine.compile={value} captures CUDA graphs and needs pair.device=cuda (got {device}); "
-                          "engine.compile=static runs the same static-cache path without capture on any device")
+    if value == "graphs" and device.type != "cuda":
+        raise ConfigError(f"engine.compile=graphs captures CUDA graphs and needs pair.device=cuda (got {device}); "
+                          "engine.compile=static runs the same static-cache path without capture on any device, "
+                          "engine.compile=inductor compiles it")
     return value
 
 
@@ -81,6 +101,64 @@ def check_supported(model: Any, mode: str) -> None:
         raise ConfigError(f"engine.compile={mode}: the static decode path does not handle {problem}; use engine.compile=off")
 
 
+def kv_bytes(config: Any, dtype: torch.dtype, slots: int, length: int) -> int:
+    """Bytes of a static KV cache of `slots` sequences x `length` positions (keys and values)."""
+    layers, heads, head_dim = kv_shape(config)
+    return 2 * layers * slots * heads * length * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def check_kv_budget(config: Any, dtype: torch.dtype, slots: int, length: int, budget_bytes: int, name: str) -> None:
+    """One error line when `slots` x `length` positions of KV do not fit in `budget_bytes`, naming
+    the batch size that fits at this length and the length that fits at this batch size."""
+    needed = kv_bytes(config, dtype, slots, length)
+    if needed <= budget_bytes:
+        return
+    per_position = kv_bytes(config, dtype, 1, 1)
+    fit_slots, fit_length = budget_bytes // (per_position * length), budget_bytes // (per_position * slots)
+    gib = 1 << 30
+    raise ConfigError(f"the KV cache of {name} needs {needed / gib:.1f} GiB for {slots} sequences x {length} positions, "
+                      f"{budget_bytes / gib:.1f} GiB are free: {fit_slots} sequences fit at {length} positions, "
+                      f"or {slots} at {fit_length} positions (lower batch_size or max_new_tokens)")
+
+
+def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                      **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """SDPA over grouped keys and values as stored ([R, kv heads, S, D]): the G query heads of
+    each KV head go along the query axis ([R, kv heads, G x W, D]), the mask repeated G times,
+    so the keys are never copied to every query head. Returns [R, W, heads, D] like
+    transformers' sdpa_attention_forward."""
+    rows, heads, width, dim = query.shape
+    kv_heads = key.shape[1]
+    group = heads // kv_heads
+    stacked = query.reshape(rows, kv_heads, group * width, dim)  # head h = kv head h // G, member h % G
+    mask = attention_mask
+    if mask is not None and group > 1:
+        mask = mask[:, :, None].expand(rows, mask.shape[1], group, width, mask.shape[-1])
+        mask = mask.reshape(rows, -1, group * width, mask.shape[-1])
+    out = torch.nn.functional.scaled_dot_product_attention(stacked, key, value, attn_mask=mask, dropout_p=dropout,
+                                                           scale=scaling)
+    return out.reshape(rows, heads, width, dim).transpose(1, 2).contiguous(), None
+
+
+def _register_grouped_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(GROUPED_ATTENTION, grouped_attention)
+
+
+@contextmanager
+def _attention(config: Any, implementation: str) -> Iterator[None]:
+    """The model's attention modules look their function up by `config._attn_implementation` at
+    every call (or trace): this forward uses `implementation`."""
+    saved = config._attn_implementation_internal
+    config._attn_implementation_internal = implementation
+    try:
+        yield
+    finally:
+        config._attn_implementation_internal = saved
+
+
 class StaticSequence(Sequence):
     """A sequence whose keys and values live in one slot of its runner's `StaticDecoder`."""
 
@@ -90,9 +168,17 @@ class StaticSequence(Sequence):
         super().__init__(runner, prompt_ids, want_hidden)
         decoder = runner.static
         assert decoder is not None, "a runner opens static sequences only with its decoder"
-        self.slot = decoder.acquire()
-        weakref.finalize(self, decoder.release, self.slot)
+        self._slot = [decoder.acquire()]  # a box: the decoder may move the sequence to another slot
+        weakref.finalize(self, _release, decoder, self._slot)
         self._summaries: list[tuple[float, int]] = []  # (entropy, argmax) of each window row
+
+    @property
+    def slot(self) -> int:
+        return self._slot[0]
+
+    @slot.setter
+    def slot(self, value: int) -> None:
+        self._slot[0] = value
 
     def _forward(self, new_ids: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         decoder = self.runner.static
@@ -108,6 +194,10 @@ class StaticSequence(Sequence):
         hidden = None if self._window_hidden is None else self._window_hidden[row]
         entropy, argmax = self._summaries[row]
         return SummarizedDistribution(self._window_logits[row], hidden, entropy, argmax)
+
+
+def _release(decoder: StaticDecoder, slot: list[int]) -> None:
+    decoder.release(slot[0])
 
 
 class SummarizedDistribution(TokenDistribution):
@@ -127,7 +217,8 @@ class SummarizedDistribution(TokenDistribution):
 class StaticKV:
     """Keys and values of every slot: [slots, kv heads, length, head dim] per layer."""
 
-    def __init__(self, config: Any, dtype: torch.dtype, device: torch.device):
+    def __init__(self, config: Any, dtype: torch.dtype, device: torch.device, name: str = "the model"):
+        self.config, self.name = config, name
         self.n_layers, self.heads, self.head_dim = kv_shape(config)
         self.dtype, self.device = dtype, device
         self.keys: list[torch.Tensor] = []
@@ -143,7 +234,12 @@ class StaticKV:
         return self.keys[0].shape[2]
 
     def resize(self, slots: int, length: int) -> None:
-        """Grow to `slots` x `length`, keeping what is stored (new buffers: captured steps are stale)."""
+        """Grow to `slots` x `length`, keeping what is stored (new buffers: captured steps are
+        stale). On CUDA a size the device's free memory cannot hold is refused in one line."""
+        if self.device.type == "cuda":
+            held = kv_bytes(self.config, self.dtype, self.slots, self.length) if self.keys else 0
+            check_kv_budget(self.config, self.dtype, slots, length, torch.cuda.mem_get_info(self.device)[0] + held,
+                            self.name)
         shape = (slots, self.heads, length, self.head_dim)
         for store in (self.keys, self.values):
             for layer in range(self.n_layers):
@@ -155,13 +251,18 @@ class StaticKV:
                 else:
                     store.append(grown)
 
+    def move_slot(self, source: int, target: int, length: int) -> None:
+        """Copy the first `length` positions of slot `source` to slot `target`."""
+        for store in (*self.keys, *self.values):
+            store[target, :, :length] = store[source, :, :length]
+
 
 class _RowsView:
-    """What the model's attention sees as its cache in one step: rows [0, R) of every layer's
-    buffers, whole length; `update` writes the new keys at each row's positions."""
+    """What the model's attention sees as its cache in one step: `update` writes the new keys at
+    each row's positions of rows [0, R), then returns the first `read` positions of those rows."""
 
-    def __init__(self, kv: StaticKV, rows: int, positions: torch.Tensor):
-        self.kv, self.rows, self.positions = kv, rows, positions
+    def __init__(self, kv: StaticKV, rows: int, positions: torch.Tensor, read: int):
+        self.kv, self.rows, self.positions, self.read = kv, rows, positions, read
         self.row_index = torch.arange(rows, device=positions.device)[:, None]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
@@ -169,30 +270,73 @@ class _RowsView:
         for store, new in ((self.kv.keys[layer_idx], key_states), (self.kv.values[layer_idx], value_states)):
             rows = store[: self.rows]
             rows[self.row_index, :, self.positions] = new.transpose(1, 2)
-            out.append(rows)
+            out.append(rows[:, :, : self.read])
         return out[0], out[1]
 
 
+class CaptureStream:
+    """torch.cuda's capture API as the static path uses it: one side stream per device for every
+    warm-up and every capture (a stream's cuBLAS workspace is made at its first matmul: warm-up
+    on the capture stream keeps it out of the graphs' pool), and the pool graphs are captured into."""
+
+    _streams: dict[torch.device, Any] = {}
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        if device not in self._streams:
+            self._streams[device] = torch.cuda.Stream(device)
+        self.stream = self._streams[device]
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def new_pool(self) -> None:
+        """A fresh pool for the next captures (after a resize freed every graph of the old one)."""
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def warm_up(self, compute: Callable[[], Any], calls: int) -> None:
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            for _ in range(calls):
+                compute()
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+
+    def capture(self, compute: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[Any, tuple[torch.Tensor, ...]]:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+            outputs = compute()
+        return graph, outputs
+
+
+def unowned_alias(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor over `tensor`'s memory that does not keep it alive (what vLLM's weak_ref_tensor
+    does): the graph's pool holds the memory, and later captures may reuse it once the step's
+    results are copied out."""
+    storage = torch._C._construct_storage_from_data_pointer(
+        tensor.untyped_storage().data_ptr(), tensor.device, tensor.untyped_storage().nbytes())
+    alias = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+    return alias.set_(storage, tensor.storage_offset(), tensor.shape, tensor.stride())
+
+
 class _Step:
-    """One (rows, width) forward over static input buffers: `ids` and `positions` [R, W] are
+    """One (rows, width, read) forward over static input buffers: `ids` and `positions` [R, W] are
     filled in place before each call; `run()` returns the outputs (overwritten by the next run)."""
 
-    def __init__(self, decoder: StaticDecoder, rows: int, width: int, capture: str):
+    def __init__(self, decoder: StaticDecoder, rows: int, width: int, read: int, capture: str):
         device = decoder.kv.device
-        self.decoder, self.rows, self.width = decoder, rows, width
+        self.decoder, self.rows, self.width, self.read = decoder, rows, width, read
         self.ids = torch.zeros((rows, width), dtype=torch.long, device=device)
         self.positions = torch.zeros((rows, width), dtype=torch.long, device=device)
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graph: Any = None
         self.outputs: tuple[torch.Tensor, ...] | None = None
-        self.full = rows * width <= FULL_STEP_POSITIONS
-        self.compute: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]] = (
-            decoder.compute if self.full else decoder.hidden_only)
+        self.full = width <= FULL_STEP_WIDTH and rows * width <= FULL_STEP_POSITIONS
+        step = decoder.compute if self.full else decoder.hidden_only
+        self.compute: Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, ...]] = step
         if capture == "inductor":
             # Fixed addresses: the in-place writes into the buffers would otherwise count as
             # mutated inputs, for which the compiled step skips its CUDA graph (as HF's StaticCache marks its own).
             for buffer in (*decoder.kv.keys, *decoder.kv.values):
                 torch._dynamo.mark_static_address(buffer)
-            self.compute = torch.compile(self.compute, mode="reduce-overhead", dynamic=False)
+            mode = "reduce-overhead" if device.type == "cuda" else "default"
+            self.compute = torch.compile(step, mode=mode, dynamic=False)
         if capture in ("graphs", "inductor"):
             self.scratch()
             self._warm_up(capture)
@@ -202,24 +346,26 @@ class _Step:
         self.ids.zero_()
         self.positions.fill_(self.decoder.kv.length - 1)
 
+    def _call(self) -> tuple[torch.Tensor, ...]:
+        return self.compute(self.ids, self.positions, self.read)
+
     def _warm_up(self, capture: str) -> None:
-        stream = torch.cuda.Stream(self.ids.device)
-        stream.wait_stream(torch.cuda.current_stream(self.ids.device))
-        with torch.cuda.stream(stream):
-            for _ in range(3 if capture == "inductor" else 2):  # inductor records its graph on a later call
-                self.compute(self.ids, self.positions)
-        torch.cuda.current_stream(self.ids.device).wait_stream(stream)
+        if capture == "inductor" and self.ids.device.type != "cuda":
+            self._call()  # compiles; nothing is captured on a CPU
+            return
+        streams = self.decoder.streams
+        assert streams is not None, "a decoder that captures has its capture stream"
+        streams.warm_up(self._call, 3 if capture == "inductor" else 2)  # inductor records its graph on a later call
         if capture == "graphs":
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=self.decoder.pool):
-                self.outputs = self.compute(self.ids, self.positions)
+            self.graph, outputs = streams.capture(self._call)
+            self.outputs = tuple(unowned_alias(t) for t in outputs)
 
     def run(self) -> tuple[torch.Tensor, ...]:
         if self.graph is not None:
             self.graph.replay()
             assert self.outputs is not None
             return self.outputs
-        return self.compute(self.ids, self.positions)
+        return self._call()
 
 
 class StaticDecoder:
@@ -231,11 +377,17 @@ class StaticDecoder:
         self.model = runner.model
         self.base = getattr(self.model, self.model.base_model_prefix)
         self.head = self.model.get_output_embeddings()
-        self.kv = StaticKV(self.model.config, self.model.dtype, runner.device)
+        self.kv = StaticKV(self.model.config, self.model.dtype, runner.device, runner.name)
         self.free = [0]
-        self.steps: dict[tuple[int, int], _Step] = {}
-        self.pool = torch.cuda.graph_pool_handle() if mode == "graphs" else None
+        self.steps: dict[tuple[int, int, int], _Step] = {}
+        self.streams = CaptureStream(runner.device) if mode == "graphs" else None
         self.captured = 0  # steps captured or compiled so far (growth recaptures)
+        self.capture_spans: list[tuple[float, float]] = []  # (start, seconds) of each capture or compilation
+        self.attention = GROUPED_ATTENTION if self.model.config._attn_implementation == "sdpa" else "eager"
+        if self.attention == GROUPED_ATTENTION:
+            _register_grouped_attention()
+        if mode == "inductor":
+            raise_recompile_limit()
 
     # --- slots ------------------------------------------------------------------------
     def acquire(self) -> int:
@@ -252,6 +404,21 @@ class StaticDecoder:
         log.info("static cache of %s: %d slots x %d positions", self.runner.name, slots, length)
         self.steps.clear()
         self.kv.resize(slots, length)
+        if self.streams is not None:
+            self.streams.new_pool()
+
+    def _compact(self, seqs: list[StaticSequence]) -> None:
+        """Move the sequences of the highest slots to free lower ones when that lowers the
+        step's rows (a power of two covering the highest slot): a straggler in slot 31 would
+        otherwise make every step compute 32 rows. A move copies the slot's cached positions."""
+        if _rows_for(max(s.slot for s in seqs)) <= _rows_for(len(seqs) - 1):
+            return
+        while self.free and self.free[0] < max(s.slot for s in seqs):
+            seq = max(seqs, key=lambda s: s.slot)
+            target = heapq.heappop(self.free)
+            self.kv.move_slot(seq.slot, target, seq.n_cached)
+            self.release(seq.slot)
+            seq.slot = target
 
     # --- forwards ---------------------------------------------------------------------
     @torch.inference_mode()
@@ -267,15 +434,18 @@ class StaticDecoder:
 
     def _forward_group(self, requests: list[ForwardRequest]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         seqs = [r.seq for r in requests]
-        slots = [s.slot for s in seqs if isinstance(s, StaticSequence)]
-        assert len(slots) == len(seqs), "a static runner's sequences are StaticSequences"
+        assert all(isinstance(s, StaticSequence) for s in seqs), "a static runner's sequences are StaticSequences"
+        self._compact(seqs)  # type: ignore[arg-type]
+        slots = [s.slot for s in seqs]  # type: ignore[attr-defined]
         widest = max(len(r.new_ids) for r in requests)
-        needed = max(s.n_cached for s in seqs) + widest + 1  # + the scratch position
+        live = max(s.n_cached for s in seqs) + widest
+        needed = live + 1  # + the scratch position
         if needed > self.kv.length:
             self._resize(self.kv.slots, max(needed, 2 * self.kv.length))
-        rows = min(1 << (max(slots)).bit_length(), self.kv.slots)
+        rows = min(_rows_for(max(slots)), self.kv.slots)
         width = next((w for w in WIDTHS if w >= widest), widest)
-        step = self._step(rows, width)
+        read = min(max(MIN_READ, 1 << (live - 1).bit_length()), self.kv.length)
+        step = self._step(rows, width, read)
         ids = torch.zeros((rows, width), dtype=torch.long)
         positions = torch.full((rows, width), self.kv.length - 1, dtype=torch.long)  # padding: scratch
         for slot, r, s in zip(slots, requests, seqs):
@@ -291,10 +461,16 @@ class StaticDecoder:
         kept = [t.reshape(-1, *t.shape[2:]).index_select(0, index) for t in outputs]
         kept_logits, entropy, argmax, hidden = kept if step.full else (*self.summarize(kept[0]), kept[0])
         summaries = torch.stack([entropy.double(), argmax.double()], dim=-1).tolist()  # the one sync
-        want_hidden = any(s.want_hidden for s in seqs)
+        return self._split(requests, kept_logits, hidden, summaries)
+
+    def _split(self, requests: list[ForwardRequest], kept_logits: torch.Tensor, hidden: torch.Tensor,
+               summaries: list[list[float]]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Each request's rows of the kept outputs; its summaries go to its sequence."""
+        want_hidden = any(r.seq.want_hidden for r in requests)
         kept_hidden = hidden.float() if want_hidden else None
         out, start = [], 0
-        for r, s in zip(requests, seqs):
+        for r in requests:
+            s = r.seq
             assert isinstance(s, StaticSequence)
             s._summaries = [(e, int(a)) for e, a in summaries[start: start + r.keep]]
             h = kept_hidden[start: start + r.keep] if kept_hidden is not None and s.want_hidden else None
@@ -302,19 +478,28 @@ class StaticDecoder:
             start += r.keep
         return out
 
-    def _step(self, rows: int, width: int) -> _Step:
+    def _step(self, rows: int, width: int, read: int) -> _Step:
         if width not in WIDTHS:  # a wide prefill (a prompt) runs once: no capture, nothing kept
-            return _Step(self, rows, width, "static")
-        key = (rows, width)
+            return _Step(self, rows, width, read, "static")
+        key = (rows, width, read)
         if key not in self.steps:
-            self.steps[key] = _Step(self, rows, width, self.mode)
-            self.captured += self.mode != "static"
+            began = time.perf_counter()
+            self.steps[key] = _Step(self, rows, width, read, self.mode)
+            if self.mode != "static":
+                self.runner.synchronize()
+                self.captured += 1
+                self.capture_spans.append((began, time.perf_counter() - began))
         return self.steps[key]
 
-    def compute(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def capture_seconds_since(self, start: float) -> float:
+        """Seconds spent capturing or compiling steps since `start` (a perf_counter reading)."""
+        return sum(seconds for began, seconds in self.capture_spans if began >= start)
+
+    def compute(self, ids: torch.Tensor, positions: torch.Tensor, read: int) -> tuple[torch.Tensor, ...]:
         """The step itself, device work only: the model over rows [0, R) with each row's new
-        tokens at `positions` of its slot, then logits, entropy (nats) and argmax of every position."""
-        [hidden] = self.hidden_only(ids, positions)
+        tokens at `positions` of its slot, attention over the first `read` positions, then
+        logits, entropy (nats) and argmax of every position."""
+        [hidden] = self.hidden_only(ids, positions, read)
         return (*self.summarize(hidden), hidden)
 
     def summarize(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -324,19 +509,34 @@ class StaticDecoder:
         entropy = -(log_probs.exp() * log_probs).nan_to_num().sum(-1)
         return logits, entropy, logits.argmax(-1)
 
-    def hidden_only(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor]:
+    def hidden_only(self, ids: torch.Tensor, positions: torch.Tensor, read: int) -> tuple[torch.Tensor]:
         """The model's final hidden states [R, W, H] (its keys and values written to the slots)."""
         rows, width = ids.shape
-        length = self.kv.length
-        allowed = torch.arange(length, device=ids.device)[None, None, :] <= positions[:, :, None]
-        if self.model.config._attn_implementation == "sdpa":
+        allowed = torch.arange(read, device=ids.device)[None, None, :] <= positions[:, :, None]
+        if self.attention != "eager":
             mask = allowed[:, None]
         else:
             floor = torch.finfo(self.model.dtype).min
             mask = torch.zeros(allowed.shape, dtype=self.model.dtype, device=ids.device).masked_fill(~allowed, floor)[:, None]
-
-        view = _RowsView(self.kv, rows, positions)
-        out = self.base(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                        **cache_kwargs(self.base, view))
+        view = _RowsView(self.kv, rows, positions, read)
+        with _attention(self.model.config, self.attention):
+            out = self.base(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                            **cache_kwargs(self.base, view))
         return (out.last_hidden_state,)
 
+
+def _rows_for(highest_slot: int) -> int:
+    """The rows a step runs to cover slots [0, highest_slot]: a power of two."""
+    return 1 << highest_slot.bit_length()
+
+
+# Shapes one decoder can compile: row buckets x widths x attention windows (up to 2**20 positions).
+COMPILED_SHAPES = 8 * len(WIDTHS) * 13
+
+
+def raise_recompile_limit() -> None:
+    """Dynamo compiles the step once per shape and, past `recompile_limit` (8 by default), runs
+    it uncompiled without a word: raise the limit to every shape a decoder can use (as vLLM does)."""
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, COMPILED_SHAPES)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * COMPILED_SHAPES)
