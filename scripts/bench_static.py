@@ -13,6 +13,7 @@ import sys
 import time
 
 import torch
+from transformers import PreTrainedModel
 
 from rstitch.engines import Sampler
 from rstitch.engines.hf import HFModelRunner
@@ -32,7 +33,7 @@ def ours(runner: HFModelRunner, prompt: list[int], new_tokens: int) -> tuple[flo
 
 
 @torch.inference_mode()
-def transformers_static(model: torch.nn.Module, prompt: list[int], new_tokens: int) -> tuple[float, float, list[int]]:
+def transformers_static(model: PreTrainedModel, prompt: list[int], new_tokens: int) -> tuple[float, float, list[int]]:
     """The same with transformers' StaticCache (sized to the prompt and the new tokens) and a
     plain greedy loop over the model's forward."""
     from transformers import StaticCache

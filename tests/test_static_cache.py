@@ -241,12 +241,13 @@ def test_a_padded_forward_that_fills_a_slot_to_its_last_position_equals_the_eage
     """Rows of n_cached + width = the slot's length: the padding column writes its key to the
     scratch position, which must lie past the last real token (the `+ 1` of `needed`)."""
     monkeypatch.setattr(hf_static, "INITIAL_LENGTH", 16)
-    monkeypatch.setattr(hf_static, "MIN_READ", 4)
+    monkeypatch.setattr(hf_static, "MIN_READ", 4, raising=False)
     runner, eager = HFModelRunner(str(SLM_DIR), compile="static"), HFModelRunner(str(SLM_DIR))
     for width in (3, 5, 7):  # buckets 4, 8, 8: one to three padding columns
-        prompt = list(range(3, 3 + runner.static.kv.length - width))
+        prompt = list(range(3, 3 + runner.static.kv.length - width - 1))
         fast, slow = runner.new_sequence(prompt), eager.new_sequence(prompt)
         fast.score([prompt[-1]]), slow.score([prompt[-1]])
+        assert fast.n_cached + width == runner.static.kv.length
         new = list(range(20, 20 + width))
         for x, y in zip(fast.score(new), slow.score(new)):
             assert torch.allclose(x.logits, y.logits, atol=1e-4)
@@ -381,7 +382,8 @@ class EmulatedCuda:
         self.capture_cost_s = capture_cost_s
 
     def install(self, monkeypatch) -> None:
-        monkeypatch.setattr(hf_static.CaptureStream, "_streams", {})
+        if hasattr(hf_static, "CaptureStream"):
+            monkeypatch.setattr(hf_static.CaptureStream, "_streams", {})
         for name in ("Stream", "current_stream", "stream", "graph_pool_handle", "CUDAGraph", "graph"):
             monkeypatch.setattr(torch.cuda, name, getattr(self, name))
 
@@ -440,7 +442,7 @@ def test_emulated_capture_and_replay_across_slot_and_length_doublings(monkeypatc
     tokens, on one stream, re-capturing into a pool handle that is still valid, and the steps keep
     no captured output alive."""
     monkeypatch.setattr(hf_static, "INITIAL_LENGTH", 16)
-    monkeypatch.setattr(hf_static, "MIN_READ", 8)
+    monkeypatch.setattr(hf_static, "MIN_READ", 8, raising=False)
     runner, cuda = _emulated_graphs(monkeypatch)
     eager = HFModelRunner(str(SLM_DIR))
     prompts = [list(range(3 + i, 14 + i)) for i in range(3)]
@@ -465,8 +467,8 @@ def test_capture_time_is_left_out_of_the_forward_times(monkeypatch):
         _, _, elapsed = runner.run_forward(seq, new_ids, len(new_ids))
         seq.n_cached += len(new_ids)
         seconds.append(elapsed)
-    assert cuda.captures == 2 and len(runner.static.capture_spans) == 2
-    assert max(seconds) < 0.3 and sum(s for _, s in runner.static.capture_spans) >= 0.6
+    assert cuda.captures == 2 and max(seconds) < 0.3
+    assert len(runner.static.capture_spans) == 2 and sum(s for _, s in runner.static.capture_spans) >= 0.6
 
 
 # --- on a GPU ------------------------------------------------------------------------------
