@@ -243,6 +243,7 @@ def test_sequence_beyond_max_model_len_is_a_config_error(pairs):
     ({"logprobs": "some"}, "engine.logprobs"),
     ({"max_lookahead": 0}, "engine.max_lookahead"),
     ({"hidden_gpu_memory_utilization": 1.5}, "engine.hidden_gpu_memory_utilization"),
+    ({"kv_tokens": 0}, "engine.kv_tokens"),
     ({"dtype": "float8"}, "unknown dtype"),
 ])
 def test_bad_engine_options_are_config_errors(options, needle):
@@ -432,3 +433,14 @@ def test_scoring_requests_are_never_repeated_for_the_prefix_cache(pairs):
     outputs = [build_method("specdec").decode(prompt, DecodeContext(vllm, Sampler(), 128, problem=problem.problem)).token_ids
                for _ in range(2)]
     assert retries() == before and outputs[0] == outputs[1] and len(outputs[0]) > 32
+
+
+def test_kv_tokens_size_the_pool_in_tokens_of_the_model():
+    """`kv_tokens`: the KV pool holds that many tokens of this model's keys and values."""
+    from transformers import AutoConfig
+
+    from rstitch.engines.vllm_memory import kv_bytes_per_token
+
+    model = load_model("vllm", str(SLM_DIR), kv_tokens=3000, enforce_eager=True, block_size=32, num_threads=1)
+    per_token = kv_bytes_per_token(AutoConfig.from_pretrained(SLM_DIR), "float32")
+    assert model.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes == 3000 * per_token
