@@ -17,9 +17,10 @@ token of the last one, and starts again from one token otherwise.
 
 Runs of tokens (`decode_until`, and `generate`, which is one) are native: one request with the
 stop strings and EOS ids, no logprobs. A `SwitchRule` (R-Stitch's entropy switch) is evaluated
-inside vLLM by a logits processor (`vllm_switch.SwitchProcessor`: the exact normalized entropy
-over the full vocabulary), which ends the request at the first token that crosses it; so a
-token-level method pays one request per run of tokens on one model, not one per token.
+inside vLLM by a logits processor (`vllm_switch`: the exact normalized entropy over the full
+vocabulary, decided on the device; one class for each of vLLM's model runners), which ends the
+request in the step that computes the first token crossing it; so a token-level method pays one
+request per run of tokens on one model, not one per token, and no forward beyond its tokens.
 
 Batched runs (`batch_size` > 1): `forward_batch` sends the waiting forwards and runs of all
 samples in flight to vLLM in one `generate` call per round.
