@@ -177,3 +177,18 @@ def test_sampled_keep_rule_draws_from_the_tempered_top_p_distribution():
         counts[kept] += 1
     assert torch.allclose(counts / counts.sum(), expected, atol=0.06)
     assert vllm_switch.LOG_SIZE > 600
+
+
+@pytest.mark.parametrize("setting, expected", [("1", "SwitchProcessorV2"), ("0", "SwitchProcessor"), (None, None)])
+def test_the_engine_registers_the_processor_of_the_runner_vllm_picks(monkeypatch, setting, expected):
+    """vLLM's choice: the environment's, else V2 wherever Triton has a backend (not on a CPU)."""
+    from vllm.triton_utils import HAS_TRITON
+
+    from rstitch.engines.vllm import _switch_processor, _v2_runner_expected
+
+    if setting is None:
+        monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+        expected = "SwitchProcessorV2" if HAS_TRITON else "SwitchProcessor"
+    else:
+        monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", setting)
+    assert _switch_processor(_v2_runner_expected()).__name__ == expected
