@@ -127,10 +127,9 @@ def speedups_against(summary: dict[str, Any], baseline: dict[str, Any]) -> dict[
 # The comparison with the baseline beside the speedup (docs/analysis.md, "Uncertainty"): the
 # speedup split (speedup = per_token_latency_ratio / token_ratio), its paired bootstrap intervals,
 # and the paired accuracy difference. None where there is no baseline run (or no samples of it).
-COMPARISON_KEYS = ("speedup", "speedup_cpu", "speedup_tokens_per_s", "speedup_ci", "speedup_cpu_ci", "token_ratio", "token_ratio_ci",
-                   "token_reduction",
-                   "per_token_latency_ratio", "per_token_latency_ratio_ci", "accuracy_diff", "accuracy_diff_se",
-                   "accuracy_diff_p", "accuracy_diff_test", "paired_problems")
+COMPARISON_KEYS = ("speedup", "speedup_cpu", "speedup_tokens_per_s", "speedup_ci", "speedup_cpu_ci", "token_ratio",
+                   "token_ratio_ci", "token_reduction", "per_token_latency_ratio", "per_token_latency_ratio_ci",
+                   "accuracy_diff", "accuracy_diff_se", "accuracy_diff_p", "accuracy_diff_test", "paired_problems")
 
 
 def self_comparison(summary: dict[str, Any]) -> dict[str, Any]:
