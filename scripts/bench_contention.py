@@ -7,8 +7,9 @@ loaded sitting's speedup is from the quiet one's.
 
 Each sitting runs `rstitch-run -m method.tau=... baseline=auto logger=none` into its own
 results root (<out>/<sitting>), as a user would; a sitting whose root already holds the runs
-resumes them (nothing decodes) and only reads the summaries again. The load average is read at
-the start and the end of each sitting. docs/analysis.md ("Timings on a shared machine") says how
+resumes them (nothing decodes) and only reads the summaries again (the load averages printed are
+then the re-reading's, not the decode's). The load average is read at the start and the end of
+each sitting. docs/analysis.md ("Timings on a shared machine") says how
 to read the output.
 """
 from __future__ import annotations
@@ -63,6 +64,10 @@ def sitting(root: Path, busy: int, taus: tuple[str, ...]) -> tuple[dict, tuple[f
     return read_speedups(root), (load_start, load_end)
 
 
+def cell(value: float | None, width: int) -> str:
+    return f"{'-' if value is None else f'{value:.2f}':>{width}}"
+
+
 def ratio(a: float | None, b: float | None) -> str:
     return "-" if not a or not b else f"{a / b:.2f}"
 
@@ -87,7 +92,7 @@ def main() -> None:
         cells = []
         for speedups in results.values():
             row = speedups.get(tau, {})
-            cells += [f"{row.get('wall') or 0:12.2f}", f"{row.get('cpu') or 0:12.2f}", f"{row.get('cpu_per_wall') or 0:14.2f}"]
+            cells += [cell(row.get("wall"), 12), cell(row.get("cpu"), 12), cell(row.get("cpu_per_wall"), 14)]
         line = f"{tau:>6}  " + "  ".join(cells)
         if len(results) == 2:
             quiet, loaded = results["quiet"].get(tau, {}), results["loaded"].get(tau, {})
