@@ -315,12 +315,17 @@ def test_the_kv_budget_check_names_what_fits_in_one_line():
         assert hf_static.kv_bytes(config, torch.bfloat16, *fits) <= 40 * gib < hf_static.kv_bytes(config, torch.bfloat16, *over)
 
 
-def test_latency_profiles_are_keyed_by_the_decode_path():
+def test_latency_profiles_are_keyed_by_the_decode_path(monkeypatch):
+    """A captured or compiled path gets profiles of its own; the eager path (and `static`, its
+    uncaptured stand-in on CPU) keeps the files it has."""
+    from rstitch.engines import hf
     from rstitch.metrics.latency_model import latency_file, runner_identity
 
     eager, static = HFModelRunner(str(SLM_DIR)), HFModelRunner(str(SLM_DIR), compile="static")
-    files = {latency_file("profiles", *runner_identity(r)) for r in (eager, static)}
-    assert len(files) == 2 and latency_file("profiles", *runner_identity(eager)).name == f"{eager.name}.cpu.float32.json"
+    monkeypatch.setattr(hf, "resolve_mode", lambda value, device: "inductor")
+    compiled = HFModelRunner(str(SLM_DIR), compile="inductor")
+    files = [latency_file("profiles", *runner_identity(r)).name for r in (eager, static, compiled)]
+    assert files[0] == files[1] == f"{eager.name}.cpu.float32.json" != files[2] == f"{eager.name}.hf-inductor.cpu.float32.json"
 
 
 def test_inductor_is_a_cpu_path_with_the_recompile_limit_raised(monkeypatch):

@@ -136,8 +136,10 @@ class HFModelRunner(ModelRunner):
                                          exact_distributions=True)
         self._slots: SlotCache | None = None  # made at the first batched forward
         mode = resolve_mode(compile, self.device)
-        # Latency profiles are keyed by the identity: a compiled path's forwards are timed apart from the eager path's.
-        self.identity = EngineIdentity("hf" if mode == "off" else f"hf-{mode}", self.name, self.device.type, dtype)
+        # Latency profiles are keyed by the identity: a captured or compiled path's forwards are
+        # profiled apart from the eager path's (`static`, the uncaptured CPU test path, shares them).
+        engine = f"hf-{mode}" if mode in ("graphs", "inductor") else "hf"
+        self.identity = EngineIdentity(engine, self.name, self.device.type, dtype)
         self.static = None if mode == "off" else StaticDecoder(self, mode)
 
     def new_sequence(self, prompt_ids: Seq[int], want_hidden: bool = False) -> Sequence:

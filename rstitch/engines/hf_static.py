@@ -14,8 +14,8 @@ captured once and replayed:
 * Shapes: a forward runs rows [0, R) of the buffers, R a power of two covering the slots it
   serves, a width W from `WIDTHS` covering its longest row (decode steps W = 1; catch-up
   prefills, speculative verification and step regeneration a bucket), and attention reads the
-  first S positions of each slot, S a power of two (at least `MIN_READ`) covering the live
-  length. Wider forwards (a prompt's prefill) run uncaptured on the same buffers at their own width.
+  first S positions of each slot, S covering the live length (`read_bucket`: a power of two or
+  three quarters of one, at least `MIN_READ`). Wider forwards (a prompt's prefill) run uncaptured on the same buffers at their own width.
 * Attention reads the grouped keys and values as stored (`grouped_attention`): the query heads
   of one KV head are stacked along the query axis, so no [rows, heads, S, head dim] copy of the
   keys is made (transformers' SDPA path repeats them whenever a mask is given).
@@ -70,7 +70,7 @@ WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # forward widths with their own captured
 FULL_STEP_WIDTH = 16
 FULL_STEP_POSITIONS = 256
 INITIAL_LENGTH = 2048  # positions per slot at first; doubles when outgrown
-MIN_READ = 256  # the shortest attention window (positions of a slot read): power-of-two buckets above
+MIN_READ = 128  # the shortest attention window (positions of a slot read); `read_bucket` above
 STATIC_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}  # lm_head(final norm) and a 4D mask
 GROUPED_ATTENTION = "rstitch_grouped_sdpa"  # the name grouped_attention is registered under
 
@@ -269,7 +269,10 @@ class _RowsView:
         out = []
         for store, new in ((self.kv.keys[layer_idx], key_states), (self.kv.values[layer_idx], value_states)):
             rows = store[: self.rows]
-            rows[self.row_index, :, self.positions] = new.transpose(1, 2)
+            if self.rows == 1:  # batch 1: a copy along the length axis (cheaper than a scattered write)
+                rows[0].index_copy_(1, self.positions[0], new[0])
+            else:
+                rows[self.row_index, :, self.positions] = new.transpose(1, 2)
             out.append(rows[:, :, : self.read])
         return out[0], out[1]
 
@@ -444,7 +447,7 @@ class StaticDecoder:
             self._resize(self.kv.slots, max(needed, 2 * self.kv.length))
         rows = min(_rows_for(max(slots)), self.kv.slots)
         width = next((w for w in WIDTHS if w >= widest), widest)
-        read = min(max(MIN_READ, 1 << (live - 1).bit_length()), self.kv.length)
+        read = min(read_bucket(live), self.kv.length)
         step = self._step(rows, width, read)
         ids = torch.zeros((rows, width), dtype=torch.long)
         positions = torch.full((rows, width), self.kv.length - 1, dtype=torch.long)  # padding: scratch
@@ -525,13 +528,22 @@ class StaticDecoder:
         return (out.last_hidden_state,)
 
 
+def read_bucket(live: int) -> int:
+    """The positions a step's attention reads for rows whose longest ends at `live`: the power
+    of two covering it or three quarters of that power, at least MIN_READ (two shapes per
+    doubling: at most a third of the window is past the live length)."""
+    power = 1 << max(live - 1, 1).bit_length()
+    three_quarters = power * 3 // 4
+    return max(MIN_READ, three_quarters if live <= three_quarters else power)
+
+
 def _rows_for(highest_slot: int) -> int:
     """The rows a step runs to cover slots [0, highest_slot]: a power of two."""
     return 1 << highest_slot.bit_length()
 
 
-# Shapes one decoder can compile: row buckets x widths x attention windows (up to 2**20 positions).
-COMPILED_SHAPES = 8 * len(WIDTHS) * 13
+# Shapes one decoder can compile: row buckets x widths x attention windows (two per doubling up to 2**20 positions).
+COMPILED_SHAPES = 8 * len(WIDTHS) * 26
 
 
 def raise_recompile_limit() -> None:
