@@ -444,3 +444,15 @@ def test_kv_tokens_size_the_pool_in_tokens_of_the_model():
     model = load_model("vllm", str(SLM_DIR), kv_tokens=3000, enforce_eager=True, block_size=32, num_threads=1)
     per_token = kv_bytes_per_token(AutoConfig.from_pretrained(SLM_DIR), "float32")
     assert model.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes == 3000 * per_token
+
+
+def test_sampled_rstitch_is_reproducible_per_seed(pairs):
+    """Kept crossing tokens of sampled runs are drawn inside the switch processor, from noise
+    hashed from the run's seed and the position: the same seed gives the same sample."""
+    _, vllm = pairs
+    problem, prompt = problem_prompt(vllm.tokenizer, PROBLEM_SEEDS[0])
+    draw = lambda seed: build_method("rstitch").decode(  # noqa: E731
+        prompt, DecodeContext(vllm, Sampler(temperature=1.0, seed=seed), BUDGET, problem=problem))
+    first, again, other = draw(3), draw(3), draw(4)
+    assert (first.token_ids, first.sources) == (again.token_ids, again.sources) and first.switches > 0
+    assert other.token_ids != first.token_ids

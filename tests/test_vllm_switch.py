@@ -33,8 +33,8 @@ def rule(tau: float | None, stop_above: bool, keep_last: bool) -> dict:
             "keep_last": keep_last}
 
 
-def params(switch: dict | None, temperature: float = 0.0) -> SamplingParams:
-    return SamplingParams(temperature=temperature, extra_args=None if switch is None else {KEY: switch})
+def params(switch: dict | None, temperature: float = 0.0, seed: int | None = None) -> SamplingParams:
+    return SamplingParams(temperature=temperature, seed=seed, extra_args=None if switch is None else {KEY: switch})
 
 
 def processor(device: str, slots: int = 8) -> SwitchProcessorV2:
@@ -89,11 +89,11 @@ def test_a_step_runs_on_meta_tensors():
     """Meta tensors hold no values: `.item()`, `.tolist()` or a Python-list index of their
     values fails, so a step that passes reads nothing on the host."""
     proc = processor("meta")
-    admit(proc, MIXED[:3] + MIXED[4:])  # greedy rows: a sampled draw needs a generator, which meta lacks
-    logits = torch.empty((4, PADDED), device="meta")
-    ctx = context([0, 1, 2, 3], [10, 11, 12, 13], "meta")
+    admit(proc, MIXED)
+    logits = torch.empty((5, PADDED), device="meta")
+    ctx = context([0, 1, 2, 3, 4], [10, 11, 12, 13, 14], "meta")
     with HostReads():  # and no host tensor (a Python list made an index) meets a device one
-        assert proc.apply(logits, ctx).shape == (4, PADDED)
+        assert proc.apply(logits, ctx).shape == (5, PADDED)
 
 
 def test_a_step_reads_no_value_on_the_host():
@@ -192,3 +192,19 @@ def test_the_engine_registers_the_processor_of_the_runner_vllm_picks(monkeypatch
     else:
         monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", setting)
     assert _switch_processor(_v2_runner_expected()).__name__ == expected
+
+
+def kept_draw(seed: int, position: int) -> int:
+    proc = processor("cpu", slots=1)
+    r = rule(0.9, True, True)  # a flat row's entropy (1) is above 0.9: it crosses
+    proc.add_request(0, params(r, 1.0, seed))
+    proc.apply_staged_writes()
+    proc.apply(torch.zeros(1, PADDED), context([0], [position], "cpu"))  # flat: every token as likely
+    hit, kept = forced(r["serial"], position)
+    assert hit
+    return kept
+
+
+def test_a_sampled_kept_token_depends_only_on_the_seed_and_the_position():
+    assert [kept_draw(7, 30) for _ in range(3)] == [kept_draw(7, 30)] * 3
+    assert len({kept_draw(seed, 30) for seed in range(12)}) > 3 and len({kept_draw(7, p) for p in range(12)}) > 3

@@ -46,7 +46,7 @@ LOG_SIZE = 4096  # forced steps are logged by serial modulo this (far more than 
 RULE_KEYS = {"serial": int, "vocab": int, "sentinel": int, "stop_above": bool, "keep_last": bool}
 
 # int columns of a slot's row in SwitchState.ints, float columns in SwitchState.floats
-ACTIVE, SERIAL, VOCAB, SENTINEL, RULED, STOP_ABOVE, KEEP_LAST = range(7)
+ACTIVE, SERIAL, VOCAB, SENTINEL, RULED, STOP_ABOVE, KEEP_LAST, SEED = range(8)
 TAU, TEMPERATURE, TOP_P = range(3)
 
 _SERIALS = itertools.count()
@@ -85,23 +85,21 @@ def check_rule(rule: Any) -> None:
 class SwitchState:
     """Per-slot rule tables on the device, their host staging copies, and the forced-step log."""
 
-    def __init__(self, max_slots: int, device: torch.device, seed: int):
+    def __init__(self, max_slots: int, device: torch.device):
         self.device = device
-        self.host_ints = np.zeros((max_slots, 7), dtype=np.int64)
+        self.host_ints = np.zeros((max_slots, 8), dtype=np.int64)
         self.host_floats = np.zeros((max_slots, 3), dtype=np.float32)
-        self.ints = torch.zeros((max_slots, 7), dtype=torch.long, device=device)
+        self.ints = torch.zeros((max_slots, 8), dtype=torch.long, device=device)
         self.floats = torch.zeros((max_slots, 3), dtype=torch.float32, device=device)
         self._staged: list[torch.Tensor] = []  # host buffers of the last copy, alive until it ran
         self._dirty = False
         # The log: serial, position and kept token of each request's forced step; the last
         # entry takes the rows of requests without a rule.
         self.log = torch.full((LOG_SIZE + 1, 3), -1, dtype=torch.long, device=device)
-        self._seed = seed
-        self._generator: torch.Generator | None = None
         _STATES.add(self)
 
     # --- host side: admission ---------------------------------------------------------
-    def stage(self, slot: int, rule: dict[str, Any] | None, temperature: float, top_p: float) -> bool:
+    def stage(self, slot: int, rule: dict[str, Any] | None, temperature: float, top_p: float, seed: int) -> bool:
         """Write slot `slot`'s row (inactive without a rule); True if the slot is ruled."""
         self._dirty = True
         if rule is None:
@@ -112,7 +110,7 @@ class SwitchState:
         if len(_OWNERS) > LOG_SIZE:  # serials of runs that never ended on the sentinel
             _OWNERS.popitem(last=False)
         self.host_ints[slot] = (1, rule["serial"], rule["vocab"], rule["sentinel"], ruled, rule["stop_above"],
-                                rule["keep_last"])
+                                rule["keep_last"], seed)
         self.host_floats[slot] = (rule["tau"] if ruled else 0.0, temperature, top_p)
         return True
 
@@ -156,16 +154,19 @@ class SwitchState:
         entropy = -(log_probs.exp() * log_probs).nan_to_num().sum(-1) / ints[:, VOCAB].clamp(min=2).float().log()
         above = entropy > floats[:, TAU]
         crossed = active & ints[:, RULED].bool() & torch.where(ints[:, STOP_ABOVE].bool(), above, ~above)
-        kept = self._kept_token(logits, floats, draw)
+        kept = self._kept_token(logits, floats, ints[:, SEED], positions, draw)
         kept = torch.where(ints[:, KEEP_LAST].bool(), kept, -1)
         sentinel = ints[:, SENTINEL, None]
         logits.masked_fill_(crossed[:, None], float("-inf"))
         logits.scatter_(1, sentinel, torch.where(crossed[:, None], 0.0, logits.gather(1, sentinel)))
         self._log(torch.where(active, ints[:, SERIAL], -1), positions, crossed, kept)
 
-    def _kept_token(self, logits: torch.Tensor, floats: torch.Tensor, draw: bool) -> torch.Tensor:
+    @staticmethod
+    def _kept_token(logits: torch.Tensor, floats: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+                    draw: bool) -> torch.Tensor:
         """The token each row would sample: the argmax, or for rows with a temperature a draw
-        from the temperature-scaled distribution cut to its top-p mass (Gumbel-max)."""
+        from the temperature-scaled distribution cut to its top-p mass (Gumbel-max, with noise
+        hashed from the request's seed and the position: reproducible per seed)."""
         greedy = logits.argmax(-1)
         if not draw:
             return greedy
@@ -175,10 +176,8 @@ class SwitchState:
         probs = ordered.softmax(-1)
         outside = (probs.cumsum(-1) - probs) > floats[:, TOP_P, None]  # the top token always stays
         scaled = scaled.scatter(1, order, ordered.masked_fill(outside, float("-inf")))
-        if self._generator is None:
-            self._generator = torch.Generator(device=logits.device).manual_seed(self._seed)
-        uniform = torch.rand(scaled.shape, generator=self._generator, device=logits.device).clamp(min=1e-20)
-        drawn = (scaled - (-uniform.log()).log()).argmax(-1)
+        uniform = _hashed_uniform(seeds, positions, logits.shape[-1])
+        drawn = (scaled.double() - (-uniform.log()).log()).argmax(-1)
         return torch.where(temperature > 0, drawn, greedy)
 
     def _log(self, serials: torch.Tensor, positions: torch.Tensor, crossed: torch.Tensor, kept: torch.Tensor) -> None:
@@ -199,20 +198,31 @@ class SwitchState:
         return kept if (logged_serial, logged_position) == (serial, position) else None
 
 
+def _hashed_uniform(seeds: torch.Tensor, positions: torch.Tensor, width: int) -> torch.Tensor:
+    """Uniform noise in (0, 1), float64 [rows, width]: a splitmix64-style hash of (seed,
+    position, column), so a draw depends on nothing but its request's seed and position."""
+    columns = torch.arange(width, device=seeds.device)
+    x = seeds[:, None] * 0x9E3779B97F4A7C1 + positions[:, None] * 0x632BE59BD9B4E01 + columns[None, :]
+    for shift, factor in ((30, 0x5851F42D4C957F2D), (27, 0x14057B7EF767814F)):
+        x = (x ^ (x >> shift)) * factor
+    x = x ^ (x >> 31)
+    return ((x & ((1 << 52) - 1)).double() + 0.5) / float(1 << 52)
+
+
 def _rule_of(params: Any) -> dict[str, Any] | None:
     return (getattr(params, "extra_args", None) or {}).get(KEY)
 
 
-def _sampling(params: Any) -> tuple[float, float]:
-    return float(params.temperature or 0.0), float(params.top_p if params.top_p is not None else 1.0)
+def _sampling(params: Any) -> tuple[float, float, int]:
+    return (float(params.temperature or 0.0), float(params.top_p if params.top_p is not None else 1.0),
+            int(params.seed or 0))
 
 
 class SwitchProcessorV2(V2LogitsProcessor):
     """The V2 model runner's interface: slots are the runner's persistent request slots."""
 
     def __init__(self, vllm_config: Any, req_states: LogitsProcRequestState):
-        seed = getattr(getattr(vllm_config, "model_config", None), "seed", None) or 0
-        self.state = SwitchState(req_states.max_num_reqs, torch.device(req_states.device), seed)
+        self.state = SwitchState(req_states.max_num_reqs, torch.device(req_states.device))
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
@@ -241,8 +251,7 @@ class SwitchProcessor(V1LogitsProcessor):
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool):
         max_rows = int(getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", None) or 1024)
-        seed = getattr(getattr(vllm_config, "model_config", None), "seed", None) or 0
-        self.state = SwitchState(max_rows, torch.device(device), seed)
+        self.state = SwitchState(max_rows, torch.device(device))
         self._slots = torch.arange(max_rows, device=device)  # batch rows are the slots
         self.rows: dict[int, tuple[dict[str, Any], Any, int, list[int]]] = {}  # row -> rule, params, prompt, output
 
