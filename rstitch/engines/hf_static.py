@@ -379,6 +379,7 @@ class StaticDecoder:
         self.runner, self.mode = runner, mode
         self.model = runner.model
         self.base = getattr(self.model, self.model.base_model_prefix)
+        [self.cache_argument] = cache_kwargs(self.base, None)  # read once: torch.compile traces no functools.cache
         self.head = self.model.get_output_embeddings()
         self.kv = StaticKV(self.model.config, self.model.dtype, runner.device, runner.name)
         self.free = [0]
@@ -524,7 +525,7 @@ class StaticDecoder:
         view = _RowsView(self.kv, rows, positions, read)
         with _attention(self.model.config, self.attention):
             out = self.base(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                            **cache_kwargs(self.base, view))
+                            **{self.cache_argument: view})
         return (out.last_hidden_state,)
 
 
