@@ -159,3 +159,12 @@ def test_render_only_rewrites_the_words_and_the_page_and_refuses_other_settings(
         report_decode.refresh_page(folder, tiny_spec(n=2))
     with pytest.raises(ConfigError, match="not a report yet"):
         report_decode.refresh_page(tmp_path / "none", spec)
+
+
+def test_the_console_table_shows_the_token_reduction_beside_the_token_ratio():
+    from rstitch.results.summary import format_table
+
+    row = {"method": "rstitch", "run_tag": "t", "n_samples": 20, "token_ratio": 0.53, "token_reduction": 0.47}
+    header, line = (x.split() for x in format_table(row).splitlines())
+    assert header[header.index("tok_ratio") + 1] == "reduction_%"
+    assert "47.0" in line and line.index("47.0") == line.index("0.53") + 1

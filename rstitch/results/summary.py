@@ -89,6 +89,7 @@ TABLE_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str | None]], ...] = 
     ("llm_tok", _number("tokens_llm", "{:.1f}")), ("switches", _number("switches", "{:.1f}")),
     ("cpu_speedup [95% CI]", with_interval("speedup_cpu", "{:.2f}")), ("wall_speedup [95% CI]", with_interval("speedup", "{:.2f}")),
     ("tok_ratio", _number("token_ratio", "{:.2f}")),
+    ("reduction_%", lambda s: None if s.get("token_reduction") is None else f"{100 * s['token_reduction']:.1f}"),  # R-Stitch's token reduction
     ("per_tok_x", _number("per_token_latency_ratio", "{:.2f}")), ("tok/s_speedup", _number("speedup_tokens_per_s", "{:.2f}")),
 )
 
