@@ -450,14 +450,14 @@ class StaticDecoder:
         width = next((w for w in WIDTHS if w >= widest), widest)
         read = min(read_bucket(live), self.kv.length)
         step = self._step(rows, width, read)
-        ids = torch.zeros((rows, width), dtype=torch.long)
-        positions = torch.full((rows, width), self.kv.length - 1, dtype=torch.long)  # padding: scratch
+        ids = [[0] * width for _ in range(rows)]
+        positions = [[self.kv.length - 1] * width for _ in range(rows)]  # padding: scratch
         for slot, r, s in zip(slots, requests, seqs):
             n = len(r.new_ids)
-            ids[slot, :n] = torch.tensor(r.new_ids, dtype=torch.long)
-            positions[slot, :n] = torch.arange(s.n_cached, s.n_cached + n)
-        step.ids.copy_(ids)
-        step.positions.copy_(positions)
+            ids[slot][:n] = r.new_ids
+            positions[slot][:n] = range(s.n_cached, s.n_cached + n)
+        step.ids.copy_(torch.tensor(ids, dtype=torch.long))  # built on the host: one copy each
+        step.positions.copy_(torch.tensor(positions, dtype=torch.long))
         outputs = step.run()
         # the kept positions of each request, copied out of the step's (reused) outputs
         index = torch.tensor([slot * width + i for slot, r in zip(slots, requests)
