@@ -558,3 +558,88 @@ def test_arbitrage_paper_grid_requires_a_router_for_the_pair():
         method.router()
     given = first_point("arbitrage_paper_tau", **{"method.router.path": "/r"})
     assert given["method"]["router"]["path"] == "/r"
+
+
+# --------------------------------------------------------------------------- sweeps: every point, own runs, speedups
+
+
+def test_sweep_points_are_hydras_expansion_of_the_command_and_the_presets_grid():
+    from rstitch.logging.sweep import sweep_points
+
+    assert sweep_points(["method.tau=0.1,0.2", "dataset.limit=2"]) == [["method.tau=0.1", "dataset.limit=2"],
+                                                                       ["method.tau=0.2", "dataset.limit=2"]]
+    grid = sweep_points(["method.tau=0.5,0.6"], {"method.tau": "1,2,3", "pair": "a,b"})  # the command replaces an axis
+    assert sorted(map(sorted, grid)) == sorted(map(sorted, [[f"pair={p}", f"method.tau={t}"] for p in "ab" for t in ("0.5", "0.6")]))
+    assert len(sweep_points(["method.tau=range(0,1,0.25)"])) == 4
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["-m", "dataset.shard=0,5", "dataset.num_shards=2", "dataset.limit=2"],
+     "sweep point dataset.shard=5 dataset.num_shards=2 dataset.limit=2: dataset.shard must be an integer in [0, 1]"),
+    (["-m", "dataset.limit=2,1", "dataset.shard=1", "dataset.num_shards=2"], "sweep point dataset.limit=1 "),
+    (["-m", "method=rstitch", "baseline=auto,yes"], "baseline must be null or auto, got 'yes'"),
+])
+def test_every_sweep_point_is_checked_before_anything_runs(argv, needle):
+    """Not only the first value of each axis: a later point that its job would refuse is one line now."""
+    from rstitch.cli.preflight import check_command_line
+
+    with pytest.raises(ConfigError) as err:
+        check_command_line(argv)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    check_command_line([a.split(",")[0] if a.startswith(("dataset.shard=", "dataset.limit=", "baseline=")) else a for a in argv])
+
+
+def test_a_point_that_finished_before_its_baseline_gets_its_speedup_at_the_sweep_end(tmp_path, tiny_pair):
+    """Parallel jobs of one sweep: the point stores no speedup; the sweep's end fills it in from the
+    baseline that finished in it, and the sweep's run directories are the points' own."""
+    from rstitch.logging.sweep import fill_speedups, point_run_dirs
+
+    problems = write_problems(tmp_path / "problems.jsonl", 2)
+    root = tmp_path / "runs"
+    point = run_in_process(tiny_pair, problems, root, "method=rstitch", "method.tau=0.5")
+    baseline = run_in_process(tiny_pair, problems, root, "method=llm_only")
+    [point_dir], [llm_dir] = run_dirs(root, "rstitch"), run_dirs(root, "llm_only")
+    assert point["speedup"] is None
+    mode = (point_dir / "summary.json").stat().st_mode
+    assert fill_speedups([point_dir, llm_dir]) == [point_dir] and fill_speedups([point_dir, llm_dir]) == []
+    filled = json.loads((point_dir / "summary.json").read_text())
+    assert filled["speedup"] == pytest.approx(baseline["latency_s"] / point["latency_s"]) and filled["speedup_ci"] is not None
+    assert (point_dir / "summary.json").stat().st_mode == mode
+    cfg = compose_config([*tiny_overrides(tiny_pair, problems, root), "method=rstitch", "method.tau=0.5", "baseline=auto"])
+    assert point_run_dirs(cfg) == [point_dir, llm_dir]
+
+
+def test_a_rerun_that_changed_no_sample_does_not_log_the_sweep_summary_again(tmp_path, tiny_pair, monkeypatch):
+    from rstitch.logging import WandbLogger
+    from rstitch.logging.sweep import log_sweep_summary
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    problems = write_problems(tmp_path / "problems.jsonl", 2)
+    root = tmp_path / "runs"
+    for method in ("llm_only", "slm_only"):
+        run_in_process(tiny_pair, problems, root, f"method={method}")
+    dirs = [*run_dirs(root, "llm_only"), *run_dirs(root, "slm_only")]
+    logger = WandbLogger(mode="offline", dir=str(tmp_path))
+    state = root / ".sweep_summaries"
+    run_id = log_sweep_summary(dirs, logger, name="sweep/runs", state_dir=state)
+    assert run_id is not None and (state / f"{run_id}.sha1").is_file()
+    assert log_sweep_summary(dirs, logger, name="sweep/runs", state_dir=state) is None  # the same samples: not logged again
+    samples = dirs[1] / "samples.jsonl"
+    samples.write_text("".join(samples.read_text().splitlines(keepends=True)[:-1]))
+    run_in_process(tiny_pair, problems, root, "method=slm_only")  # decodes the removed sample again
+    assert log_sweep_summary(dirs, logger, name="sweep/runs", state_dir=state) == run_id
+
+
+def test_slurm_requests_and_states_are_read_as_slurm_writes_them():
+    from rstitch.cli.cluster import failure_line, gpu_count, launcher_of, minutes, sbatch_flags
+
+    assert [gpu_count(g) for g in ("(null)", "gpu:2", "gpu:a100:4(S:0-1)", "gpu:a100:4,gpu:v100:2,shard:8")] == [0, 2, 4, 6]
+    assert [minutes(t) for t in ("infinite", "30:00", "2:00:00", "1-00:00:00", "45")] == [float("inf"), 30, 120, 1440, 45]
+    assert launcher_of(["-m", "hydra/launcher=slurm", "x=1", "hydra/launcher=slurm_cpu"]) == "slurm_cpu"
+    flags = sbatch_flags({"cpus_per_task": 2, "mem_gb": 4, "gpus_per_node": 0, "timeout_min": 60, "qos": "low",
+                          "additional_parameters": {"mail_type": "END"}}, "debug")
+    assert flags == ["--partition=debug", "--cpus-per-task=2", "--ntasks-per-node=1", "--nodes=1", "--mem=4096M", "--time=60",
+                     "--qos=low", "--mail-type=END"]
+    uncompleted = RuntimeError("Job 12_1 (task: 0) with path /r/.submitit/12_1/12_1_0_result.pkl\nhas not produced any output (state: CANCELLED)")
+    line = failure_line(uncompleted, {"12_1": {"State": "CANCELLED", "Reason": "None"}})
+    assert line.startswith("job 12_1 ended CANCELLED without a result (log: /r/.submitit/12_1/)") and "rerun the same command" in line
