@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -41,6 +42,13 @@ def slurm_cluster() -> None:
         pytest.fail(f"{REQUIRE_SLURM}=1 and {problem}")
     if problem:
         pytest.skip(problem)
+
+
+def readme_slurm_command() -> tuple[str, ...]:
+    """The README's Slurm command as written (its arguments, without the comment)."""
+    readme = Path(__file__).resolve().parent.parent / "README.md"
+    [line] = [line for line in readme.read_text().splitlines() if line.startswith("rstitch-run -m hydra/launcher=slurm_cpu ")]
+    return tuple(shlex.split(line.split("#", 1)[0])[1:])
 
 
 def rstitch_run(tmp_path: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -86,11 +94,12 @@ def queued(array: str) -> list[str]:
 
 
 def test_the_documented_cpu_recipe_completes_with_speedups_and_its_own_table(tmp_path):
-    """docs/scale-out.md's command: parallel array tasks share the baseline (baseline=auto), every
+    """The README's command (docs/scale-out.md's first): parallel array tasks share the baseline (baseline=auto), every
     speedup is filled in even where a point finished first, the array id is printed, no sacct
     polling; a sweep run at the same time under the same results_root stays out of the table."""
     root = tmp_path / "runs"
-    recipe = ("-m", "hydra/launcher=slurm_cpu", "method=llm_only,rstitch", "baseline=auto", f"results_root={root}", *TINY)
+    recipe = (*readme_slurm_command(), f"results_root={root}")
+    assert recipe[:2] == ("-m", "hydra/launcher=slurm_cpu") and "baseline=auto" in recipe
     concurrent = start_rstitch_run(tmp_path, "-m", "hydra/launcher=slurm_cpu", "method=slm_only", f"results_root={root}", *TINY)
     proc = rstitch_run(tmp_path, *recipe)
     concurrent_out, concurrent_err = concurrent.communicate(timeout=300)
