@@ -24,8 +24,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
 from rstitch.errors import ConfigError
 from rstitch.results.store import SUMMARY_FILE
@@ -58,9 +60,13 @@ class SweepSummary(Callback):
 
         sweep_dir = Path(config.hydra.sweep.dir)
         params = OmegaConf.to_container(config.hydra.sweeper.params) if config.hydra.sweeper.get("params") else None
-        points = sweep_points(list(config.hydra.overrides.task), params if isinstance(params, dict) else None)
         # The jobs' runs, and the baselines they ran (baseline=auto's llm_only), whichever launcher ran them.
-        own = [d for point in points for d in point_run_dirs(composed_point(point))]
+        try:
+            points = sweep_points(list(config.hydra.overrides.task), params if isinstance(params, dict) else None)
+            own = [d for point in points for d in point_run_dirs(composed_point(point))]
+        except (ConfigError, HydraException, OmegaConfBaseException) as err:  # the table then holds the runs this process ran
+            print(f"rstitch-run: warning: the sweep's run directories could not be composed again: {err}", file=sys.stderr)
+            own = []
         run_dirs = sorted({d.resolve() for d in [*own, *self.run_dirs] if (d / SUMMARY_FILE).is_file()})
         fill_speedups(run_dirs)
         logger = instantiate(config.logger)
