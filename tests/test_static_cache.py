@@ -368,9 +368,11 @@ class _Graph:
         self.cuda.replays += 1
         for func, args, kwargs, out in self.ops:
             fresh = func(*args, **kwargs)
-            if func.is_view or not isinstance(out, torch.Tensor) or any(out is a for a in args):
-                continue  # views share their input's memory; in-place calls wrote it already
-            out.copy_(fresh)
+            pairs = zip(out, fresh) if isinstance(out, (tuple, list)) else [(out, fresh)]
+            for recorded, new in pairs:
+                # a view (or `to` of the same dtype) is the recorded memory again; an in-place call wrote it already
+                if isinstance(recorded, torch.Tensor) and recorded.data_ptr() != new.data_ptr():
+                    recorded.copy_(new)
 
 
 class EmulatedCuda:
@@ -387,6 +389,7 @@ class EmulatedCuda:
         self.capture_cost_s = capture_cost_s
 
     def install(self, monkeypatch) -> None:
+        import transformers.generation.utils  # noqa: F401 - its annotations name torch.cuda.CUDAGraph: imported before the swap
         if hasattr(hf_static, "CaptureStream"):
             monkeypatch.setattr(hf_static.CaptureStream, "_streams", {})
         for name in ("Stream", "current_stream", "stream", "graph_pool_handle", "CUDAGraph", "graph"):
@@ -451,9 +454,12 @@ def test_emulated_capture_and_replay_across_slot_and_length_doublings(monkeypatc
     runner, cuda = _emulated_graphs(monkeypatch)
     eager = HFModelRunner(str(SLM_DIR))
     prompts = [list(range(3 + i, 14 + i)) for i in range(3)]
-    seqs = [runner.new_sequence(p) for p in prompts]
+    seqs, references = [runner.new_sequence(p) for p in prompts], [eager.new_sequence(p) for p in prompts]
     outs = [s.generate(60, Sampler()).token_ids for s in seqs]
-    assert outs == [eager.new_sequence(p).generate(60, Sampler()).token_ids for p in prompts]
+    assert outs == [r.generate(60, Sampler()).token_ids for r in references]
+    for seq, reference in zip(seqs, references):  # replayed distributions, not only their argmax
+        for x, y in zip(seq.score([5, 6, 7]), reference.score([5, 6, 7])):
+            assert torch.allclose(x.logits, y.logits, atol=1e-4)
     assert runner.static.kv.slots == 4 and runner.static.kv.length == 128
     assert cuda.captures == runner.static.captured > 8 and cuda.replays > 100
     assert len(cuda.work_streams) == 1  # every warm-up and capture on the one capture stream
@@ -461,6 +467,37 @@ def test_emulated_capture_and_replay_across_slot_and_length_doublings(monkeypatc
     for step in runner.static.steps.values():
         recorded = {t.untyped_storage()._cdata for _, _, _, t in step.graph.ops if isinstance(t, torch.Tensor)}
         assert all(t.untyped_storage()._cdata not in recorded for t in step.outputs)  # unowned aliases
+
+
+def test_an_emulated_batched_run_with_graphs_decodes_what_batch_1_decodes(tmp_path, monkeypatch):
+    """Batch 4 through the run loop on emulated graphs (slots double while sequences join, steps
+    of 1 to 4 rows are captured and replayed) gives batch 1's tokens on the static path."""
+    from rstitch.engines import hf
+    from rstitch.engines.cache import clear_pairs
+
+    cuda = EmulatedCuda()
+    cuda.install(monkeypatch)
+    monkeypatch.setattr(hf, "resolve_mode", lambda value, device: "graphs" if value == "graphs" else resolve_mode(value, device))
+    from rstitch.testbed import ASSETS_DIR
+
+    profiles = tmp_path / "latency"  # the eager path's testbed profiles, under the graphs path's names
+    profiles.mkdir()
+    for model in ("testbed-llm", "testbed-slm"):
+        source = ASSETS_DIR / "latency" / f"{model}.cpu.float32.json"
+        (profiles / f"{model}.hf-graphs.cpu.float32.json").write_text(source.read_text())
+    common = ["logger=none", f"results_root={tmp_path}", "engine.num_threads=1", "method=rstitch", "method.tau=0.02",
+              "dataset.limit=2", "n_samples=2", "max_new_tokens=24", f"latency_dir={profiles}"]
+    rows = {}
+    for mode, batch in (("static", 1), ("graphs", 4)):
+        clear_pairs()
+        cfg = compose_config([*common, f"engine.compile={mode}", f"batch_size={batch}"])
+        cfg.pop("logger"), cfg.pop("results_root")
+        run(cfg, tmp_path / mode)
+        lines = (tmp_path / mode / "samples.jsonl").read_text().splitlines()
+        rows[mode] = {(r["id"], r["sample_index"]): r["output_token_ids"] for r in map(json.loads, lines)}
+    clear_pairs()
+    assert rows["graphs"] == rows["static"] and len(rows["static"]) == 4
+    assert cuda.captures > 0 and cuda.replays > 0 and len(cuda.work_streams) == 1
 
 
 def test_capture_time_is_left_out_of_the_forward_times(monkeypatch):
