@@ -41,7 +41,7 @@ DESCRIPTION = (
 def spec(args: argparse.Namespace, rows: list[tuple[str, dict]]) -> ReportSpec:
     methods = f" --methods {args.methods}" if args.methods else ""
     command = (f"python scripts/results_real.py --engine {args.engine} --threads {args.threads} --dataset {args.dataset} "
-               f"--n {args.n}{methods} --minutes 20   # repeated until every problem is decoded")
+               f"--n {args.n}{methods} --minutes {args.minutes:g}   # repeated until every problem is decoded")
     overrides = [f"pair={PAIR}", f"engine={args.engine}", f"engine.num_threads={args.threads}", f"dataset={args.dataset}",
                  f"dataset.path={BENCHMARKS / f'{args.dataset}.jsonl'}", f"dataset.limit={args.n}", "max_new_tokens=512"]
     return ReportSpec(title=f"Results on the real pair: {args.dataset}, engine {args.engine}", description=DESCRIPTION,

@@ -49,11 +49,11 @@ DESCRIPTION = (
     "the problems, which resample problems, not repeated timings. GFLOPs per problem count every model run.")
 
 
-def spec(n: int) -> ReportSpec:
+def spec(n: int, minutes: float) -> ReportSpec:
     rows = BASELINES + [row for family in GRID.values() for row in family]
     return ReportSpec(
         title="Results on the testbed", description=DESCRIPTION,
-        command=f"python scripts/results_testbed.py --n {n} --minutes 10   # repeated until every problem is decoded",
+        command=f"python scripts/results_testbed.py --n {n} --minutes {minutes:g}   # repeated until every problem is decoded",
         overrides=[f"dataset.limit={n}", f"dataset.n={n}", "engine.num_threads=1"], rows=rows,
         tables=[(family, BASELINES + GRID[family]) for family in GRID], columns=COLUMNS)
 
@@ -67,9 +67,9 @@ def main() -> None:
     args = parser.parse_args()
     try:
         if args.render_only:
-            refresh_page(args.folder, spec(args.n))
+            refresh_page(args.folder, spec(args.n, args.minutes))
         else:
-            decoded = decode_report(args.folder, spec(args.n), args.minutes)
+            decoded = decode_report(args.folder, spec(args.n, args.minutes), args.minutes)
             print(f"decoded {decoded} problems into {args.folder}")
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

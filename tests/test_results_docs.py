@@ -24,7 +24,7 @@ def prose(text: str) -> str:
 
 
 # A number standing alone (1.42x, 0.975, 8%, "1,240"), not a part of a name (GSM8K, MATH500, 0.5B).
-FIGURE = re.compile(r"(?<![A-Za-z0-9_.\-])\d+(?:[.,]\d+)*(?:x|%)?(?!\.?[A-Za-z0-9])")
+FIGURE = re.compile(r"(?<![A-Za-z0-9_.])\d+(?:[.,]\d+)*(?:x|%)?(?!\.?[A-Za-z0-9])")
 
 
 def figures(text: str) -> list[str]:
@@ -47,6 +47,6 @@ def test_a_results_page_links_only_reports_that_exist(page):
 
 def test_a_figure_in_prose_is_found_and_code_and_links_are_not():
     page = ("Run `--n 20` ([x](reports/t2/README.md)) on GSM8K and MATH500 with the 0.5B.\n```\npython s.py --n 40\n```\n"
-            "# Table 1\nIt runs 1.42x faster, on 8% of 1,240 problems (p 0.004).\n")
-    assert FIGURE.findall(prose(page)) == ["1.42x", "8%", "1,240", "0.004"]
-    assert len(figures(page)) == 4
+            "# Table 1\nIt runs 1.42x faster, on 8% of 1,240 problems (Δ -0.100, p 0.004).\n")
+    assert FIGURE.findall(prose(page)) == ["1.42x", "8%", "1,240", "0.100", "0.004"]
+    assert len(figures(page)) == 5

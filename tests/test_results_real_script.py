@@ -1,5 +1,5 @@
-"""scripts/results_real.py renders the speedup of a run whose baseline finished after it (its run
-lookups are rstitch.results.lookup)."""
+"""rstitch.results.lookup renders the speedup of a run whose baseline finished after it (a run
+directory read without decoding; the results reports compute theirs from their own records)."""
 from __future__ import annotations
 
 import json

@@ -44,6 +44,8 @@ RECORDS = "records"
 BASELINE = "llm_only"
 DROPPED_KEYS = ("output_token_ids", "token_sources")  # the text stays: `response` is what is graded
 EXPRESSION = re.compile(r"\{\{(?P<expr>.*?)(?::(?P<fmt>[^:{}]*))?\}\}", re.S)
+# A number standing alone (1.42x, 0.975, 8%, -0.100, 1,240), not a part of a name (GSM8K, MATH500, 0.5B).
+FIGURE = re.compile(r"(?<![A-Za-z0-9_.])\d+(?:[.,]\d+)*(?:x|%)?(?!\.?[A-Za-z0-9])")
 REFERENCE = re.compile(r"(?P<method>[a-z_]+)(?:\[(?P<setting>[^\]]*)\])?\.(?P<key>[a-z_0-9]+)")
 OPS: dict[type, Callable[[float, float], float]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
@@ -207,7 +209,7 @@ def evaluate(expression: str, summaries: dict[str, dict[str, Any]], manifest: di
 def unchecked_figures(template: str) -> list[str]:
     """The digits of a readings template outside `{{ }}`: figures no record computes."""
     prose = EXPRESSION.sub("", template)
-    return [prose[max(0, m.start() - 30):m.end() + 10].replace("\n", " ") for m in re.finditer(r"\d+", prose)]
+    return [prose[max(0, m.start() - 30):m.end() + 10].replace("\n", " ") for m in FIGURE.finditer(prose)]
 
 
 def expand_readings(template: str, summaries: dict[str, dict[str, Any]], manifest: dict[str, Any],

@@ -12,7 +12,7 @@ import platform
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -129,12 +129,13 @@ def prepared(folder: Path, spec: ReportSpec, scratch: str) -> tuple[dict[str, di
 
 
 def refresh_page(folder: Path, spec: ReportSpec) -> None:
-    """Rewrite a report's words (title, description, command, tables) from `spec` and its page from
+    """Rewrite a report's words (title, description, tables) from `spec` and its page from
     its records, decoding nothing; one error line when the records were decoded with other settings."""
     if not (folder / "report.json").is_file():
         raise ConfigError(f"{folder} is not a report yet: decode it first")
+    kept = replace(spec, command=load_manifest(folder)["command"])  # the command that decoded the records
     with tempfile.TemporaryDirectory(prefix="report-") as scratch:
-        prepared(folder, spec, scratch)
+        prepared(folder, kept, scratch)
     (folder / PAGE).write_text(render_page(folder))
 
 
