@@ -14,9 +14,9 @@ from tqdm import tqdm
 from rstitch.data import load_dataset_records
 from rstitch.data.context import ContextCheck
 from rstitch.data.prompts import PromptFormat
-from rstitch.engines import ModelPair, Sampler, require
+from rstitch.engines import ENGINES, ModelPair, Sampler, check_engine_installed, require
 from rstitch.engines.batching import BatchScheduler
-from rstitch.engines.cache import get_pair
+from rstitch.engines.cache import clear_pairs, get_pair, is_loaded
 from rstitch.errors import ConfigError
 from rstitch.grading import grade_sample
 from rstitch.grading.sandbox import check_code_sandbox
@@ -55,6 +55,27 @@ def check_device(pair_cfg: dict[str, Any], engine: str) -> None:
         reason = "this torch is a CPU-only build" if torch.version.cuda is None else "no CUDA device is visible"
         raise ConfigError(f"pair '{pair_cfg.get('name')}' runs on device '{device}', but {reason}; "
                           "set pair.device=cpu (with pair.dtype=float32 on a CPU) or install a CUDA build of torch")
+
+
+def check_engine_memory(cfg: dict[str, Any], records: list, prompt: PromptFormat, max_new_tokens: int,
+                        batch_size: int) -> None:
+    """The engine's memory check before any model loads (its runner's `check_memory`, where it has
+    one; the HF engine's: static KV slots on CUDA): one line when the run's batch size and longest
+    sample cannot fit, instead of an out-of-memory error in the middle of the run. A pair already
+    loaded (a sweep's earlier job) was checked when it loaded; another one is dropped first, as
+    loading this one would."""
+    engine = cfg["engine"]["name"]
+    check_device(cfg["pair"], engine)
+    check_engine_installed(engine)
+    if is_loaded(cfg["pair"], cfg["engine"]):
+        return
+    clear_pairs()
+    check = getattr(ENGINES.get_entry(engine), "check_memory", None)
+    if check is not None:
+        def longest_prompt(tokenizer: Any) -> int:
+            return max(len(prompt.encode(tokenizer, r.problem)) for r in records)
+
+        check(cfg["pair"], cfg["engine"], batch_size, longest_prompt, max_new_tokens)
 
 
 def apply_default_threads(engine_cfg: dict[str, Any], pair: ModelPair) -> None:
@@ -247,6 +268,7 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
     batch_size = check_batch_size(cfg)
     prompt = PromptFormat(**cfg["prompt"])
     sampler = Sampler(**cfg["decoding"])
+    check_engine_memory(cfg, records, prompt, budget, batch_size)
     pair = load_run_pair(cfg)
     check_engine_gives(method, pair)
     latency_models = load_pair_latency(cfg["latency_dir"], pair) if cfg.get("latency_dir") else None

@@ -11,7 +11,7 @@ _PAIRS: dict[str, ModelPair] = {}
 
 def get_pair(pair_cfg: dict[str, Any], engine_cfg: dict[str, Any]) -> ModelPair:
     """The pair of a run config's `pair` and `engine` groups, loaded once and then reused."""
-    cache_key = json.dumps([pair_cfg, engine_cfg], sort_keys=True)
+    cache_key = _cache_key(pair_cfg, engine_cfg)
     if cache_key not in _PAIRS:
         _PAIRS.clear()  # one pair at a time: a sweep over pairs must not keep every pair in (GPU) memory
         options = {k: v for k, v in engine_cfg.items() if k != "name"}
@@ -20,6 +20,15 @@ def get_pair(pair_cfg: dict[str, Any], engine_cfg: dict[str, Any]) -> ModelPair:
             dtype=pair_cfg.get("dtype", "float32"), device=pair_cfg.get("device", "cpu"), **options,
         )
     return _PAIRS[cache_key]
+
+
+def is_loaded(pair_cfg: dict[str, Any], engine_cfg: dict[str, Any]) -> bool:
+    """Whether `get_pair` would reuse a loaded pair (its memory already in use)."""
+    return _cache_key(pair_cfg, engine_cfg) in _PAIRS
+
+
+def _cache_key(pair_cfg: dict[str, Any], engine_cfg: dict[str, Any]) -> str:
+    return json.dumps([pair_cfg, engine_cfg], sort_keys=True)
 
 
 def clear_pairs() -> None:

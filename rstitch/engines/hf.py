@@ -3,9 +3,13 @@ in batched runs one slot per sequence in a shared cache (`SlotCache`), and one p
 the sequences waiting on a model."""
 from __future__ import annotations
 
+import gc
 import json
+import os
+import sys
 import time
 import weakref
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Any, cast
 
@@ -23,8 +27,15 @@ from rstitch.engines.base import (
     warn_remote_code,
 )
 from rstitch.engines.hf_forward import cache_kwargs, kv_shape, width_groups  # noqa: F401 (cache_kwargs: engines.hf.cache_kwargs is the documented name)
-from rstitch.engines.hf_static import StaticDecoder, StaticSequence, resolve_mode
-from rstitch.engines.loading import eos_token_ids, load_tokenizer, model_load_errors, model_name, shared_vocab_size
+from rstitch.engines.hf_static import StaticDecoder, StaticSequence, check_static_memory, resolve_mode
+from rstitch.engines.loading import (
+    eos_token_ids,
+    load_config,
+    load_tokenizer,
+    model_load_errors,
+    model_name,
+    shared_vocab_size,
+)
 from rstitch.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -170,6 +181,41 @@ class HFModelRunner(ModelRunner):
     def synchronize(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    @staticmethod
+    def check_memory(pair_cfg: dict[str, Any], engine_cfg: dict[str, Any], batch_size: int,
+                     longest_prompt: Callable[[Any], int], max_new_tokens: int) -> None:
+        """Before the pair loads (the runner's plan): on CUDA, when a model takes the static path,
+        one line if the weights and the KV slots for `batch_size` sequences of the run's longest
+        sample (`longest_prompt(tokenizer)` + `max_new_tokens`, within the context) do not fit the
+        free memory (hf_static.check_static_memory). Reads config.json and the tokenizer only;
+        models outside local directories are left to the check at each resize."""
+        device = torch.device(pair_cfg.get("device", "cpu"))
+        if device.type != "cuda":
+            return
+        shared = {"dtype": pair_cfg.get("dtype", "float32"), **{k: v for k, v in engine_cfg.items() if k != "name"}}
+        per_model = shared.pop("per_model", None) or {}
+        specs = {role: {**shared, **(per_model.get(role) or {}), **pair_cfg[role]} for role in ("slm", "llm")}
+        paths = {role: resolve_model_path(spec["path"]) for role, spec in specs.items()}
+        static = {role: resolve_mode(spec.get("compile", "auto"), device) != "off" for role, spec in specs.items()}
+        if not any(static.values()) or not all(os.path.isdir(path) for path in paths.values()):
+            return
+        models, contexts = {}, []
+        for role, spec in specs.items():
+            options = {k: spec.get(k) for k in ("trust_remote_code", "revision", "gguf_file")}
+            with model_load_errors(paths[role]):
+                config = load_config(paths[role], **options)
+            models[model_name(paths[role], spec.get("name"))] = (config, torch_dtype(spec["dtype"]), static[role])
+            contexts.append(getattr(config, "max_position_embeddings", None) or sys.maxsize)
+        llm = specs["llm"]
+        with model_load_errors(paths["llm"]):
+            tokenizer = load_tokenizer(paths["llm"], llm.get("tokenizer"), trust_remote_code=llm.get("trust_remote_code"),
+                                       revision=llm.get("revision"), gguf_file=llm.get("gguf_file"))
+        positions = min(longest_prompt(tokenizer) + max_new_tokens, *contexts)
+        gc.collect()  # a dropped pair's runners and decoders refer to each other
+        # what the device has free, plus what torch's allocator holds unused (a dropped pair's)
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        check_static_memory(models, batch_size, positions, torch.cuda.mem_get_info(device)[0] + cached)
 
 
 # --- batched forwards ----------------------------------------------------------------------

@@ -121,6 +121,55 @@ def check_kv_budget(config: Any, dtype: torch.dtype, slots: int, length: int, bu
                       f"or {slots} at {fit_length} positions (lower batch_size or max_new_tokens)")
 
 
+def grown_slots(sequences: int) -> int:
+    """The slots the cache holds for `sequences` at once: one at first, doubled when outgrown."""
+    return 1 << (sequences - 1).bit_length()
+
+
+def grown_length(positions: int) -> int:
+    """The slot length the cache grows to for a sequence of `positions` (+ the scratch position):
+    `INITIAL_LENGTH`, doubled when outgrown."""
+    length = INITIAL_LENGTH
+    while length < positions + 1:
+        length *= 2
+    return length
+
+
+def weight_bytes(config: Any, dtype: torch.dtype) -> int:
+    """The weights of `config`'s causal LM in `dtype`, counted on a weightless (meta-device) instance."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=dtype).element_size()
+
+
+def check_static_memory(models: dict[str, tuple[Any, torch.dtype, bool]], batch_size: int, positions: int,
+                        free_bytes: int) -> None:
+    """Before any model loads: one error line when the weights of `models` (name -> config, dtype,
+    whether it takes the static path) and the static KV slots of those that do, at the sizes the
+    cache grows to for `batch_size` sequences of up to `positions` each, exceed `free_bytes`. The
+    line names the batch size that fits at this length and the positions that fit at this batch size."""
+    weights = sum(weight_bytes(config, dtype) for config, dtype, _ in models.values())
+    per_position = sum(kv_bytes(config, dtype, 1, 1) for config, dtype, static in models.values() if static)
+    slots, length = grown_slots(batch_size), grown_length(positions)
+    budget = free_bytes - weights
+    if slots * length * per_position <= budget:
+        return
+    fit_slots = next((s for s in (slots >> k for k in range(slots.bit_length())) if s * length * per_position <= budget), 0)
+    fit_length = next((n for n in (length >> k for k in range(length.bit_length()))
+                       if n >= INITIAL_LENGTH and slots * n * per_position <= budget), 0)
+    gib = 1 << 30
+    at_this_length = f"batch_size={fit_slots} fits at this length" if fit_slots else "no batch size fits at this length"
+    at_this_batch = (f"batch_size={batch_size} fits up to {fit_length - 1} positions per sample" if fit_length
+                     else f"no length fits at batch_size={batch_size}")
+    raise ConfigError(
+        f"{' + '.join(models)} need {weights / gib:.1f} GiB of weights + {slots * length * per_position / gib:.1f} GiB "
+        f"of static KV cache for batch_size={batch_size} at up to {positions} positions per sample ({slots} slots x "
+        f"{length} positions), {free_bytes / gib:.1f} GiB of GPU memory are free: {at_this_length}, {at_this_batch} "
+        "(lower batch_size or max_new_tokens)")
+
+
 def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                       **kwargs: Any) -> tuple[torch.Tensor, None]:
