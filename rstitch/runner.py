@@ -256,12 +256,7 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
     decodes only what is missing among the first `first` problems and writes no summary (None): a
     call without it finishes the run (`run_in_blocks`), so a summary covers the whole selection."""
     method = build_method(**cfg["method"])
-    dataset_cfg = dict(cfg["dataset"])
-    records = load_dataset_records(**dataset_cfg)
-    if not records:
-        raise ConfigError(f"dataset '{dataset_cfg['name']}' selected no records")
-    if any(r.metadata.get("answer_type") == "code" for r in records):  # model-written programs will run
-        check_code_sandbox(bool(cfg.get("weak_code_sandbox", False)))
+    records = selected_records(cfg)
     n_samples, budget = count("n_samples", cfg["n_samples"]), count("max_new_tokens", cfg["max_new_tokens"])
     if first is not None:
         count("first", first)
@@ -332,6 +327,17 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
     finally:
         store.close()  # other processes waiting on this run directory may go on
     return summary
+
+
+def selected_records(cfg: dict[str, Any]) -> list[Any]:
+    """The run's dataset selection; for a code benchmark, only once the sandbox that will run the
+    model-written programs is checked (docs/sandbox.md)."""
+    records = load_dataset_records(**cfg["dataset"])
+    if not records:
+        raise ConfigError(f"dataset '{cfg['dataset']['name']}' selected no records")
+    if any(r.metadata.get("answer_type") == "code" for r in records):
+        check_code_sandbox(bool(cfg.get("weak_code_sandbox", False)))
+    return records
 
 
 def warm_up(method: Method, ctx: DecodeContext, prompt_ids: list[int], engine: str) -> None:
