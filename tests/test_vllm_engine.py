@@ -456,3 +456,27 @@ def test_sampled_rstitch_is_reproducible_per_seed(pairs):
     first, again, other = draw(3), draw(3), draw(4)
     assert (first.token_ids, first.sources) == (again.token_ids, again.sources) and first.switches > 0
     assert other.token_ids != first.token_ids
+
+
+def test_next_token_distributions_are_device_rows_equal_to_hf(pairs, monkeypatch):
+    """The per-forward path's decoded positions come from the logits rows the switch processor
+    keeps on the device: no vocabulary-sized logprob list is converted, and every value equals
+    the HF engine's within 1e-5."""
+    from rstitch.engines import vllm_switch
+    from rstitch.engines.vllm import VLLMModelRunner
+
+    hf, vllm = pairs
+    _, prompt = problem_prompt(hf.tokenizer, PROBLEM_SEEDS[1])
+    converted = []
+    dense_row = VLLMModelRunner.dense_row
+    monkeypatch.setattr(VLLMModelRunner, "dense_row", lambda self, *a: converted.append(a) or dense_row(self, *a))
+    for key in ("slm", "llm"):
+        seqs = [getattr(p, key).new_sequence(prompt) for p in (hf, vllm)]
+        for _ in range(6):
+            expected, got = (s.next_distribution() for s in seqs)
+            assert expected.argmax == got.argmax
+            assert torch.allclose(expected.log_probs, got.log_probs, atol=1e-5)
+            assert abs(expected.normalized_entropy - got.normalized_entropy) < 1e-5
+            for s in seqs:
+                s.append(expected.argmax)
+    assert converted == [] and not vllm_switch._CAPTURED  # nothing converted, nothing left behind

@@ -208,3 +208,26 @@ def kept_draw(seed: int, position: int) -> int:
 def test_a_sampled_kept_token_depends_only_on_the_seed_and_the_position():
     assert [kept_draw(7, 30) for _ in range(3)] == [kept_draw(7, 30)] * 3
     assert len({kept_draw(seed, 30) for seed in range(12)}) > 3 and len({kept_draw(7, p) for p in range(12)}) > 3
+
+
+def test_captured_rows_stay_on_the_device_raw_and_keyed_by_position():
+    """A scoring request's rows are kept as device tensors (here `meta`, which holds no values:
+    nothing is read on the host) and, on the CPU, equal the raw logits cut to the vocabulary,
+    taken before a rule of another row edits the logits in place."""
+    for device in ("meta", "cpu"):
+        proc = processor(device)
+        serial = new_serial()
+        proc.add_request(0, params(rule(0.0, True, False)))  # crosses at once: its row is forced
+        proc.add_request(1, SamplingParams(temperature=0.0, extra_args={vllm_switch.CAPTURE_KEY: {"serial": serial, "vocab": VOCAB}}))
+        proc.apply_staged_writes()
+        logits = torch.randn(2, PADDED) if device == "cpu" else torch.empty((2, PADDED), device="meta")
+        raw = logits.clone()
+        with HostReads():
+            proc.apply(logits, context([1, 0], [20, 30], device))
+        rows = vllm_switch.captured(serial)
+        assert list(rows) == [20] and rows[20].device == torch.device(device) and rows[20].shape == (VOCAB,)
+        if device == "cpu":
+            assert torch.equal(rows[20], raw[0, :VOCAB]) and vllm_switch.captured(serial) == {}
+    with pytest.raises(VLLMValidationError, match="serial"):
+        build_custom_logits_processors_params_validator((SwitchProcessorV2,))(
+            SamplingParams(extra_args={vllm_switch.CAPTURE_KEY: {"serial": "x", "vocab": VOCAB}}))

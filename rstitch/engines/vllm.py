@@ -127,18 +127,19 @@ class VLLMSequence(Sequence):
                     and tokens[: len(self._decoded)] == self._decoded)
         self._lookahead = min(2 * self._lookahead, self.runner.max_lookahead) if took_all else 1
 
-    def _store(self, tokens: list[int], keep: int, out: Any) -> None:
+    def _store(self, tokens: list[int], keep: int, out: Any, serial: int) -> None:
         """Keep a scoring request's distributions: the last `keep` positions of `tokens` (prompt
-        logprobs for all but the last) and the greedy tokens it decoded ahead."""
+        logprobs for all but the last) and those of the greedy tokens it decoded (the logits
+        rows the switch processor kept on the device for request `serial`)."""
         runner = self.runner
         generated = list(out.outputs[0].token_ids)
         rows = [runner.dense_row(out.prompt_logprobs, p + 1) for p in range(len(tokens) - keep, len(tokens) - 1)]
-        rows += [runner.dense_row(out.outputs[0].logprobs, i) for i in range(len(generated))]
+        rows += runner.generated_rows(out, serial, len(tokens), len(generated))
         self._decoded = tokens + generated
         self._requested, self._served_calls = len(tokens), 0
         self._path = self._decoded[:-1]
         self._first = len(tokens) - keep
-        self._rows = torch.stack(rows)
+        self._rows = torch.stack([r.to(rows[-1].device) for r in rows])
         if self.want_hidden:  # the states at the same positions: one pooling request on the path
             self._hidden = runner.hidden_states(self._path, len(rows))
         runner.lookahead_tokens += len(generated) - 1
@@ -220,15 +221,19 @@ class _Scoring:
         seq._adapt_lookahead(self.tokens)
         self.lookahead = seq.runner.room(len(self.tokens), seq._lookahead)
         read_cache = keep <= 1 or seq.runner.cached_tokens(self.tokens) <= len(self.tokens) - keep
-        self.params = seq.runner.scoring_params(self.lookahead, keep, read_cache=read_cache)
+        self.serial = seq.runner.new_tag()
+        self.params = seq.runner.scoring_params(self.lookahead, keep, read_cache, self.serial)
 
     def take(self, out: Any) -> None:
+        runner = self.seq.runner
         if self.keep > 1 and out.num_cached_tokens > len(self.tokens) - self.keep:
             # The cache held positions whose prompt logprobs were wanted: recompute them.
-            self.seq.runner.prefix_cache_retries += 1
-            self.params = self.seq.runner.scoring_params(self.lookahead, self.keep, read_cache=False)
+            runner.prefix_cache_retries += 1
+            runner.generated_rows(out, self.serial, len(self.tokens), 0)  # drop this request's kept rows
+            self.serial = runner.new_tag()
+            self.params = runner.scoring_params(self.lookahead, self.keep, False, self.serial)
             return
-        self.seq._store(self.tokens, self.keep, out)
+        self.seq._store(self.tokens, self.keep, out, self.serial)
         self.result = self.seq._stored(self.tokens, self.keep)
 
 
@@ -473,16 +478,38 @@ class VLLMModelRunner(ModelRunner):
             )
         return min(wanted, left)
 
-    def scoring_params(self, lookahead: int, keep: int, read_cache: bool) -> Any:
+    def scoring_params(self, lookahead: int, keep: int, read_cache: bool, serial: int | None = None) -> Any:
+        """A scoring request: greedy, `lookahead` tokens. The distributions of the tokens it
+        decodes are the raw logits rows the switch processor keeps on the device (exact, no
+        logprobs returned; `serial` keys them), or without a serial or with the engine core in
+        another process, vLLM's logprobs;
+        earlier positions (`keep` > 1) come as prompt logprobs."""
         from vllm import SamplingParams
 
+        from rstitch.engines import vllm_switch
+
         prompt_rows = keep > 1
+        on_device = self.switch_in_engine and serial is not None
         return SamplingParams(
-            temperature=0.0, max_tokens=lookahead, logprobs=self.top_logprobs, detokenize=False, flat_logprobs=True,
-            prompt_logprobs=self.top_logprobs if prompt_rows else None,
+            temperature=0.0, max_tokens=lookahead, logprobs=None if on_device else self.top_logprobs, detokenize=False,
+            flat_logprobs=True, prompt_logprobs=self.top_logprobs if prompt_rows else None,
             # Positions the prefix cache covers get no prompt logprobs: `_request` checks.
             skip_reading_prefix_cache=not read_cache if prompt_rows else None,
+            extra_args={vllm_switch.CAPTURE_KEY: {"serial": serial, "vocab": self.vocab_size}} if on_device else None,
         )
+
+    def generated_rows(self, out: Any, serial: int, n_tokens: int, n_generated: int) -> list[torch.Tensor]:
+        """The distributions of a scoring request's `n_generated` decoded tokens (after a prompt
+        of `n_tokens`): the processor's device rows, or vLLM's logprobs without the processor."""
+        from rstitch.engines import vllm_switch
+
+        if not self.switch_in_engine:
+            return [self.dense_row(out.outputs[0].logprobs, i) for i in range(n_generated)]
+        kept = vllm_switch.captured(serial)
+        missing = [n_tokens + i for i in range(n_generated) if n_tokens + i not in kept]
+        if missing:
+            raise RuntimeError(f"engine 'vllm': no logits kept for positions {missing} of request {serial}")
+        return [kept[n_tokens + i] for i in range(n_generated)]
 
     def run_params(self, max_tokens: int, sampler: Sampler, stop: Seq[str], eos: set[int], rule: SwitchRule,
                    serial: int) -> Any:

@@ -23,6 +23,13 @@ to a device log keyed by serial, which the caller reads once, after its request 
 ids S is a real token), and gives the kept token. This needs the engine core in this process
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, the engine's default).
 
+The same processors hand the per-forward path its exact distributions (`CAPTURE_KEY`): a
+scoring request that carries `{"serial": int, "vocab": V}` has its raw logits row, cut to V,
+kept on the device at every step, keyed by serial and the sampled token's sequence position
+(`captured`). The row stays a device tensor: the host never receives a vocabulary-sized list,
+and what a method reads from it (entropy, a token's probability, top-p mass, a draw) is reduced
+on the device, as on the HF engine.
+
 `SwitchProcessorV2` is the interface of vLLM's V2 model runner (the default where Triton runs);
 `SwitchProcessor` the V1 runner's (vLLM's fallback, e.g. on CPUs). Both share `SwitchState`.
 """
@@ -42,6 +49,7 @@ from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext, LogitsProc
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor
 
 KEY = "rstitch_switch"
+CAPTURE_KEY = "rstitch_capture"
 LOG_SIZE = 4096  # forced steps are logged by serial modulo this (far more than requests in flight)
 RULE_KEYS = {"serial": int, "vocab": int, "sentinel": int, "stop_above": bool, "keep_last": bool}
 
@@ -52,6 +60,8 @@ TAU, TEMPERATURE, TOP_P = range(3)
 _SERIALS = itertools.count()
 _STATES: weakref.WeakSet[SwitchState] = weakref.WeakSet()  # every processor's state in this process
 _OWNERS: OrderedDict[int, weakref.ref[SwitchState]] = OrderedDict()  # serial -> the state that admitted it
+# serial -> {sequence position: raw logits row [V] on the device}, of requests that asked for it
+_CAPTURED: OrderedDict[int, dict[int, torch.Tensor]] = OrderedDict()
 
 
 def new_serial() -> int:
@@ -69,6 +79,29 @@ def forced(serial: int, position: int) -> tuple[bool, int]:
         if hit is not None:
             return True, hit
     return False, -1
+
+
+def captured(serial: int) -> dict[int, torch.Tensor]:
+    """The raw logits rows (device tensors [V]) that request `serial` computed, by the sequence
+    position of the token each predicts; taken once, after the request."""
+    return _CAPTURED.pop(serial, {})
+
+
+def capture_rows(logits: torch.Tensor, rows: list[tuple[int, int, int, int]]) -> None:
+    """Keep rows of `logits` on the device: (row, serial, vocab, position) each, copied (the
+    logits are edited in place after). No value is read on the host, nothing crosses devices."""
+    for row, serial, vocab, position in rows:
+        _CAPTURED.setdefault(serial, {})[position] = logits[row, :vocab].float().clone()
+        _CAPTURED.move_to_end(serial)
+    while len(_CAPTURED) > LOG_SIZE:  # requests whose rows were never taken (failed, aborted)
+        _CAPTURED.popitem(last=False)
+
+
+def check_capture(capture: Any) -> None:
+    """A `ValueError` for a malformed capture request."""
+    if (not isinstance(capture, dict) or set(capture) != {"serial", "vocab"}
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in capture.values())):
+        raise ValueError(f"extra_args[{CAPTURE_KEY!r}] must be a dict of ints with keys ['serial', 'vocab'], got {capture!r}")
 
 
 def check_rule(rule: Any) -> None:
@@ -213,6 +246,20 @@ def _rule_of(params: Any) -> dict[str, Any] | None:
     return (getattr(params, "extra_args", None) or {}).get(KEY)
 
 
+def _capture_of(params: Any) -> tuple[int, int] | None:
+    capture = (getattr(params, "extra_args", None) or {}).get(CAPTURE_KEY)
+    return None if capture is None else (capture["serial"], capture["vocab"])
+
+
+def _validate(sampling_params: Any) -> None:
+    rule = _rule_of(sampling_params)
+    if rule is not None:
+        check_rule(rule)
+    capture = (getattr(sampling_params, "extra_args", None) or {}).get(CAPTURE_KEY)
+    if capture is not None:
+        check_capture(capture)
+
+
 def _sampling(params: Any) -> tuple[float, float, int]:
     return (float(params.temperature or 0.0), float(params.top_p if params.top_p is not None else 1.0),
             int(params.seed or 0))
@@ -223,20 +270,27 @@ class SwitchProcessorV2(V2LogitsProcessor):
 
     def __init__(self, vllm_config: Any, req_states: LogitsProcRequestState):
         self.state = SwitchState(req_states.max_num_reqs, torch.device(req_states.device))
+        self.captures: dict[int, tuple[int, int]] = {}  # slot -> (serial, vocab) of a capturing request
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
-        rule = _rule_of(sampling_params)
-        if rule is not None:
-            check_rule(rule)
+        _validate(sampling_params)
 
     def add_request(self, req_idx: int, sampling_params: Any) -> bool:
-        return self.state.stage(req_idx, _rule_of(sampling_params), *_sampling(sampling_params))
+        capture = _capture_of(sampling_params)
+        if capture is None:
+            self.captures.pop(req_idx, None)
+        else:
+            self.captures[req_idx] = capture
+        return self.state.stage(req_idx, _rule_of(sampling_params), *_sampling(sampling_params)) or capture is not None
 
     def apply_staged_writes(self) -> None:
         self.state.flush()
 
     def apply(self, logits: torch.Tensor, ctx: LogitsContext) -> torch.Tensor:
+        if self.captures:  # one row per request (no speculative rows); positions from the host bounds
+            capture_rows(logits, [(b, *self.captures[slot], int(ctx.seq_lens_upper_bound_np[b]))
+                                  for b, slot in enumerate(ctx.idx_mapping_np.tolist()) if slot in self.captures])
         if not self.state.active(ctx.idx_mapping_np):
             return logits
         slots = ctx.idx_mapping_np
@@ -254,17 +308,17 @@ class SwitchProcessor(V1LogitsProcessor):
         self.state = SwitchState(max_rows, torch.device(device))
         self._slots = torch.arange(max_rows, device=device)  # batch rows are the slots
         self.rows: dict[int, tuple[dict[str, Any], Any, int, list[int]]] = {}  # row -> rule, params, prompt, output
+        self.captures: dict[int, tuple[int, int, int, list[int]]] = {}  # row -> serial, vocab, prompt, output
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
-        rule = _rule_of(sampling_params)
-        if rule is not None:
-            check_rule(rule)
+        _validate(sampling_params)
 
     def is_argmax_invariant(self) -> bool:
         return False  # it forces tokens
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
+        process_dict_updates(self.captures, batch_update, _v1_capture_entry)
         if process_dict_updates(self.rows, batch_update, _v1_entry):
             self.state.host_ints[:] = 0  # rows move: restage every row
             for row, (rule, params, _, _) in self.rows.items():
@@ -272,9 +326,12 @@ class SwitchProcessor(V1LogitsProcessor):
             self.state.flush()
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        n = logits.shape[0]
+        if self.captures:  # the raw row, before any rule masks it; the position of the token it predicts
+            capture_rows(logits, [(row, serial, vocab, prompt_len + len(output))
+                                  for row, (serial, vocab, prompt_len, output) in self.captures.items() if row < n])
         if not self.rows:
             return logits
-        n = logits.shape[0]
         slots = np.arange(n)
         ruled = self.state.ruled(slots)
         positions = np.zeros(n, dtype=np.int64)
@@ -284,6 +341,11 @@ class SwitchProcessor(V1LogitsProcessor):
         self.state.apply(logits, self._slots[:n], torch.from_numpy(positions).to(logits.device, non_blocking=True),
                          ruled, self.state.needs_draw(slots))
         return logits
+
+
+def _v1_capture_entry(params: Any, prompt: list[int] | None, output: list[int]) -> tuple[int, int, int, list[int]] | None:
+    capture = _capture_of(params)
+    return None if capture is None else (*capture, len(prompt or []), output)
 
 
 def _v1_entry(params: Any, prompt: list[int] | None, output: list[int]) -> tuple[dict[str, Any], Any, int, list[int]] | None:
