@@ -373,6 +373,11 @@ class VLLMModelRunner(ModelRunner):
         self._hidden_args = {**args, "gpu_memory_utilization": hidden_gpu_memory_utilization,
                              "kv_cache_memory_bytes": hidden_kv_cache_memory_bytes or kv_cache_memory_bytes}
         self.hidden_llm: Any = None
+        self._start_engine(args, dtype)
+
+    def _start_engine(self, args: dict[str, Any], dtype: str) -> None:
+        """vLLM's engine with the switch processor of the model runner it will use (V2 where
+        Triton runs, else V1); a runner other than the expected one is one error line."""
         from vllm import LLM
 
         self.uses_v2_runner = _v2_runner_expected()
@@ -386,7 +391,7 @@ class VLLMModelRunner(ModelRunner):
         self.max_model_len = vllm_config.model_config.max_model_len
         self.engine_steps = 0
         self._count_engine_steps()
-        self.identity = vllm_identity(self.name, self.llm.llm_engine.vllm_config, dtype)
+        self.identity = vllm_identity(self.name, vllm_config, dtype)
 
     def new_sequence(self, prompt_ids: Seq[int], want_hidden: bool = False) -> VLLMSequence:
         return VLLMSequence(self, prompt_ids, want_hidden)
