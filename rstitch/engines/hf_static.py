@@ -137,11 +137,9 @@ def grown_length(positions: int) -> int:
 
 def weight_bytes(config: Any, dtype: torch.dtype) -> int:
     """The weights of `config`'s causal LM in `dtype`, counted on a weightless (meta-device) instance."""
-    from transformers import AutoModelForCausalLM
+    from rstitch.engines.loading import count_parameters
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=dtype).element_size()
+    return count_parameters(config) * torch.empty((), dtype=dtype).element_size()
 
 
 def check_static_memory(models: dict[str, tuple[Any, torch.dtype, bool]], batch_size: int, positions: int,

@@ -65,3 +65,14 @@ def shared_vocab_size(tokenizer: Any, model_vocab_size: int) -> int:
 
 def model_name(path: str, name: str | None) -> str:
     return name or os.path.basename(path.rstrip("/"))
+
+
+def count_parameters(config: Any) -> int:
+    """The parameter count of `config`'s causal LM, from a weightless (meta-device) instance:
+    what memory plans need before any weight loads."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())

@@ -57,7 +57,16 @@ from rstitch.engines.base import (
     resolve_model_path,
     torch_dtype,
 )
-from rstitch.engines.loading import eos_token_ids, generation_eos, load_config, load_tokenizer, model_load_errors, model_name, shared_vocab_size
+from rstitch.engines.loading import (
+    count_parameters,
+    eos_token_ids,
+    generation_eos,
+    load_config,
+    load_tokenizer,
+    model_load_errors,
+    model_name,
+    shared_vocab_size,
+)
 from rstitch.engines.sampling import Sampler
 from rstitch.errors import ConfigError
 
@@ -343,7 +352,7 @@ class VLLMModelRunner(ModelRunner):
         self.model_vocab_size = config.vocab_size
         self.vocab_size = shared_vocab_size(self.tokenizer, config.vocab_size)
         self.hidden_size = config.hidden_size
-        self.num_parameters = _count_parameters(config)
+        self.num_parameters = count_parameters(config)
         if kv_tokens is not None:
             kv_cache_memory_bytes = _kv_pool_bytes(self.name, config, self.num_parameters, dtype, kv_tokens)
         self.eos_token_ids = eos_token_ids(self.tokenizer, generation_eos(path))
@@ -665,10 +674,3 @@ def _is_fraction(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
 
 
-def _count_parameters(config: Any) -> int:
-    """The parameter count of the architecture, from a weightless (meta-device) instance."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in model.parameters())
