@@ -413,6 +413,19 @@ def ordinary_user(tmp_path):
         subprocess.run(["userdel", "--remove", name], capture_output=True, check=False)
 
 
+def readable_copy_of(spec, folder: Path, owner: str) -> Path:
+    """Copy a module (a file or a package) where ``owner`` can read it: this process's own environment may sit
+    in a folder only its user may enter (a fresh venv under a private temporary folder)."""
+    origin = Path(str(spec.origin))
+    folder.mkdir()
+    if spec.submodule_search_locations:
+        shutil.copytree(origin.parent, folder / origin.parent.name)
+    else:
+        shutil.copy2(origin, folder / origin.name)
+    subprocess.run(["chown", "-R", f"{owner}:{owner}", str(folder)], check=True)
+    return folder
+
+
 @needs_bubblewrap
 def test_as_an_ordinary_user_a_hostile_program_sees_neither_the_users_files_nor_the_host(canary, ordinary_user):
     path, text = canary
@@ -424,9 +437,8 @@ def test_as_an_ordinary_user_a_hostile_program_sees_neither_the_users_files_nor_
     token = f"left-{path.name}"
     source = hostile_program([str(path), str(netrc), "/etc/passwd", str(PROJECT / "pyproject.toml")],
                              [*WRITABLE_ON_HOSTS, str(home), str(path.parent)], token)
-    seccomp = importlib.util.find_spec("pyseccomp")  # where this process has it, the user's finds it too
-    folder = Path(str(seccomp.origin)).parent if seccomp else None  # a module file, or a package's __init__.py
-    extra_paths = [str(folder.parent if seccomp and seccomp.submodule_search_locations else folder)] if folder else []
+    seccomp = importlib.util.find_spec("pyseccomp")  # where this process has it, the user's finds a copy of it
+    extra_paths = [str(readable_copy_of(seccomp, home / "site", name))] if seccomp else []
     script = AS_USER.format(project=str(PROJECT), extra_paths=extra_paths, source=source)
     runuser = str(shutil.which("runuser"))
     check = subprocess.run([runuser, "-u", name, "--", SYSTEM_PYTHON, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
