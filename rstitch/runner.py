@@ -21,7 +21,7 @@ from rstitch.errors import ConfigError
 from rstitch.grading import grade_sample
 from rstitch.grading.sandbox import check_code_sandbox
 from rstitch.methods import DecodeContext, DecodeResult, Method, build_method
-from rstitch.methods.base import EXTRA_FLOPS, baseline_method, model_flops
+from rstitch.methods.base import EXTRA_FLOPS, model_flops
 from rstitch.metrics.latency_model import load_pair_latency
 from rstitch.results import SampleStore
 from rstitch.results.baseline import baseline_config, wants_baseline_run
@@ -254,7 +254,7 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
         first: int | None = None) -> dict[str, Any] | None:
     """Evaluate one configuration (a resolved config dict) into `run_dir`; resumes if present. `first`
     decodes only what is missing among the first `first` problems and writes no summary (None): a
-    call without it finishes the run (`run_in_blocks`), so a summary covers the whole selection."""
+    call without it finishes the run, so a summary covers the whole selection."""
     method = build_method(**cfg["method"])
     records = selected_records(cfg)
     n_samples, budget = count("n_samples", cfg["n_samples"]), count("max_new_tokens", cfg["max_new_tokens"])
@@ -387,22 +387,3 @@ def run_config(cfg: dict[str, Any], logger=None, first: int | None = None) -> di
     root = comparison_dir(cfg.pop("results_root"), cfg)
     run_baseline(cfg, root, logger=logger, first=first)
     return run(cfg, comparison_run_dir(root, cfg), logger=logger, results_root=root, first=first)
-
-
-def run_in_blocks(cfgs: list[dict[str, Any]], block: int) -> list[dict[str, Any] | None]:
-    """Run composed configs over the same problems a block at a time: the first `block` problems of
-    every config, then the next `block` of every config, and so on; then every config once more
-    (nothing is left to decode; the baseline's first), so that each summary reads its baseline's
-    finished run. A decode
-    spread over several sittings (the runs resume) thus times the rows of a problem one after the
-    other on one machine, and the paired per-problem ratios (speedup, token and per-token ratios)
-    compare timings taken together, whichever sitting and machine each problem fell to."""
-    count("block", block)
-    largest = max((len(load_dataset_records(**cfg["dataset"])) for cfg in cfgs), default=0)
-    for upto in range(block, largest + block, block):
-        for cfg in cfgs:
-            run_config(cfg, first=upto)
-    baseline = baseline_method()
-    order = sorted(range(len(cfgs)), key=lambda i: cfgs[i]["method"]["name"] != baseline)  # stable
-    summaries = {i: run_config(cfgs[i]) for i in order}
-    return [summaries[i] for i in range(len(cfgs))]

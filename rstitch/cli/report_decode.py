@@ -31,7 +31,7 @@ from rstitch.analysis.record_reports import (
 from rstitch.config_groups import compose_config
 from rstitch.data import load_dataset_records
 from rstitch.errors import ConfigError
-from rstitch.results.lookup import config_run_dir
+from rstitch.results.keys import run_dir as stored_run_dir
 from rstitch.results.store import iter_samples, write_samples
 from rstitch.runner import run_config
 
@@ -99,7 +99,7 @@ def checked_manifest(folder: Path, spec: ReportSpec, cfgs: dict[str, dict[str, A
 def seeded_run(cfg: dict[str, Any], rows: list[dict[str, Any]]) -> Path:
     """The scratch run directory of `cfg`, holding the report's records of it, so that the runner
     decodes only what they lack."""
-    run_dir = config_run_dir(cfg)
+    run_dir = stored_run_dir(cfg["results_root"], cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_samples(run_dir, rows)
     return run_dir
