@@ -288,6 +288,7 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
         if todo:
             warm_up(method, DecodeContext(pair, sampler, min(WARMUP_TOKENS, budget), todo[0][0].problem, todo[0][0].metadata),
                     fitted[todo[0][0].id][0], cfg["engine"]["name"])
+            prepare_shapes(pair, batch_size, [fitted[r.id] for r, _ in todo])
 
         total = len(block) * n_samples
         bar = tqdm(total=total, initial=total - len(todo), desc=method.name, unit="sample")
@@ -347,6 +348,16 @@ def warm_up(method: Method, ctx: DecodeContext, prompt_ids: list[int], engine: s
         method.decode(prompt_ids, ctx)
     except ConfigError as err:
         raise ConfigError(f"method '{method.name}' on engine '{engine}': {err}") from None
+
+
+def prepare_shapes(pair: ModelPair, batch_size: int, fitted: list[tuple[list[int], int]]) -> None:
+    """After the warm-up decode, before any timed sample: a runner that captures a step per shape
+    (the HF engine's CUDA graphs) captures every shape the run's samples (prompt, budget) can use."""
+    lengths = [(len(ids), len(ids) + budget) for ids, budget in fitted]
+    for model in pair.models().values():
+        prepare = getattr(model, "prepare_shapes", None)
+        if prepare is not None:
+            prepare(batch_size, min(n for n, _ in lengths), max(n for _, n in lengths))
 
 
 def count(name: str, value: Any) -> int:

@@ -500,6 +500,54 @@ def test_an_emulated_batched_run_with_graphs_decodes_what_batch_1_decodes(tmp_pa
     assert cuda.captures > 0 and cuda.replays > 0 and len(cuda.work_streams) == 1
 
 
+@pytest.mark.parametrize("batch", [1, pytest.param(4, marks=SLOW)])
+def test_every_capture_happens_in_warm_up_never_inside_a_timed_sample(tmp_path, monkeypatch, batch):
+    """The run captures every step its samples can use after the warm-up decode (rows up to the
+    batch's slots, every width, every attention window up to the longest sample): no sample
+    (batch 1: each timed decode; batch 4: the whole decode loop) captures anything."""
+    from rstitch import runner as run_loop
+    from rstitch.engines import hf
+    from rstitch.engines.cache import clear_pairs
+    from rstitch.testbed import ASSETS_DIR
+
+    cuda = EmulatedCuda()
+    cuda.install(monkeypatch)
+    monkeypatch.setattr(hf, "resolve_mode", lambda value, device: "graphs" if value == "graphs" else resolve_mode(value, device))
+    profiles = tmp_path / "latency"  # batch 4 estimates latency from profiles: the testbed's, under the graphs path's names
+    profiles.mkdir()
+    for model in ("testbed-llm", "testbed-slm"):
+        source = ASSETS_DIR / "latency" / f"{model}.cpu.float32.json"
+        (profiles / f"{model}.hf-graphs.cpu.float32.json").write_text(source.read_text())
+    after_warm_up, in_samples = [], []
+    prepare, timed = run_loop.prepare_shapes, run_loop.timed_decode
+
+    def prepare_and_count(*args: Any) -> None:
+        prepare(*args)
+        after_warm_up.append(cuda.captures)
+
+    def timed_and_count(method, prompt_ids, ctx):
+        before = cuda.captures
+        out = timed(method, prompt_ids, ctx)
+        in_samples.append(cuda.captures - before)
+        return out
+
+    monkeypatch.setattr(run_loop, "prepare_shapes", prepare_and_count)
+    monkeypatch.setattr(run_loop, "timed_decode", timed_and_count)
+    cfg = compose_config(["logger=none", f"results_root={tmp_path}", "engine.num_threads=1", "method=specdec",
+                          "dataset.limit=3", "n_samples=2", "max_new_tokens=40", f"latency_dir={profiles}",
+                          "engine.compile=graphs", f"batch_size={batch}"])
+    cfg.pop("logger"), cfg.pop("results_root")
+    clear_pairs()
+    try:
+        run(cfg, tmp_path / "run")
+    finally:
+        clear_pairs()
+    assert len((tmp_path / "run" / "samples.jsonl").read_text().splitlines()) == 6
+    assert len(after_warm_up) == 1 and after_warm_up[0] > 0 and cuda.replays > 0
+    assert cuda.captures == after_warm_up[0], f"{cuda.captures - after_warm_up[0]} captures after warm-up"
+    assert in_samples == ([0] * 6 if batch == 1 else [])
+
+
 def test_capture_time_is_left_out_of_the_forward_times(monkeypatch):
     """Captures made inside a timed forward (here each costs 0.3 s) count for no forward time."""
     runner, cuda = _emulated_graphs(monkeypatch, capture_cost_s=0.3)

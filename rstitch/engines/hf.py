@@ -171,6 +171,12 @@ class HFModelRunner(ModelRunner):
                 outputs[i] = out
         return outputs
 
+    def prepare_shapes(self, batch_size: int, shortest: int, longest: int) -> None:
+        """Before a run's first timed sample: capture every step shape the run can use
+        (hf_static.StaticDecoder.warm_up; sequences of `shortest` to `longest` positions)."""
+        if self.static is not None:
+            self.static.warm_up(batch_size, shortest, longest)
+
     def elapsed_since(self, start: float) -> float:
         """Wall time since `start`, less what the static path spent capturing or compiling steps
         in it (a one-off cost, recorded apart in `static.capture_spans`)."""

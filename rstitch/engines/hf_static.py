@@ -430,6 +430,7 @@ class StaticDecoder:
         self.head = self.model.get_output_embeddings()
         self.kv = StaticKV(self.model.config, self.model.dtype, runner.device, runner.name)
         self.free = [0]
+        self.peak_in_use = 0  # the most slots held at once (a sample's sequences, in the runner's warm-up decode)
         self.steps: dict[tuple[int, int, int], _Step] = {}
         self.streams = CaptureStream(runner.device) if mode == "graphs" else None
         self.captured = 0  # steps captured or compiled so far (growth recaptures)
@@ -443,13 +444,21 @@ class StaticDecoder:
     # --- slots ------------------------------------------------------------------------
     def acquire(self) -> int:
         if not self.free:
-            old = self.kv.slots
-            self._resize(2 * old, self.kv.length)
-            self.free = list(range(old, 2 * old))
-        return heapq.heappop(self.free)  # the lowest free slot keeps forwards in few rows
+            self.reserve(2 * self.kv.slots, self.kv.length)
+        slot = heapq.heappop(self.free)  # the lowest free slot keeps forwards in few rows
+        self.peak_in_use = max(self.peak_in_use, self.kv.slots - len(self.free))
+        return slot
 
     def release(self, slot: int) -> None:
         heapq.heappush(self.free, slot)
+
+    def reserve(self, slots: int, length: int) -> None:
+        """Grow the cache to at least `slots` x `length` (new slots join the free ones)."""
+        old = self.kv.slots
+        if slots > old or length > self.kv.length:
+            self._resize(max(slots, old), max(length, self.kv.length))
+            for slot in range(old, self.kv.slots):
+                heapq.heappush(self.free, slot)
 
     def _resize(self, slots: int, length: int) -> None:
         log.info("static cache of %s: %d slots x %d positions", self.runner.name, slots, length)
@@ -470,6 +479,25 @@ class StaticDecoder:
             self.kv.move_slot(seq.slot, target, seq.n_cached)
             self.release(seq.slot)
             seq.slot = target
+
+    # --- warm-up ----------------------------------------------------------------------
+    def warm_up(self, batch_size: int, shortest: int, longest: int) -> int:
+        """Before a run's first timed sample (after its warm-up decode): grow the cache to the
+        size the run needs (`batch_size` x the slots one sample held in the warm-up decode, and
+        the length of the longest sample: the sizes `check_static_memory` checked) and capture
+        every step shape the run can use there (`warm_shapes`), so that no capture happens
+        inside a timed sample. Sequences from `shortest` to `longest` positions (prompt +
+        budget). Only `graphs` captures here: `inductor` compiles each shape for seconds and
+        stays lazy, `static` has nothing to capture. Returns the steps captured."""
+        if self.mode != "graphs":
+            return 0
+        self.reserve(grown_slots(batch_size * max(self.peak_in_use, 1)), grown_length(longest))
+        before, began = self.captured, time.perf_counter()
+        for rows, width, read in warm_shapes(self.kv.slots, self.kv.length, shortest, longest):
+            self._step(rows, width, read)
+        log.info("%s: %d static steps captured in %.1f s (%d slots x %d positions)", self.runner.name,
+                 self.captured - before, time.perf_counter() - began, self.kv.slots, self.kv.length)
+        return self.captured - before
 
     # --- forwards ---------------------------------------------------------------------
     @torch.inference_mode()
@@ -583,6 +611,19 @@ def read_bucket(live: int) -> int:
     power = 1 << max(live - 1, 1).bit_length()
     three_quarters = power * 3 // 4
     return max(MIN_READ, three_quarters if live <= three_quarters else power)
+
+
+def warm_shapes(slots: int, length: int, shortest: int, longest: int) -> list[tuple[int, int, int]]:
+    """The (rows, width, read) steps a cache of `slots` x `length` can run for sequences of
+    `shortest` to `longest` positions: every row bucket up to `slots`, every captured width, and
+    every attention window from the one of the shortest prompt to the one of the longest sample
+    plus one widest step (a verification may run a few positions past the budget), capped at
+    `length` as a step's read is."""
+    rows = [1 << k for k in range(slots.bit_length())]  # slots: a power of two
+    low, high = read_bucket(shortest), read_bucket(longest + WIDTHS[-1])
+    buckets = {MIN_READ} | {b for k in range(high.bit_length() + 1) for b in (1 << k, (3 << k) // 4) if b >= MIN_READ}
+    reads = sorted({min(b, length) for b in buckets if low <= b <= high})
+    return [(r, w, s) for r in rows for w in WIDTHS for s in reads]
 
 
 def _rows_for(highest_slot: int) -> int:
