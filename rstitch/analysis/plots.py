@@ -5,6 +5,8 @@ same in scripts, reports and notebooks; a notebook displays a returned Figure).
   routing as grey crosses (R-Stitch Fig. 4); with `uncertainty.with_intervals` columns, 95% error
   bars on both axes and each point's share of bootstrap resamples on the frontier.
 - `accuracy_acceptance_figure`: accuracy vs acceptance rate (Arbitrage Fig. 4).
+- `speedup_figure`: each run's speedup with its interval, CPU time first on a CPU (as the console
+  table), contended runs labelled.
 - `sample_speedup_figure`: per-problem speedup bars coloured by correctness outcome, with the
   token-reduction curve (R-Stitch Fig. 6).
 - `entropy_figure`: mean entropy of correct vs incorrect traces as violins, and the token
@@ -115,7 +117,7 @@ def accuracy_latency_figure(runs: pd.DataFrame, group: str, latency: str = "late
         else:
             ax.plot(mine[latency], mine["accuracy"] * 100, ls="-" if len(mine) > 1 else "", label=method, alpha=0.85,
                     zorder=3, **_marker_kwargs(*method_style(method)))
-        _error_bars(ax, mine, latency, "grey" if method == RANDOM else method_style(method)[0])
+        _error_bars(ax, mine, latency, "grey" if method == RANDOM else method_style(method)[0], x_interval="latency")
     front = points[points["on_frontier"]].sort_values(latency)
     ax.step(front[latency], front["accuracy"] * 100, "k--", where="post", lw=1, alpha=0.6, zorder=2)
     ax.scatter(front[latency], front["accuracy"] * 100, s=160, facecolors="none", edgecolors="black", lw=1.2,
@@ -154,18 +156,25 @@ def separate_labels(fig: Figure, labels: list[Annotation], gap_px: float = 2.0) 
         placed.append(label.get_window_extent(renderer))
 
 
-def _error_bars(ax, runs: pd.DataFrame, latency: str, color: str) -> None:
-    """95% intervals of both coordinates (`with_intervals`), where the runs frame has them."""
-    columns = ("accuracy_ci_low", "accuracy_ci_high", "latency_ci_low", "latency_ci_high")
+def _extents(runs: pd.DataFrame, value: str, interval: str, scale: float = 1.0) -> list[pd.Series]:
+    """Distances from `value` down to `<interval>_ci_low` and up to `<interval>_ci_high` (errorbar's form)."""
+    point = runs[value] * scale
+    return [(point - runs[f"{interval}_ci_low"] * scale).clip(lower=0), (runs[f"{interval}_ci_high"] * scale - point).clip(lower=0)]
+
+
+def _error_bars(ax, runs: pd.DataFrame, x: str, color: str, x_interval: str | None = None, x_scale: float = 1.0) -> None:
+    """95% intervals of accuracy (vertical) and, with `x_interval`, of the x coordinate (the
+    `<x_interval>_ci_low/high` columns: `with_intervals`, or what the summaries recorded); only the
+    runs that have them."""
+    columns = ["accuracy_ci_low", "accuracy_ci_high"] + ([f"{x_interval}_ci_low", f"{x_interval}_ci_high"] if x_interval else [])
     if not all(c in runs for c in columns):
         return
-    known = runs.dropna(subset=list(columns))
+    known = runs.dropna(subset=columns)
     if known.empty:
         return
-    y, x = known["accuracy"] * 100, known[latency]
-    yerr = [(y - known["accuracy_ci_low"] * 100).clip(lower=0), (known["accuracy_ci_high"] * 100 - y).clip(lower=0)]
-    xerr = [(x - known["latency_ci_low"]).clip(lower=0), (known["latency_ci_high"] - x).clip(lower=0)]
-    ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="none", ecolor=color, elinewidth=1.3, capsize=3, alpha=0.9, zorder=2)
+    xerr = _extents(known, x, x_interval, x_scale) if x_interval else None
+    ax.errorbar(known[x] * x_scale, known["accuracy"] * 100, xerr=xerr, yerr=_extents(known, "accuracy", "accuracy", 100),
+                fmt="none", ecolor=color, elinewidth=1.3, capsize=3, alpha=0.9, zorder=2)
 
 
 def _frontier_annotation(run: pd.Series) -> str:
@@ -180,18 +189,59 @@ def _frontier_annotation(run: pd.Series) -> str:
 
 def accuracy_acceptance_figure(runs: pd.DataFrame, group: str) -> Figure:
     """Accuracy vs the share of the small model's proposals kept, one line per method (the legend
-    says what each counts: drafted steps, draft tokens, or the SLM's token share)."""
+    says what each counts: drafted steps, draft tokens, or the SLM's token share), with accuracy's
+    95% interval where the runs frame has it (the acceptance rate is a pooled count: no interval)."""
     points = runs[(runs["group"] == group) & runs["acceptance"].notna()]
     fig, ax = _figure()
     for method, mine in sorted(points.groupby("method"), key=lambda item: method_rank(item[0])):
         mine = mine.sort_values("acceptance")
         ax.plot(mine["acceptance"] * 100, mine["accuracy"] * 100, ls="-" if len(mine) > 1 else "",
-                label=f"{method} ({mine['acceptance_kind'].iloc[0]})", alpha=0.85, **_marker_kwargs(*method_style(method)))
+                label=f"{method} ({mine['acceptance_kind'].iloc[0]})", alpha=0.85, zorder=3, **_marker_kwargs(*method_style(method)))
+        _error_bars(ax, mine, "acceptance", method_style(method)[0], x_scale=100)
     ax.set_xlabel("acceptance rate (%): small-model proposals kept")
     ax.set_xlim(-3, 103)
-    _accuracy_axis(ax, points["accuracy"])
+    _accuracy_axis(ax, points[[c for c in ("accuracy", "accuracy_ci_low", "accuracy_ci_high") if c in points]].stack())
     ax.set_title(group, fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
+    return fig
+
+
+SPEEDUP_LABELS = {"speedup_cpu": "CPU time of the decodes", "speedup": "wall clock"}
+
+
+def leading_speedup(runs: pd.DataFrame) -> str:
+    """The speedup the console table leads with: on a CPU the decodes' CPU time (`speedup_cpu`),
+    which other jobs on the cores do not change; else (GPU, batched) the wall-clock one."""
+    return "speedup_cpu" if "speedup_cpu" in runs and runs["speedup_cpu"].notna().any() else "speedup"
+
+
+def speedup_figure(runs: pd.DataFrame, group: str) -> Figure:
+    """Each hybrid run's speedup over the baseline with its 95% interval: on a CPU the CPU-time
+    speedup (the wall-clock one as a grey cross beside it), else the wall-clock one; a run whose
+    latency was measured under contention is labelled so."""
+    points = runs[(runs["group"] == group) & (runs["method"] != BASELINE)]
+    points = points.assign(_rank=points["method"].map(method_rank)).sort_values(["_rank", "setting"])
+    lead = leading_speedup(points)
+    fig, ax = _figure(7.0, 1.2 + 0.45 * max(len(points), 1))
+    y = np.arange(len(points))[::-1]
+    for position, (_, run) in zip(y, points.iterrows()):
+        color, marker = method_style(run["method"])
+        ax.plot([run[lead]], [position], ls="", zorder=3, **_marker_kwargs(color, marker))
+        low, high = run.get(f"{lead}_ci_low"), run.get(f"{lead}_ci_high")
+        if low is not None and high is not None and not (pd.isna(low) or pd.isna(high)):
+            ax.errorbar([run[lead]], [position], xerr=[[max(run[lead] - low, 0)], [max(high - run[lead], 0)]], fmt="none",
+                        ecolor=color, elinewidth=1.3, capsize=3, zorder=2)
+        if lead != "speedup" and not pd.isna(run["speedup"]):
+            ax.plot([run["speedup"]], [position], ls="", marker="x", color="grey", ms=6, zorder=2)
+        if isinstance(run.get("contention"), str):
+            ax.annotate("contended", (run[lead], position), textcoords="offset points", xytext=(8, 4), fontsize=7, color="#d62728")
+    ax.axvline(1.0, color="black", lw=0.8, ls=":")
+    ax.set_yticks(y, [f"{r.method} {r.setting}".strip() for r in points.itertuples()], fontsize=8)
+    ax.set_ylim(-0.7, len(points) - 0.3)
+    ax.set_xlabel(f"speedup over {BASELINE} (×), {SPEEDUP_LABELS[lead]}; bars: 95% interval"
+                  + ("; grey ×: wall clock" if lead != "speedup" else ""))
+    ax.grid(alpha=0.3, axis="x")
+    ax.set_title(group, fontsize=10)
     return fig
 
 

@@ -1,7 +1,8 @@
 """The W&B summary of a sweep: after a Hydra multirun, one W&B run holds every point of the sweep
 (a table with each point's intervals, the Pareto frontier flagged per comparison group, with the
 share of bootstrap resamples of the problems in which each point stays on it), a native scatter
-plot of accuracy vs latency, and the accuracy-latency figures with error bars.
+plot of accuracy vs latency with a native chart of its 95% intervals (`wandb_charts.py`), and the
+accuracy-latency figures with error bars.
 
 `SweepSummary` is a Hydra callback (conf/config.yaml, `hydra.callbacks`). After every multirun it
 fills in the speedups of the points that finished before a baseline of the same sweep (parallel
@@ -185,6 +186,7 @@ def log_sweep_summary(run_dirs: list[Path], logger: Any, name: str, state_dir: P
     from rstitch.analysis.plots import accuracy_latency_figure
     from rstitch.analysis.report import ReportFigure, slug, wandb_image
     from rstitch.analysis.uncertainty import with_intervals
+    from rstitch.logging.wandb_charts import accuracy_latency_error_bars
 
     if not run_dirs:
         raise ConfigError("the multirun finished no run")
@@ -205,6 +207,7 @@ def log_sweep_summary(run_dirs: list[Path], logger: Any, name: str, state_dir: P
     payload: dict[str, Any] = {
         "sweep/points": table,
         "sweep/accuracy_vs_latency": wandb.plot.scatter(table, "latency_s", "accuracy", title="accuracy vs latency (s)"),
+        "sweep/accuracy_vs_latency_error_bars": accuracy_latency_error_bars(points),
     }
     for group in runs["group"].unique():
         figure = ReportFigure(slug(group), f"accuracy vs latency: {group}", accuracy_latency_figure(runs, group))

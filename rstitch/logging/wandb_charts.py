@@ -1,0 +1,38 @@
+"""The sweep summary's native W&B chart of accuracy vs latency with 95% error bars.
+
+W&B's built-in chart presets draw no error bar, and a custom Vega preset must first be stored on
+the W&B server; so the bars are drawn with the built-in line preset: each run's accuracy interval
+is a vertical two-point segment at its latency and its latency interval a horizontal one at its
+accuracy, one stroke each, crossing at the run's point. A two-point segment is the same line in
+whichever order the chart sorts its points.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+SEGMENT_COLUMNS = ("interval", "latency_s", "accuracy")
+INTERVAL_ENDS = ("accuracy_ci_low", "accuracy_ci_high", "latency_ci_low", "latency_ci_high")
+
+
+def interval_segments(points: pd.DataFrame) -> pd.DataFrame:
+    """Two rows per end of each run's two intervals (accuracy vertical, latency horizontal), one
+    stroke label per interval; runs without both intervals are left out."""
+    rows: list[tuple[str, float, float]] = []
+    known = points.dropna(subset=["accuracy", "latency_s", *INTERVAL_ENDS]) if set(INTERVAL_ENDS) <= set(points) else points.iloc[:0]
+    for run in known.itertuples():
+        name = " ".join(str(part) for part in (run.method, run.setting) if part)
+        rows += [(f"{name}: accuracy 95% CI", run.latency_s, run.accuracy_ci_low),
+                 (f"{name}: accuracy 95% CI", run.latency_s, run.accuracy_ci_high),
+                 (f"{name}: latency 95% CI", run.latency_ci_low, run.accuracy),
+                 (f"{name}: latency 95% CI", run.latency_ci_high, run.accuracy)]
+    return pd.DataFrame(rows, columns=list(SEGMENT_COLUMNS))
+
+
+def accuracy_latency_error_bars(points: pd.DataFrame) -> Any:
+    """The chart to log (a `wandb.plot` custom chart over `interval_segments`)."""
+    import wandb
+
+    table = wandb.Table(dataframe=interval_segments(points))
+    return wandb.plot.line(table, "latency_s", "accuracy", stroke="interval", title="accuracy vs latency (s): 95% intervals")

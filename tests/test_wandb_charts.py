@@ -1,0 +1,41 @@
+"""The sweep summary's native W&B chart of accuracy vs latency draws each run's 95% intervals
+(rstitch.logging.wandb_charts), as segments of the built-in line preset."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from rstitch.logging.wandb_charts import accuracy_latency_error_bars, interval_segments
+
+
+def points() -> pd.DataFrame:
+    return pd.DataFrame([
+        {"method": "llm_only", "setting": "", "accuracy": 0.9, "latency_s": 4.0, "accuracy_ci_low": 0.8,
+         "accuracy_ci_high": 0.95, "latency_ci_low": 3.5, "latency_ci_high": 4.6},
+        {"method": "rstitch", "setting": "tau=0.01", "accuracy": 0.7, "latency_s": 2.0, "accuracy_ci_low": 0.6,
+         "accuracy_ci_high": 0.8, "latency_ci_low": 1.8, "latency_ci_high": 2.3},
+        {"method": "slm_only", "setting": "", "accuracy": 0.4, "latency_s": 0.5, "accuracy_ci_low": None,
+         "accuracy_ci_high": None, "latency_ci_low": 0.4, "latency_ci_high": 0.6},  # no interval: no bars
+    ])
+
+
+def test_each_run_gets_a_vertical_accuracy_and_a_horizontal_latency_segment_through_its_point():
+    segments = interval_segments(points())
+    by_stroke = {name: block[["latency_s", "accuracy"]].to_numpy().tolist() for name, block in segments.groupby("interval")}
+    assert by_stroke == {
+        "llm_only: accuracy 95% CI": [[4.0, 0.8], [4.0, 0.95]], "llm_only: latency 95% CI": [[3.5, 0.9], [4.6, 0.9]],
+        "rstitch tau=0.01: accuracy 95% CI": [[2.0, 0.6], [2.0, 0.8]],
+        "rstitch tau=0.01: latency 95% CI": [[1.8, 0.7], [2.3, 0.7]],
+    }
+
+
+def test_a_frame_without_interval_columns_gives_no_segments():
+    assert interval_segments(points().drop(columns=["latency_ci_low", "latency_ci_high"])).empty
+
+
+def test_the_chart_is_the_line_preset_over_the_segments():
+    chart = accuracy_latency_error_bars(points())
+    assert chart.spec.spec_name == "wandb/line/v0"
+    assert chart.spec.fields == {"x": "latency_s", "y": "accuracy", "stroke": "interval"}
+    assert chart.table.columns == ["interval", "latency_s", "accuracy"] and len(chart.table.data) == 8
+    assert chart.table.data[0][1:] == pytest.approx([4.0, 0.8])
