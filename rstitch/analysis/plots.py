@@ -222,6 +222,7 @@ def speedup_figure(runs: pd.DataFrame, group: str) -> Figure:
     points = runs[(runs["group"] == group) & (runs["method"] != BASELINE)]
     points = points.assign(_rank=points["method"].map(method_rank)).sort_values(["_rank", "setting"])
     lead = leading_speedup(points)
+    points = points[points[lead].notna()]  # runs without a baseline have no speedup
     fig, ax = _figure(7.0, 1.2 + 0.45 * max(len(points), 1))
     y = np.arange(len(points))[::-1]
     for position, (_, run) in zip(y, points.iterrows()):
@@ -238,8 +239,10 @@ def speedup_figure(runs: pd.DataFrame, group: str) -> Figure:
     ax.axvline(1.0, color="black", lw=0.8, ls=":")
     ax.set_yticks(y, [f"{r.method} {r.setting}".strip() for r in points.itertuples()], fontsize=8)
     ax.set_ylim(-0.7, len(points) - 0.3)
-    ax.set_xlabel(f"speedup over {BASELINE} (×), {SPEEDUP_LABELS[lead]}; bars: 95% interval"
-                  + ("; grey ×: wall clock" if lead != "speedup" else ""))
+    ax.set_xlabel(f"speedup over {BASELINE} (×), {SPEEDUP_LABELS[lead]}, with its 95% interval")
+    if lead != "speedup":
+        ax.legend([Line2D([], [], ls="", marker="x", color="grey")], ["wall-clock speedup"],
+                  loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
     ax.grid(alpha=0.3, axis="x")
     ax.set_title(group, fontsize=10)
     return fig
