@@ -2,10 +2,16 @@
 (rstitch.logging.wandb_charts), as segments of the built-in line preset."""
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 
 from rstitch.logging.wandb_charts import accuracy_latency_error_bars, interval_segments
+
+import test_analysis
+
+analysis_sweep = test_analysis.analysis_sweep  # the sweep fixture, shared with test_analysis.py
 
 
 def points() -> pd.DataFrame:
@@ -39,3 +45,21 @@ def test_the_chart_is_the_line_preset_over_the_segments():
     assert chart.spec.fields == {"x": "latency_s", "y": "accuracy", "stroke": "interval"}
     assert chart.table.columns == ["interval", "latency_s", "accuracy"] and len(chart.table.data) == 8
     assert chart.table.data[0][1:] == pytest.approx([4.0, 0.8])
+
+
+@pytest.mark.slow
+def test_the_sweep_summary_logs_the_error_bar_chart_of_its_points(analysis_sweep, tmp_path):
+    """An offline W&B sweep summary over the analysis sweep: the chart's table holds two segments per run."""
+    from rstitch.analysis import find_run_dirs
+    from rstitch.logging import WandbLogger
+    from rstitch.logging.sweep import log_sweep_summary
+
+    run_dirs = sorted(find_run_dirs(analysis_sweep))
+    logger = WandbLogger(project="charts", mode="offline", dir=str(tmp_path))
+    assert log_sweep_summary(run_dirs, logger, "sweep") is not None
+    [table_file] = tmp_path.glob("wandb/offline-run-*/files/media/table/sweep/accuracy_vs_latency_error_bars_table_*.table.json")
+    table = json.loads(table_file.read_text())
+    assert table["columns"] == ["interval", "latency_s", "accuracy"]
+    strokes = {row[0] for row in table["data"]}
+    assert len(table["data"]) == 4 * len(run_dirs) and len(strokes) == 2 * len(run_dirs)
+    assert all(0.0 <= row[2] <= 1.0 and row[1] > 0 for row in table["data"])
