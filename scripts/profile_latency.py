@@ -6,7 +6,10 @@
 
 1. For each model, time forwards through the framework's engine over a grid of N_inf (tokens
    processed) x N_kv (cache size before the forward): open a Sequence holding N_kv tokens, append
-   N_inf tokens, ask for the next distribution, roll back, repeat (median of --repeats, or mean).
+   N_inf tokens, ask for the next distribution, roll back, repeat; each shape's time is the minimum
+   of --repeats (other jobs on the cores only add time; --statistic median or mean instead). The
+   two models are timed interleaved, cache size by cache size, so a change in the machine's speed
+   during the profile falls on both alike and their ratio, which a speedup estimate is made of, holds.
 2. Fit the coefficients by least squares weighted by 1/T (relative error; decode steps dominate
    trajectories and are the shortest forwards), then the formula's remaining error per profiled
    N_inf (`scale_by_inf`; --formula-only skips it), report R^2 overall and for decode / prefill
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -32,12 +36,13 @@ from rstitch.data.prompts import PromptFormat
 from rstitch.engines import Sampler, load_pair
 from rstitch.methods import DecodeContext, build_method
 from rstitch.metrics.latency_model import (
+    PROFILE_STATISTICS,
     ForwardTrace,
     LatencyModel,
     ProfilePoint,
     estimate_latency,
     fit_profile,
-    profile_runner,
+    profile_runners,
     r_squared,
 )
 from rstitch.testbed import ASSETS_DIR
@@ -90,6 +95,38 @@ def refit(directory: Path, relative: bool, scale_by_inf: bool) -> None:
         model.info.update({k: v for k, v in old.info.items() if k not in model.info and not k.startswith(("r2_", "mean_abs"))})
         model.info["weighting"] = "relative (1/T)" if relative else "unweighted"
         print(describe("refit", model, model.save(model.path_in(directory))))
+
+
+def profile_clock(choice: str, device: str, threads: int) -> tuple[str, Callable[[], float]] | None:
+    """(name, clock) a forward is timed by, or None for the engine's wall-clock forward time: on a
+    CPU (`auto`) the decoding thread's CPU clock (the process's with several compute threads), which
+    leaves out the time other jobs hold the core; elsewhere wall clock (a GPU computes off the CPU)."""
+    if choice == "wall" or (choice == "auto" and not device.startswith("cpu")):
+        return None
+    return ("thread CPU time", time.thread_time) if threads == 1 else ("process CPU time", time.process_time)
+
+
+def profile_pair(pair, n_inf_grid: list[int], n_kv_grid: list[int], args: argparse.Namespace) -> dict[str, LatencyModel]:
+    """Profile both models of `pair` interleaved (`profile_runners`), fit, save and describe each."""
+    runners = pair.models()
+    clock = profile_clock(args.clock, str(next(iter(runners.values())).identity.device), args.threads)
+    profile_runners(runners, [1, 16], [0, 64], repeats=2)  # warm-up: allocator, kernels
+    t0 = time.perf_counter()
+    profiled = profile_runners(runners, n_inf_grid, n_kv_grid, repeats=args.repeats, statistic=args.statistic,
+                               clock=None if clock is None else clock[1])
+    models = {}
+    for key, points in profiled.items():
+        model = fit_profile(points, runners[key], relative=not args.unweighted, scale_by_inf=not args.formula_only)
+        model.info.update(fit_report(model, points))
+        model.info.update({"threads": args.threads, "repeats": args.repeats, "statistic": args.statistic,
+                           "clock": "wall (engine forward time)" if clock is None else clock[0],
+                           "profile_s": time.perf_counter() - t0, "interleaved": sorted(profiled),
+                           "weighting": "unweighted" if args.unweighted else "relative (1/T)",
+                           "points": [[q.n_inf, q.n_kv, q.seconds] for q in points]})
+        path = model.save(model.path_in(args.out))
+        models[key] = model
+        print(describe(key, model, path))
+    return models
 
 
 def check_trajectories(pair, models, prompt: PromptFormat, n: int, taus: list[float], max_new_tokens: int) -> dict:
@@ -148,8 +185,12 @@ def main() -> None:
     p.add_argument("--max-kv", type=int, default=768)
     p.add_argument("--max-inf", type=int, default=128)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--statistic", default="median", choices=["median", "mean"],
-                   help="per grid point: median (the model's own cost) or mean (keeps stalls caused by other jobs)")
+    p.add_argument("--statistic", default="min", choices=list(PROFILE_STATISTICS),
+                   help="per grid point: min (the model's own cost, also beside busy processes), median, or mean "
+                        "(keeps stalls caused by other jobs)")
+    p.add_argument("--clock", default="auto", choices=["auto", "cpu", "wall"],
+                   help="what a forward is timed by: auto = the thread's CPU time on a CPU (other jobs' time on the "
+                        "core left out), wall clock on a GPU")
     p.add_argument("--unweighted", action="store_true", help="plain least squares instead of relative error")
     p.add_argument("--formula-only", action="store_true", help="no per-N_inf scale: the formula alone")
     p.add_argument("--refit", action="store_true", help="fit the profiles saved in --out again from their points, then stop")
@@ -172,20 +213,7 @@ def main() -> None:
     n_inf_grid, n_kv_grid = grid(args.max_inf, 1), grid(args.max_kv, 0)
     print(f"grid: N_inf {n_inf_grid}\n      N_kv {n_kv_grid}\n      x {args.repeats} repeats, {args.threads} thread(s)")
 
-    models = {}
-    for key, runner in pair.models().items():
-        profile_runner(runner, [1, 16], [0, 64], repeats=2)  # warm-up: allocator, kernels
-        t0 = time.perf_counter()
-        points = profile_runner(runner, n_inf_grid, n_kv_grid, repeats=args.repeats, statistic=args.statistic)
-        model = fit_profile(points, runner, relative=not args.unweighted, scale_by_inf=not args.formula_only)
-        model.info.update(fit_report(model, points))
-        model.info.update({"threads": args.threads, "repeats": args.repeats, "statistic": args.statistic,
-                           "profile_s": time.perf_counter() - t0,
-                           "weighting": "unweighted" if args.unweighted else "relative (1/T)",
-                           "points": [[q.n_inf, q.n_kv, q.seconds] for q in points]})
-        path = model.save(model.path_in(args.out))
-        models[key] = model
-        print(describe(key, model, path))
+    models = profile_pair(pair, n_inf_grid, n_kv_grid, args)
 
     if args.check:
         taus = [float(t) for t in args.taus.split(",")]

@@ -495,3 +495,24 @@ def test_replace_marked_section_keeps_the_hand_written_text(tmp_path):
     doc.write_text(doc.read_text() + "\noutro\n")
     replace_marked_section(doc, "results", "table 2")
     assert doc.read_text() == "intro\n\n<!-- results:begin -->\ntable 2\n<!-- results:end -->\noutro\n"
+
+
+def test_the_runs_table_leads_with_the_estimated_speedup():
+    """The runs frame carries the speedup in the latency model's estimate beside the wall-clock and
+    CPU-time ones, and the report's runs table shows it first, saying why (what other jobs do not move)."""
+    def timed(method: str, latency: float, cpu: float, estimate: float, **params) -> dict:
+        row = point(method, 0.8, latency, **params)
+        row.update(latency_cpu_s=cpu, latency_estimate_s=estimate)
+        return row
+
+    runs = runs_frame([timed("llm_only", 4.0, 3.0, 2.0), timed("rstitch", 2.0, 1.2, 0.8, tau=0.01)])
+    stitch = runs[runs["method"] == "rstitch"].iloc[0]
+    assert (stitch["speedup_estimate"], stitch["speedup_cpu"], stitch["speedup"]) == pytest.approx((2.5, 2.5, 2.0))
+    table = runs_table(runs)
+    names = [c.name for c in table.columns]
+    assert names.index("Est spd") < names.index("CPU spd") < names.index("Spd")
+    assert "Est spd" in table.note and "do not move" in table.note
+    assert "| 2.50× | 2.50× | 2.00×" in table.to_markdown()
+    from rstitch.logging.sweep import POINT_COLUMNS  # the W&B sweep table's columns, read from this frame
+
+    assert {"speedup_cpu", "speedup_estimate"} <= set(POINT_COLUMNS) & set(runs.columns)

@@ -175,3 +175,54 @@ def test_each_engine_stores_and_finds_its_profiles_under_its_own_identity(tmp_pa
     # A refit keeps the engine (identity given as saved: model, device, dtype, engine).
     assert fit_profile(points, identity=("llm", "cuda", "bfloat16", "vllm")).engine == "vllm"
     assert LatencyModel.load(found["llm"].path_in(tmp_path)).engine == "vllm"
+
+
+def test_the_fit_keeps_every_cost_nonnegative_as_scipy_nnls_does():
+    """A grid too small to pin the n_inf^2 term fitted it below zero (a min-of-repeats profile of the
+    testbed's LLM: a negative time for a 2183-token prefill, refused by `check_positive`); each term is a
+    cost, so the fit is nonnegative least squares, exactly scipy's."""
+    from scipy.optimize import nnls
+
+    from rstitch.metrics.latency_model import check_positive, features, nonnegative_least_squares
+
+    n_inf, n_kv, seconds = synthetic_points()
+    bent = seconds - 6e-6 * n_inf**2 + 4e-4 * n_inf  # b = -1e-6: an unconstrained fit follows it below 0
+    unconstrained, *_ = np.linalg.lstsq(features(n_inf, n_kv) / bent[:, None], np.ones_like(bent), rcond=None)
+    assert unconstrained[1] < 0
+    fitted = LatencyModel.fit(n_inf, n_kv, bent)
+    assert (fitted.coefficients >= 0).all() and fitted.b == 0.0
+    check_positive(fitted, "fit")  # positive over every forward it serves
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        design, target = rng.standard_normal((30, 4)), rng.standard_normal(30)
+        np.testing.assert_allclose(nonnegative_least_squares(design, target), nnls(design, target)[0], atol=1e-10)
+
+
+class SlowingClock:
+    """A clock whose every timed interval is longer than the one before: a machine that slows down
+    during the profile (another job starting)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> float:
+        self.calls += 1
+        return float(self.calls**2)
+
+
+def test_models_are_profiled_interleaved_by_the_given_clock_with_the_minimum_kept(tiny_runners):
+    from rstitch.metrics.latency_model import profile_runners
+
+    runners = {"slm": tiny_runners.slm, "llm": tiny_runners.llm}
+    grid = ([1, 4], [0, 8])
+    profiled = profile_runners(runners, *grid, repeats=3, statistic="min", clock=SlowingClock())
+    # Interleaved forward by forward: the slowdown falls on both models alike (timed one model after the
+    # other, the second would read about twice the first's times).
+    slm, llm = (np.array([p.seconds for p in profiled[k]]) for k in ("slm", "llm"))
+    assert 0.8 < llm.sum() / slm.sum() < 1.25
+    # The k-th forward of the profile reads 4k + 3: every minimum is one of the first repeat's 8 forwards.
+    assert max(p.seconds for k in runners for p in profiled[k]) <= 4 * 7 + 3
+    median = profile_runners(runners, *grid, repeats=3, statistic="median", clock=SlowingClock())
+    assert all(m.seconds < d.seconds for m, d in zip(profiled["slm"], median["slm"]))
+    with pytest.raises(ValueError, match="statistic must be one of min, median, mean"):
+        profile_runners(runners, *grid, statistic="mode")

@@ -196,6 +196,7 @@ def run_row(summary: Mapping[str, Any], config: Mapping[str, Any], run_dir: str 
         "comparison_key": recorded_comparison_key(summary, config), "run_dir": run_dir,
         **{k: summary.get(k) for k in RUN_METRICS},
         "speedup_recorded": summary.get("speedup"), "speedup_cpu_recorded": summary.get("speedup_cpu"),
+        "speedup_estimate_recorded": summary.get("speedup_estimate"),
         **recorded_intervals(summary),  # replaced by those of the samples in reports (`uncertainty.with_intervals`)
         "acceptance": acceptance, "acceptance_kind": kind, "params": params,
     }
@@ -209,6 +210,7 @@ def runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     frame["setting"] = _settings(frame)
     frame["speedup"] = _speedups(frame)
     frame["speedup_cpu"] = _speedups(frame, "latency_cpu_s", "speedup_cpu_recorded")
+    frame["speedup_estimate"] = _speedups(frame, "latency_estimate_s", "speedup_estimate_recorded")
     frame["group"] = _group_labels(frame)
     order = frame["method"].map(method_rank)
     frame = frame.assign(_order=order).sort_values(["pair", "dataset", "budget", "comparison", "_order", "latency_s"])
@@ -222,7 +224,8 @@ def load_runs(paths: PathsLike) -> pd.DataFrame:
     comparison, group, run_dir, the run metrics of summary.json (accuracy, latency_s, tokens per
     model, flops, ...), speedup (Lat(BASELINE) / Lat(run) within the comparison; the recorded
     value when the LLM-only run is not among `paths`), speedup_cpu (the same of the decodes' CPU
-    times, on a CPU; else NaN), acceptance and acceptance_kind, params
+    times, on a CPU; else NaN), speedup_estimate (the same of the latency model's estimates; NaN
+    without one), acceptance and acceptance_kind, params
     (a dict) and one `method.<knob>` column per knob. Shard runs are left out: they are parts of
     a run (`rstitch-merge` combines them).
     """

@@ -33,7 +33,7 @@ from rstitch.results.summary import summarize_run
 PROG = "rstitch-regrade"
 # What a grader writes on a sample (grade_sample and the structured graders): replaced as a whole.
 GRADE_KEYS = ("answer", "correct", "grading_error", "code", "cell_accuracy")
-SPEEDUP_KEYS = ("speedup", "speedup_cpu", "speedup_tokens_per_s")
+SPEEDUP_KEYS = ("speedup", "speedup_cpu", "speedup_estimate", "speedup_tokens_per_s")
 
 
 @dataclass

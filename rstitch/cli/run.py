@@ -107,7 +107,7 @@ def watch_interrupts() -> None:
 def app(cfg: DictConfig) -> None:
     from rstitch.results.baseline import baseline_config, missing_baseline_note, wants_baseline_run
     from rstitch.results.measurement import contention_notes
-    from rstitch.results.summary import format_table
+    from rstitch.results.summary import format_table, speedup_legend
     from rstitch.runner import run, run_baseline
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -135,7 +135,7 @@ def app(cfg: DictConfig) -> None:
         exit_run(130, message)
     # Last on the console, after the loggers' output: the table, why a speedup is missing, where the results are.
     print(format_table(*filter(None, [baseline, summary])))
-    for line in contention_notes(filter(None, [baseline, summary])):
+    for line in [*speedup_legend(*filter(None, [baseline, summary])), *contention_notes(filter(None, [baseline, summary]))]:
         print(line)
     note = missing_baseline_note(summary, root, HydraConfig.get().overrides.task)
     if note:

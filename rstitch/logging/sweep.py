@@ -35,7 +35,8 @@ from rstitch.results.store import SUMMARY_FILE
 
 POINT_COLUMNS = ("group", "method", "setting", "accuracy", "accuracy_se", "accuracy_ci_low", "accuracy_ci_high",
                  "accuracy_diff", "accuracy_diff_se", "accuracy_diff_p", "latency_s", "latency_ci_low", "latency_ci_high",
-                 "latency_estimate_s", "speedup", "speedup_ci_low", "speedup_ci_high", "token_ratio", "token_ratio_ci_low",
+                 "latency_estimate_s", "speedup", "speedup_ci_low", "speedup_ci_high", "speedup_cpu", "speedup_estimate",
+                 "token_ratio", "token_ratio_ci_low",
                  "token_ratio_ci_high", "per_token_latency_ratio", "per_token_latency_ratio_ci_low",
                  "per_token_latency_ratio_ci_high", "tokens", "tokens_slm", "tokens_llm", "llm_token_share", "acceptance",
                  "acceptance_kind", "flops", "on_frontier", "frontier_share", "run_dir")
@@ -152,12 +153,13 @@ def sweep_table(run_dirs: list[Path], sweep_dir: Path) -> str:
     """The result table of a multirun's runs, and what to do about missing speedups."""
     from rstitch.results.measurement import contention_notes
     from rstitch.results.metrics import baseline_method
-    from rstitch.results.summary import format_table
+    from rstitch.results.summary import format_table, speedup_legend
 
     summaries = [json.loads((d / SUMMARY_FILE).read_text()) for d in run_dirs]
     if not summaries:
         return f"sweep: no run finished under {sweep_dir}"
-    lines = [format_table(*summaries), *contention_notes(summaries), f"sweep: {len(summaries)} runs under {sweep_dir}"]
+    lines = [format_table(*summaries), *speedup_legend(*summaries), *contention_notes(summaries),
+             f"sweep: {len(summaries)} runs under {sweep_dir}"]
     if any(s.get("speedup") is None and s.get("method") != baseline_method() for s in summaries):
         lines.append(f"speedup -: no {baseline_method()} run with the same comparison key (each run's output says why); "
                      "rerun with baseline=auto, which runs it first")

@@ -24,6 +24,7 @@ every sequence they open is logged as (model, n_inf, n_kv, measured seconds).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -44,6 +45,25 @@ def features(n_inf: Any, n_kv: Any) -> np.ndarray:
     n_inf = np.asarray(n_inf, dtype=np.float64)
     n_kv = np.asarray(n_kv, dtype=np.float64)
     return np.stack([n_inf * n_kv, n_inf**2, n_inf, np.ones_like(n_inf)], axis=-1)
+
+
+def nonnegative_least_squares(design: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """argmin ||design @ x - target|| over x >= 0, exactly: the optimum is the plain least-squares
+    solution on its own support (the KKT conditions), so with 4 columns every support is tried and
+    the best solution with no negative coefficient kept."""
+    columns = design.shape[1]
+    best, best_residual = np.zeros(columns), float(np.sum(target**2))
+    for support in itertools.chain.from_iterable(itertools.combinations(range(columns), k) for k in range(1, columns + 1)):
+        keep = list(support)
+        solution, *_ = np.linalg.lstsq(design[:, keep], target, rcond=None)
+        if np.any(solution < 0):
+            continue
+        coef = np.zeros(columns)
+        coef[keep] = solution
+        residual = float(np.sum((design @ coef - target) ** 2))
+        if residual < best_residual:
+            best, best_residual = coef, residual
+    return best
 
 
 def r_squared(predicted: np.ndarray, measured: np.ndarray) -> float:
@@ -79,14 +99,16 @@ class LatencyModel:
     @classmethod
     def fit(cls, n_inf: Iterable[int], n_kv: Iterable[int], seconds: Iterable[float],
             relative: bool = True, scale_by_inf: bool = False, **identity: Any) -> LatencyModel:
-        """Least squares on the profiling points. `relative=True` weights each point by 1/T, i.e.
+        """Least squares on the profiling points, each coefficient at least 0 (every term is a cost:
+        a negative one, fitted to the noise of a small grid, extrapolates to negative times beyond
+        it). `relative=True` weights each point by 1/T, i.e.
         minimizes relative error: decode steps (the bulk of a trajectory) take milliseconds while
         long prefills take far longer, and an unweighted fit would serve only the prefills.
         `scale_by_inf=True` then stores the formula's remaining error per profiled n_inf."""
         n_inf, n_kv = np.asarray(list(n_inf)), np.asarray(list(n_kv))
         y = np.asarray(list(seconds), dtype=np.float64)
         weights = 1.0 / y if relative else np.ones_like(y)
-        coef, *_ = np.linalg.lstsq(features(n_inf, n_kv) * weights[:, None], y * weights, rcond=None)
+        coef = nonnegative_least_squares(features(n_inf, n_kv) * weights[:, None], y * weights)
         a, b, c, d = map(float, coef)  # one coefficient per FEATURE_NAMES column
         fitted = cls(a, b, c, d, **identity)
         if scale_by_inf:
@@ -193,34 +215,70 @@ def check_positive(model: LatencyModel, source: str | Path, max_inf: int = USE_M
 class ProfilePoint:
     n_inf: int
     n_kv: int
-    seconds: float  # over repeats of the engine-measured forward time (median or mean)
+    seconds: float  # over repeats of the engine-measured forward time (min, median or mean)
+
+
+# How profile_runner reduces the repeats of one forward shape to its time.
+PROFILE_STATISTICS: dict[str, Callable[..., Any]] = {"min": np.min, "median": np.median, "mean": np.mean}
 
 
 def profile_runner(runner: ModelRunner, n_inf_grid: Iterable[int], n_kv_grid: Iterable[int],
-                   repeats: int = 3, seed: int = 0, statistic: str = "median") -> list[ProfilePoint]:
+                   repeats: int = 3, seed: int = 0, statistic: str = "median",
+                   clock: Callable[[], float] | None = None) -> list[ProfilePoint]:
     """Time forwards of `n_inf` appended tokens over an `n_kv`-token cache, through the engine's
-    own Sequence (append, then ask for a distribution; roll back and repeat). The order of
-    points is shuffled so that drift in a shared machine's load spreads over the grid.
+    own Sequence (append, then ask for a distribution; roll back and repeat): `profile_runners`
+    for one runner."""
+    return profile_runners({"model": runner}, n_inf_grid, n_kv_grid, repeats, seed, statistic, clock)["model"]
 
-    `statistic="median"` measures the model's own cost, robust to preemption by other jobs;
-    `"mean"` keeps those stalls in, which is what sums of many forwards on a loaded machine see."""
-    reducers: dict[str, Callable[..., Any]] = {"median": np.median, "mean": np.mean}
-    reduce = reducers[statistic]
+
+def profile_runners(runners: Mapping[str, ModelRunner], n_inf_grid: Iterable[int], n_kv_grid: Iterable[int],
+                    repeats: int = 3, seed: int = 0, statistic: str = "median",
+                    clock: Callable[[], float] | None = None) -> dict[str, list[ProfilePoint]]:
+    """Profile points of each runner (by its key), interleaved: every forward shape is timed on one
+    runner, then at once on the next (in shuffled order), so a change in the machine's speed
+    during the profile (another job starting, the clock of busy cores) falls on all the pair's models
+    alike and their ratio, which the speedup estimate is made of, stays.
+
+    Each forward is timed by the engine (its wall-clock forward time), or by `clock` around it: on a
+    CPU the computing thread's CPU clock (`time.thread_time`), which leaves out the time other jobs
+    hold the core (a forward longer than the scheduler's slice is preempted on a loaded machine in
+    every repeat, so no minimum of wall-clock times escapes it).
+    `statistic="min"` keeps each shape's fastest repeat: other jobs on the cores only ever add to
+    a forward's time (preemption, a cold cache), so the minimum is the model's own cost
+    (docs/analysis.md, "Timings on a shared machine"). `"median"` is robust to occasional stalls
+    but not to a machine busy throughout; `"mean"` keeps the stalls in, which is what sums of
+    many forwards on a loaded machine see."""
+    if statistic not in PROFILE_STATISTICS:
+        raise ValueError(f"statistic must be one of {', '.join(PROFILE_STATISTICS)}, not {statistic!r}")
+    reduce = PROFILE_STATISTICS[statistic]
     rng = np.random.default_rng(seed)
     n_inf_grid, n_kv_grid = sorted(set(n_inf_grid)), sorted(set(n_kv_grid))
-    times: dict[tuple[int, int], list[float]] = {}
+    times: dict[str, dict[tuple[int, int], list[float]]] = {key: {} for key in runners}
     for _ in range(repeats):
         for n_kv in rng.permutation(n_kv_grid):
-            seq = runner.new_sequence(rng.integers(0, runner.vocab_size, int(n_kv)).tolist())
-            if n_kv:
-                seq.next_distribution()  # fill the cache; not timed
-            for n_inf in rng.permutation(n_inf_grid):
-                seq.append(rng.integers(0, runner.vocab_size, int(n_inf)).tolist())
-                before = runner.cost.forward_time_s
-                seq.next_distribution()
-                times.setdefault((int(n_inf), int(n_kv)), []).append(runner.cost.forward_time_s - before)
-                seq.rollback(int(n_inf))
-    return [ProfilePoint(n_inf, n_kv, float(reduce(t))) for (n_inf, n_kv), t in sorted(times.items())]
+            time_forwards(runners, int(n_kv), rng.permutation(n_inf_grid).tolist(), rng, times, clock)
+    return {key: [ProfilePoint(n_inf, n_kv, float(reduce(t))) for (n_inf, n_kv), t in sorted(timed.items())]
+            for key, timed in times.items()}
+
+
+def time_forwards(runners: Mapping[str, ModelRunner], n_kv: int, n_inf_order: list[int], rng: np.random.Generator,
+                  times: dict[str, dict[tuple[int, int], list[float]]], clock: Callable[[], float] | None = None) -> None:
+    """One pass over a cache of `n_kv` random tokens per runner: each `n_inf` appended, timed (by the
+    engine, or by `clock`) on one runner, then on the next (in shuffled order), and rolled back."""
+    sequences = {}
+    for key, runner in runners.items():
+        sequences[key] = runner.new_sequence(rng.integers(0, runner.vocab_size, n_kv).tolist())
+        if n_kv:
+            sequences[key].next_distribution()  # fill the cache; not timed
+    for n_inf in n_inf_order:
+        for key in rng.permutation(list(runners)):
+            runner, seq = runners[key], sequences[key]
+            seq.append(rng.integers(0, runner.vocab_size, n_inf).tolist())
+            before, started = runner.cost.forward_time_s, clock() if clock else 0.0
+            seq.next_distribution()
+            took = clock() - started if clock else runner.cost.forward_time_s - before
+            times[key].setdefault((n_inf, n_kv), []).append(took)
+            seq.rollback(n_inf)
 
 
 def fit_profile(points: list[ProfilePoint], runner: ModelRunner | None = None, relative: bool = True,

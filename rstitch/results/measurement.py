@@ -5,8 +5,10 @@ share the cores with another job measures the other job too (a testbed sweep on 
 reported speedups of 0.13 where a quiet one gave 2.2). Every sample records its threads, device,
 the CPUs this process may use, the 1-minute load average, and the CPU time the process's threads
 used during the decode (`cpu_s`); the run's summary aggregates them, names any contention, and
-points to what still holds under it: on a CPU the speedup in CPU time (`speedup_cpu`,
-results/metrics.py), since a decode's CPU time is the work it did, whoever else shares the cores.
+points to what still holds under it: on a CPU the estimated speedup (`speedup_estimate`,
+results/metrics.py: the forwards counted, each at its cost in the latency model), else the speedup
+in CPU time (`speedup_cpu`), which other jobs move far less than wall clock but not at all (a busy
+machine's clock and caches slow every thread down).
 """
 from __future__ import annotations
 
@@ -24,8 +26,11 @@ SMALL_MODEL_PARAMETERS = 100_000_000
 # (a busy decode thread gets ~1.0 on a quiet core).
 LOAD_PER_CPU_LIMIT = 1.25
 MIN_CPU_PER_WALL = 0.8
-CONTENTION_ADVICE = ("on a CPU, read the CPU-time speedup (cpu_speedup, `speedup_cpu`): the CPU time a decode uses does "
-                     "not grow when other jobs share the cores, its wall clock does; a wall-clock latency (a GPU's, a "
+CONTENTION_ADVICE = ("on a CPU, read the estimated speedup (est_speedup, `speedup_estimate`): the forwards a decode ran, each "
+                     "at its cost in the latency model (latency_dir), which other jobs on the cores do not change "
+                     "(refit the profile beside them: docs/analysis.md, \"Timings on a shared machine\"); without a latency "
+                     "model the CPU-time speedup (cpu_speedup, `speedup_cpu`), which grows far less than wall clock "
+                     "when other jobs share the cores; a wall-clock latency (a GPU's, a "
                      "batched run's) measured under contention, and any speedup against it, is not a quiet machine's: rerun "
                      "when the cores are free (delete the run directory, or use another results_root), "
                      "or keep engine.num_threads to the free cores")
@@ -101,7 +106,11 @@ def summarize_measurement(samples: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 
 def robust_figure(summary: dict[str, Any]) -> str:
-    """What of a contended run still holds: its CPU-time speedup, where it has one."""
+    """What of a contended run still holds: on a CPU its estimated speedup, else its CPU-time one,
+    where it has them (a GPU run's figure stays wall clock)."""
+    if summary.get("speedup_estimate") is not None and summary.get("latency_cpu_s") is not None:
+        return (f"; its estimated speedup {summary['speedup_estimate']:.2f}x (forwards counted at fitted costs) holds, "
+                "its wall-clock one does not")
     if summary.get("speedup_cpu") is not None:
         return f"; its CPU-time speedup {summary['speedup_cpu']:.2f}x holds, its wall-clock one does not"
     if summary.get("latency_cpu_s") is not None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -105,20 +105,26 @@ def find_speedups(summary: dict[str, Any], others: Iterable[dict[str, Any]]) -> 
     `speedup_cpu`, the same ratio of the decodes' CPU times (CPU runs only: docs/analysis.md, "Timings
     on a shared machine"), and `speedup_tokens_per_s`, the throughput ratio (tokens/s of the method
     over LLM-only's), the speedup EASD and speculative decoding papers report. They differ when the
-    outputs' lengths differ."""
+    outputs' lengths differ. `speedup_estimate`: the same ratio of the latency models' estimates
+    (`latency_estimate_s`: the forwards each decode ran, each at its fitted cost), which other jobs
+    on the cores do not change."""
     baseline = baseline_method()
     for other in others:
         if other.get("method") == baseline and comparison_key_matches(summary, other):
             return speedups_against(summary, other)
-    return {"speedup": None, "speedup_cpu": None, "speedup_tokens_per_s": None}
+    return dict.fromkeys(SPEEDUP_LATENCIES.values()) | {"speedup_tokens_per_s": None}
+
+
+# Each speedup and the latency it is the ratio of: wall clock, the decode's CPU time (CPU runs),
+# and the latency model's estimate from the forwards counted (runs with a latency_dir).
+SPEEDUP_LATENCIES = {"latency_s": "speedup", "latency_cpu_s": "speedup_cpu", "latency_estimate_s": "speedup_estimate"}
 
 
 def speedups_against(summary: dict[str, Any], baseline: dict[str, Any]) -> dict[str, float | None]:
-    out: dict[str, float | None] = {"speedup": None, "speedup_cpu": None, "speedup_tokens_per_s": None}
-    if baseline.get("latency_s") and summary.get("latency_s"):
-        out["speedup"] = baseline["latency_s"] / summary["latency_s"]
-    if baseline.get("latency_cpu_s") and summary.get("latency_cpu_s"):
-        out["speedup_cpu"] = baseline["latency_cpu_s"] / summary["latency_cpu_s"]
+    out: dict[str, float | None] = {}
+    for latency, speedup in SPEEDUP_LATENCIES.items():
+        out[speedup] = baseline[latency] / summary[latency] if baseline.get(latency) and summary.get(latency) else None
+    out["speedup_tokens_per_s"] = None
     if baseline.get("tokens_per_s") and summary.get("tokens_per_s"):
         out["speedup_tokens_per_s"] = summary["tokens_per_s"] / baseline["tokens_per_s"]
     return out
@@ -127,15 +133,17 @@ def speedups_against(summary: dict[str, Any], baseline: dict[str, Any]) -> dict[
 # The comparison with the baseline beside the speedup (docs/analysis.md, "Uncertainty"): the
 # speedup split (speedup = per_token_latency_ratio / token_ratio), its paired bootstrap intervals,
 # and the paired accuracy difference. None where there is no baseline run (or no samples of it).
-COMPARISON_KEYS = ("speedup", "speedup_cpu", "speedup_tokens_per_s", "speedup_ci", "speedup_cpu_ci", "token_ratio",
+COMPARISON_KEYS = ("speedup", "speedup_cpu", "speedup_estimate", "speedup_tokens_per_s", "speedup_ci", "speedup_cpu_ci",
+                   "speedup_estimate_ci", "token_ratio",
                    "token_ratio_ci", "token_reduction", "per_token_latency_ratio", "per_token_latency_ratio_ci",
                    "accuracy_diff", "accuracy_diff_se", "accuracy_diff_p", "accuracy_diff_test", "paired_problems")
 
 
 def self_comparison(summary: dict[str, Any]) -> dict[str, Any]:
     """The baseline against itself: exact, so every interval is a point."""
-    on_cpu = summary.get("latency_cpu_s") is not None
+    on_cpu, estimated = summary.get("latency_cpu_s") is not None, summary.get("latency_estimate_s") is not None
     return {"speedup": 1.0, "speedup_cpu": 1.0 if on_cpu else None, "speedup_cpu_ci": [1.0, 1.0] if on_cpu else None,
+            "speedup_estimate": 1.0 if estimated else None, "speedup_estimate_ci": [1.0, 1.0] if estimated else None,
             "speedup_tokens_per_s": 1.0, "speedup_ci": [1.0, 1.0], "token_ratio": 1.0,
             "token_ratio_ci": [1.0, 1.0], "token_reduction": 0.0, "per_token_latency_ratio": 1.0,
             "per_token_latency_ratio_ci": [1.0, 1.0], "accuracy_diff": 0.0, "accuracy_diff_se": 0.0,
@@ -191,12 +199,26 @@ def paired_statistics(samples: list[dict[str, Any]], baseline_samples: list[dict
     diff = paired_accuracy_difference(grouped(samples, "correct"), grouped(baseline_samples, "correct"))
     tokens = {"run": grouped(samples, "tokens"), "baseline": grouped(baseline_samples, "tokens")}
     intervals = speedup_intervals({"run": grouped(samples, "latency_s"), "baseline": grouped(baseline_samples, "latency_s")}, tokens)
-    cpu_ci = None
-    if mean_cpu_time(samples) is not None and mean_cpu_time(baseline_samples) is not None:
-        cpu = {who: problem_means([sample_cpu_time(r) for r in rows], [r["id"] for r in rows])  # type: ignore[misc]
-               for who, rows in (("run", samples), ("baseline", baseline_samples))}
-        cpu_ci = _pair(speedup_intervals(cpu, tokens).speedup)
     return {"accuracy_diff": None if np.isnan(diff.difference) else diff.difference, "accuracy_diff_se": diff.se,
             "accuracy_diff_p": diff.p_value, "accuracy_diff_test": diff.test, "paired_problems": diff.n_problems,
-            "speedup_ci": _pair(intervals.speedup), "speedup_cpu_ci": cpu_ci, "token_ratio_ci": _pair(intervals.token_ratio),
-            "per_token_latency_ratio_ci": _pair(intervals.per_token_latency_ratio)}
+            "speedup_ci": _pair(intervals.speedup), "token_ratio_ci": _pair(intervals.token_ratio),
+            "per_token_latency_ratio_ci": _pair(intervals.per_token_latency_ratio),
+            "speedup_cpu_ci": paired_speedup_interval(samples, baseline_samples, sample_cpu_time, tokens),
+            "speedup_estimate_ci": paired_speedup_interval(samples, baseline_samples, sample_latency_estimate, tokens)}
+
+
+def sample_latency_estimate(row: dict[str, Any]) -> float | None:
+    """The latency model's estimate of a sample's decode (`latency_estimate_s`), or None."""
+    return row.get("latency_estimate_s")
+
+
+def paired_speedup_interval(samples: list[dict[str, Any]], baseline_samples: list[dict[str, Any]],
+                            latency: Callable[[dict[str, Any]], float | None], tokens: dict[str, Any]) -> list[float] | None:
+    """The paired bootstrap interval of the speedup in another latency than wall clock (a sample's
+    CPU time, its estimate), or None when a sample of either run lacks it."""
+    times = {who: [latency(r) for r in rows] for who, rows in (("run", samples), ("baseline", baseline_samples))}
+    if any(t is None for values in times.values() for t in values):
+        return None
+    means = {who: problem_means(values, [r["id"] for r in rows])  # type: ignore[arg-type]
+             for (who, values), rows in zip(times.items(), (samples, baseline_samples))}
+    return _pair(speedup_intervals(means, tokens).speedup)

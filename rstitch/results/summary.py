@@ -78,15 +78,17 @@ def with_interval(key: str, fmt: str) -> Callable[[dict[str, Any]], str | None]:
 
 
 # (header, cell of a summary; None shows "-"). The speedup split: speedup = per_tok_x / tok_ratio.
-# On a CPU the table leads with the speedup in the decodes' CPU time, which other jobs on the cores
-# do not change, then the wall-clock one; a GPU run (and a batched one) has only the wall-clock
-# speedup, the papers' figure (docs/analysis.md, "Timings on a shared machine").
+# The table leads with the estimated speedup (`speedup_estimate`: the forwards each decode ran, each
+# at its cost in the latency model, fitted from the fastest of repeated timings), which other jobs on the cores do not
+# move, then the one in the decodes' CPU time (CPU runs), then wall clock: the papers' figure and a
+# GPU's (docs/analysis.md, "Timings on a shared machine"; SPEEDUP_LEGEND under the table).
 TABLE_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str | None]], ...] = (
     ("method", _number("method", "{}")), ("tag", shown_tag), ("n", _number("n_samples", "{}")),
     ("accuracy +/- se", plus_minus("accuracy", "{:.3f}")), ("acc_diff +/- se", plus_minus("accuracy_diff", "{:+.3f}")),
     ("p", _number("accuracy_diff_p", "{:.2g}")), ("latency_s", _number("latency_s", "{:.3f}")),
     ("tokens", _number("tokens", "{:.1f}")), ("slm_tok", _number("tokens_slm", "{:.1f}")),
     ("llm_tok", _number("tokens_llm", "{:.1f}")), ("switches", _number("switches", "{:.1f}")),
+    ("est_speedup [95% CI]", with_interval("speedup_estimate", "{:.2f}")),
     ("cpu_speedup [95% CI]", with_interval("speedup_cpu", "{:.2f}")), ("wall_speedup [95% CI]", with_interval("speedup", "{:.2f}")),
     ("tok_ratio", _number("token_ratio", "{:.2f}")),
     ("reduction_%", lambda s: None if s.get("token_reduction") is None else f"{100 * s['token_reduction']:.1f}"),  # R-Stitch's token reduction
@@ -102,3 +104,14 @@ def format_table(*summaries: dict[str, Any]) -> str:
     headers = [header for header, _ in TABLE_COLUMNS]
     widths = [max(len(cell) for cell in column) for column in zip(headers, *rows)]
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(line, widths)) for line in [headers, *rows])
+
+
+SPEEDUP_LEGEND = ("est_speedup: the forwards each decode ran, each at its cost in the latency model (latency_dir, "
+                  "fitted by scripts/profile_latency.py from the fastest of repeated timings), so other jobs on the cores do "
+                  "not move it: the figure on a CPU; cpu_speedup: in the decodes' CPU time; wall_speedup: in wall clock, "
+                  "the papers' figure and a GPU's")
+
+
+def speedup_legend(*summaries: dict[str, Any]) -> list[str]:
+    """The line under the console table that says which speedup to read, where a run has an estimated one."""
+    return [SPEEDUP_LEGEND] if any(s.get("speedup_estimate") is not None for s in summaries) else []
