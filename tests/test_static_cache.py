@@ -219,8 +219,8 @@ def test_the_step_makes_no_host_synchronization_and_reads_grouped_keys_in_place(
             outputs = (decoder.compute if full else decoder.hidden_only)(ids, torch.zeros_like(ids), 512)
         assert outputs[-1].shape == (rows, width, 28 * 8)
         if full:
-            logits, entropy, argmax, _ = outputs
-            assert logits.shape == (rows, width, 1000) and entropy.shape == argmax.shape == (rows, width)
+            logits, summary, _ = outputs  # (entropy, argmax) pairs
+            assert logits.shape == (rows, width, 1000) and summary.shape == (rows, width, 2)
         repeated = [s for s in probe.shapes if len(s) == 4 and s[1] == 28 and s[2] >= 512]
         assert not repeated, f"keys copied to every query head: {repeated[:2]}"
 

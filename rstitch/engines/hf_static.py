@@ -39,13 +39,13 @@ tokens on CPU and replays an emulated capture.
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 import logging
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -194,18 +194,6 @@ def _register_grouped_attention() -> None:
     AttentionInterface.register(GROUPED_ATTENTION, grouped_attention)
 
 
-@contextmanager
-def _attention(config: Any, implementation: str) -> Iterator[None]:
-    """The model's attention modules look their function up by `config._attn_implementation` at
-    every call (or trace): this forward uses `implementation`."""
-    saved = config._attn_implementation_internal
-    config._attn_implementation_internal = implementation
-    try:
-        yield
-    finally:
-        config._attn_implementation_internal = saved
-
-
 class StaticSequence(Sequence):
     """A sequence whose keys and values live in one slot of its runner's `StaticDecoder`."""
 
@@ -270,6 +258,8 @@ class StaticKV:
         self.dtype, self.device = dtype, device
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
+        self._windows: dict[tuple[int, int], list[tuple[torch.Tensor, ...]]] = {}
+        self._columns: dict[int, torch.Tensor] = {}
         self.resize(1, INITIAL_LENGTH)
 
     @property
@@ -288,6 +278,7 @@ class StaticKV:
             check_kv_budget(self.config, self.dtype, slots, length, torch.cuda.mem_get_info(self.device)[0] + held,
                             self.name)
         shape = (slots, self.heads, length, self.head_dim)
+        self._windows.clear()
         for store in (self.keys, self.values):
             for layer in range(self.n_layers):
                 grown = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -297,6 +288,21 @@ class StaticKV:
                     store[layer] = grown
                 else:
                     store.append(grown)
+
+    def windows(self, rows: int, read: int) -> list[tuple[torch.Tensor, ...]]:
+        """Per layer, views of rows [0, R) of its keys and values (written) and of their first
+        `read` positions (read): made once per step shape, not at every layer of every step."""
+        key = (rows, read)
+        if key not in self._windows:
+            self._windows[key] = [(k[:rows], v[:rows], k[:rows, :, :read], v[:rows, :, :read])
+                                  for k, v in zip(self.keys, self.values)]
+        return self._windows[key]
+
+    def columns(self, read: int) -> torch.Tensor:
+        """0 .. read-1 on the cache's device (the key positions a step's mask compares against)."""
+        if read not in self._columns:
+            self._columns[read] = torch.arange(read, device=self.device)
+        return self._columns[read]
 
     def move_slot(self, source: int, target: int, length: int) -> None:
         """Copy the first `length` positions of slot `source` to slot `target`."""
@@ -309,19 +315,20 @@ class _RowsView:
     each row's positions of rows [0, R), then returns the first `read` positions of those rows."""
 
     def __init__(self, kv: StaticKV, rows: int, positions: torch.Tensor, read: int):
-        self.kv, self.rows, self.positions, self.read = kv, rows, positions, read
-        self.row_index = torch.arange(rows, device=positions.device)[:, None]
+        self.rows, self.positions = rows, positions
+        self.windows = kv.windows(rows, read)
+        # batch 1: a copy along the length axis (cheaper than a scattered write)
+        self.first_row = positions[0] if rows == 1 else None
+        self.row_index = torch.arange(rows, device=positions.device)[:, None] if rows > 1 else None
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
-        out = []
-        for store, new in ((self.kv.keys[layer_idx], key_states), (self.kv.values[layer_idx], value_states)):
-            rows = store[: self.rows]
-            if self.rows == 1:  # batch 1: a copy along the length axis (cheaper than a scattered write)
-                rows[0].index_copy_(1, self.positions[0], new[0])
+        key_rows, value_rows, key_read, value_read = self.windows[layer_idx]
+        for rows, new in ((key_rows, key_states), (value_rows, value_states)):
+            if self.first_row is not None:
+                rows.index_copy_(2, self.first_row, new)
             else:
                 rows[self.row_index, :, self.positions] = new.transpose(1, 2)
-            out.append(rows[:, :, : self.read])
-        return out[0], out[1]
+        return key_read, value_read
 
 
 class CaptureStream:
@@ -367,14 +374,15 @@ def unowned_alias(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class _Step:
-    """One (rows, width, read) forward over static input buffers: `ids` and `positions` [R, W] are
-    filled in place before each call; `run()` returns the outputs (overwritten by the next run)."""
+    """One (rows, width, read) forward over static input buffers: `ids` and `positions` [R, W]
+    (the two rows of `inputs`) are filled in place before each call; `run()` returns the outputs
+    (overwritten by the next run)."""
 
     def __init__(self, decoder: StaticDecoder, rows: int, width: int, read: int, capture: str):
         device = decoder.kv.device
         self.decoder, self.rows, self.width, self.read = decoder, rows, width, read
-        self.ids = torch.zeros((rows, width), dtype=torch.long, device=device)
-        self.positions = torch.zeros((rows, width), dtype=torch.long, device=device)
+        self.inputs = torch.zeros((2, rows, width), dtype=torch.long, device=device)  # filled by one copy per forward
+        self.ids, self.positions = self.inputs[0], self.inputs[1]
         self.graph: Any = None
         self.outputs: tuple[torch.Tensor, ...] | None = None
         self.full = width <= FULL_STEP_WIDTH and rows * width <= FULL_STEP_POSITIONS
@@ -435,6 +443,7 @@ class StaticDecoder:
         self.streams = CaptureStream(runner.device) if mode == "graphs" else None
         self.captured = 0  # steps captured or compiled so far (growth recaptures)
         self.capture_spans: list[tuple[float, float]] = []  # (start, seconds) of each capture or compilation
+        self._capture_total = [0.0]  # seconds of the first k spans: the runner asks after every forward
         self.attention = GROUPED_ATTENTION if self.model.config._attn_implementation == "sdpa" else "eager"
         if self.attention == GROUPED_ATTENTION:
             _register_grouped_attention()
@@ -481,6 +490,7 @@ class StaticDecoder:
             seq.slot = target
 
     # --- warm-up ----------------------------------------------------------------------
+    @torch.inference_mode()  # as every forward: steps are captured as they will run
     def warm_up(self, batch_size: int, shortest: int, longest: int) -> int:
         """Before a run's first timed sample (after its warm-up decode): grow the cache to the
         size the run needs (`batch_size` x the slots one sample held in the warm-up decode, and
@@ -525,28 +535,30 @@ class StaticDecoder:
         width = next((w for w in WIDTHS if w >= widest), widest)
         read = min(read_bucket(live), self.kv.length)
         step = self._step(rows, width, read)
-        ids = [[0] * width for _ in range(rows)]
-        positions = [[self.kv.length - 1] * width for _ in range(rows)]  # padding: scratch
+        cells = rows * width
+        inputs = [0] * cells + [self.kv.length - 1] * cells  # ids, then positions; padding: scratch
         for slot, r, s in zip(slots, requests, seqs):
-            n = len(r.new_ids)
-            ids[slot][:n] = r.new_ids
-            positions[slot][:n] = range(s.n_cached, s.n_cached + n)
-        step.ids.copy_(torch.tensor(ids, dtype=torch.long))  # built on the host: one copy each
-        step.positions.copy_(torch.tensor(positions, dtype=torch.long))
+            n, first = len(r.new_ids), slot * width
+            inputs[first: first + n] = r.new_ids
+            inputs[cells + first: cells + first + n] = range(s.n_cached, s.n_cached + n)
+        step.inputs.copy_(torch.tensor(inputs, dtype=torch.long).view(2, rows, width))  # built on the host: one copy
         outputs = step.run()
-        # the kept positions of each request, copied out of the step's (reused) outputs
-        index = torch.tensor([slot * width + i for slot, r in zip(slots, requests)
-                              for i in range(len(r.new_ids) - r.keep, len(r.new_ids))], device=self.kv.device)
-        kept = [t.reshape(-1, *t.shape[2:]).index_select(0, index) for t in outputs]
-        kept_logits, entropy, argmax, hidden = kept if step.full else (*self.summarize(kept[0]), kept[0])
-        summaries = torch.stack([entropy.double(), argmax.double()], dim=-1).tolist()  # the one sync
-        return self._split(requests, kept_logits, hidden, summaries)
+        kept = _Kept(requests, slots, width, self.kv.device)
+        want_hidden = any(r.seq.want_hidden for r in requests)
+        if step.full:
+            logits, summary, hidden = outputs
+            kept_logits, kept_summary = kept.copy(logits), kept.view(summary)
+            kept_hidden = kept.copy(hidden) if want_hidden else None
+        else:
+            kept_hidden = kept.copy(outputs[0])
+            kept_logits, kept_summary = self.summarize(kept_hidden)
+        summaries = kept_summary.tolist()  # the one sync
+        return self._split(requests, kept_logits, kept_hidden.float() if want_hidden and kept_hidden is not None else None,
+                           summaries)
 
-    def _split(self, requests: list[ForwardRequest], kept_logits: torch.Tensor, hidden: torch.Tensor,
+    def _split(self, requests: list[ForwardRequest], kept_logits: torch.Tensor, kept_hidden: torch.Tensor | None,
                summaries: list[list[float]]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """Each request's rows of the kept outputs; its summaries go to its sequence."""
-        want_hidden = any(r.seq.want_hidden for r in requests)
-        kept_hidden = hidden.float() if want_hidden else None
         out, start = [], 0
         for r in requests:
             s = r.seq
@@ -568,40 +580,77 @@ class StaticDecoder:
                 self.runner.synchronize()
                 self.captured += 1
                 self.capture_spans.append((began, time.perf_counter() - began))
+                self._capture_total.append(self._capture_total[-1] + self.capture_spans[-1][1])
         return self.steps[key]
 
     def capture_seconds_since(self, start: float) -> float:
         """Seconds spent capturing or compiling steps since `start` (a perf_counter reading)."""
-        return sum(seconds for began, seconds in self.capture_spans if began >= start)
+        first = bisect.bisect_left(self.capture_spans, (start,))  # spans are appended in time order
+        return self._capture_total[-1] - self._capture_total[first]
 
     def compute(self, ids: torch.Tensor, positions: torch.Tensor, read: int) -> tuple[torch.Tensor, ...]:
         """The step itself, device work only: the model over rows [0, R) with each row's new
         tokens at `positions` of its slot, attention over the first `read` positions, then
-        logits, entropy (nats) and argmax of every position."""
+        logits and the (entropy, argmax) pair of every position (`summarize`), and the hidden states."""
         [hidden] = self.hidden_only(ids, positions, read)
         return (*self.summarize(hidden), hidden)
 
-    def summarize(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Logits (float32, cut to the shared vocabulary), entropy in nats and argmax at each position."""
+    def summarize(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits (float32, cut to the shared vocabulary) and, at each position, its entropy in
+        nats and argmax as one float64 pair (exact for any vocabulary index): the host reads the
+        pairs of the kept positions in one transfer."""
         logits = self.head(hidden)[..., : self.runner.vocab_size].float()
         log_probs = torch.log_softmax(logits, dim=-1)
         entropy = -(log_probs.exp() * log_probs).nan_to_num().sum(-1)
-        return logits, entropy, logits.argmax(-1)
+        return logits, torch.stack([entropy.double(), logits.argmax(-1).double()], dim=-1)
 
     def hidden_only(self, ids: torch.Tensor, positions: torch.Tensor, read: int) -> tuple[torch.Tensor]:
         """The model's final hidden states [R, W, H] (its keys and values written to the slots)."""
         rows, width = ids.shape
-        allowed = torch.arange(read, device=ids.device)[None, None, :] <= positions[:, :, None]
+        allowed = self.kv.columns(read) <= positions[:, :, None]
         if self.attention != "eager":
             mask = allowed[:, None]
         else:
             floor = torch.finfo(self.model.dtype).min
             mask = torch.zeros(allowed.shape, dtype=self.model.dtype, device=ids.device).masked_fill(~allowed, floor)[:, None]
         view = _RowsView(self.kv, rows, positions, read)
-        with _attention(self.model.config, self.attention):
+        # The attention modules look their function up by `config._attn_implementation` at every
+        # call (or trace): this forward uses the decoder's (set and restored here, not through a
+        # context manager: this runs at every decode step).
+        config = self.model.config
+        saved, config._attn_implementation_internal = config._attn_implementation_internal, self.attention
+        try:
             out = self.base(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                             **{self.cache_argument: view})
+        finally:
+            config._attn_implementation_internal = saved
         return (out.last_hidden_state,)
+
+
+class _Kept:
+    """The kept positions of each request in a step's outputs ([R, W, ...]): one contiguous run
+    of rows when the step serves one request (a slice), else an index."""
+
+    def __init__(self, requests: list[ForwardRequest], slots: list[int], width: int, device: torch.device):
+        if len(requests) == 1:
+            [r], [slot] = requests, slots
+            start = slot * width + len(r.new_ids) - r.keep
+            self.rows: slice | torch.Tensor = slice(start, start + r.keep)
+        else:
+            self.rows = torch.tensor([slot * width + i for slot, r in zip(slots, requests)
+                                      for i in range(len(r.new_ids) - r.keep, len(r.new_ids))], device=device)
+
+    def view(self, output: torch.Tensor) -> torch.Tensor:
+        """The kept rows, possibly over the output's memory (read before the next replay)."""
+        flat = output.flatten(0, 1)
+        if isinstance(self.rows, slice):
+            return flat[self.rows]
+        return flat.index_select(0, self.rows)
+
+    def copy(self, output: torch.Tensor) -> torch.Tensor:
+        """The kept rows in memory of their own (the step's outputs are overwritten by its next run)."""
+        kept = self.view(output)
+        return kept.clone() if isinstance(self.rows, slice) else kept
 
 
 def read_bucket(live: int) -> int:
