@@ -1,6 +1,9 @@
 """The HF engine's static decode path (engine.compile=static, uncaptured) against transformers'
 own StaticCache on the same model, on CPU: prefill of one prompt and greedy per-token decode,
-alternating rounds, medians. Prints each time and the ratio ours / transformers' (goal: <= 1.1).
+alternating rounds. Prints medians of wall-clock and CPU time (the decoding thread's with one
+thread, the process's with more: steadier on a shared machine) and the ratio ours / transformers'
+(goal: <= 1.1), as a ratio of medians and as the median of each round's ratio (the two paths
+timed back to back), with the load average before and after.
 
     python scripts/bench_static.py                      # the testbed LLM
     python scripts/bench_static.py --model PATH --prompt-tokens 200 --new-tokens 64
@@ -8,9 +11,11 @@ alternating rounds, medians. Prints each time and the ratio ours / transformers'
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 from transformers import PreTrainedModel
@@ -20,34 +25,46 @@ from rstitch.engines.hf import HFModelRunner
 from rstitch.errors import ConfigError
 from rstitch.testbed import LLM_DIR
 
+Times = tuple[float, float]  # (wall, cpu) seconds
+CPU_CLOCK: Callable[[], float] = time.thread_time  # main() takes process_time with more than one thread
 
-def ours(runner: HFModelRunner, prompt: list[int], new_tokens: int) -> tuple[float, float, list[int]]:
-    """Seconds of the prefill, seconds per decoded token, and the tokens."""
+
+def now() -> Times:
+    return time.perf_counter(), CPU_CLOCK()
+
+
+def since(start: Times, per: int = 1) -> Times:
+    wall, cpu = now()
+    return (wall - start[0]) / per, (cpu - start[1]) / per
+
+
+def ours(runner: HFModelRunner, prompt: list[int], new_tokens: int) -> tuple[Times, Times, list[int]]:
+    """Seconds of the prefill, seconds per decoded token (each wall and CPU), and the tokens."""
     seq = runner.new_sequence(prompt)
-    start = time.perf_counter()
+    start = now()
     first = seq.generate(1, Sampler()).token_ids
-    prefill = time.perf_counter() - start
-    start = time.perf_counter()
+    prefill = since(start)
+    start = now()
     rest = seq.generate(new_tokens, Sampler()).token_ids
-    return prefill, (time.perf_counter() - start) / new_tokens, first + rest
+    return prefill, since(start, new_tokens), first + rest
 
 
 @torch.inference_mode()
-def transformers_static(model: PreTrainedModel, prompt: list[int], new_tokens: int) -> tuple[float, float, list[int]]:
+def transformers_static(model: PreTrainedModel, prompt: list[int], new_tokens: int) -> tuple[Times, Times, list[int]]:
     """The same with transformers' StaticCache (sized to the prompt and the new tokens) and a
     plain greedy loop over the model's forward."""
     from transformers import StaticCache
 
     cache = StaticCache(config=model.config, max_cache_len=len(prompt) + new_tokens + 1)
-    start = time.perf_counter()
+    start = now()
     out = model(input_ids=torch.tensor([prompt]), cache=cache, logits_to_keep=1)
     tokens = [int(out.logits[0, -1].argmax())]
-    prefill = time.perf_counter() - start
-    start = time.perf_counter()
+    prefill = since(start)
+    start = now()
     for _ in range(new_tokens):
         out = model(input_ids=torch.tensor([[tokens[-1]]]), cache=cache, logits_to_keep=1)
         tokens.append(int(out.logits[0, -1].argmax()))
-    return prefill, (time.perf_counter() - start) / new_tokens, tokens
+    return prefill, since(start, new_tokens), tokens
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,10 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"bench_static: {err}", file=sys.stderr)
         return 2
+    global CPU_CLOCK
+    CPU_CLOCK = time.thread_time if args.threads == 1 else time.process_time
     vocab = runner.vocab_size
     prompt = [3 + (i * 7) % (vocab - 3) for i in range(args.prompt_tokens)]
     ours(runner, prompt, 4), transformers_static(runner.model, prompt, 4)  # warm-up
-    times: dict[str, list[tuple[float, float]]] = {"ours": [], "transformers": []}
+    load = os.getloadavg()[0]
+    times: dict[str, list[tuple[Times, Times]]] = {"ours": [], "transformers": []}
     for _ in range(args.rounds):
         a = ours(runner, prompt, args.new_tokens)
         b = transformers_static(runner.model, prompt, args.new_tokens)
@@ -76,12 +96,17 @@ def main(argv: list[str] | None = None) -> int:
         times["ours"].append(a[:2])
         times["transformers"].append(b[:2])
     print(f"{runner.name}: {args.prompt_tokens}-token prompt, {args.new_tokens} new tokens, "
-          f"{args.threads} thread(s), median of {args.rounds} alternating rounds")
-    print(f"{'':14}{'ours':>12}{'transformers':>14}{'ratio':>8}")
-    for i, label in enumerate(("prefill ms", "decode ms/tok")):
-        mine = statistics.median(t[i] for t in times["ours"]) * 1e3
-        theirs = statistics.median(t[i] for t in times["transformers"]) * 1e3
-        print(f"{label:14}{mine:12.2f}{theirs:14.2f}{mine / theirs:8.2f}")
+          f"{args.threads} thread(s), median of {args.rounds} alternating rounds, "
+          f"load average {load:.2f} -> {os.getloadavg()[0]:.2f}")
+    print(f"{'':20}{'ours':>10}{'transformers':>14}{'ratio':>8}{'per round':>11}")
+    for i, label in enumerate(("prefill", "decode")):
+        for j, clock in enumerate(("wall", "cpu")):
+            mine = [t[i][j] for t in times["ours"]]
+            theirs = [t[i][j] for t in times["transformers"]]
+            paired = statistics.median(a / b for a, b in zip(mine, theirs))
+            ms, their_ms = statistics.median(mine) * 1e3, statistics.median(theirs) * 1e3
+            unit = "ms" if label == "prefill" else "ms/tok"
+            print(f"{f'{label} {unit} {clock}':20}{ms:10.2f}{their_ms:14.2f}{ms / their_ms:8.2f}{paired:11.2f}")
     return 0
 
 
