@@ -84,3 +84,16 @@ def test_speedup_figure_on_a_gpu_plots_the_wall_clock_speedup():
     assert segment_ends(bars, vertical=False) == pytest.approx([1.9, 2.1])
     assert not [line for line in figure.axes[0].get_lines() if line.get_marker() == "x"] and figure.axes[0].get_legend() is None
     assert np.isclose(float(figure.axes[0].get_lines()[0].get_xdata()[0]), 2.0)
+
+
+def test_speedup_figure_leads_with_the_latency_models_estimate_where_the_runs_have_one():
+    rows = [run("llm_only", 0.9, 4.0, cpu=2.0), run("rstitch", 0.8, 2.0, cpu=0.5, tau=0.01)]
+    for row, estimate in zip(rows, (3.0, 1.0)):
+        row["latency_estimate_s"] = estimate
+    runs = with_speedup_intervals(runs_frame(rows))
+    runs["speedup_estimate_ci_low"], runs["speedup_estimate_ci_high"] = runs["speedup_estimate"] - 0.3, runs["speedup_estimate"] + 0.3
+    assert leading_speedup(runs) == "speedup_estimate"  # as the console table (results/summary.py) leads
+    figure = speedup_figure(runs, runs["group"].iloc[0])
+    assert "latency model's estimate" in figure.axes[0].get_xlabel()
+    [bars] = error_bars(figure)
+    assert segment_ends(bars, vertical=False) == pytest.approx([2.7, 3.3])  # 3 / 1

@@ -27,7 +27,7 @@ from rstitch.results.uncertainty import (
 )
 
 # Intervals as two columns each (`<name>_low`, `<name>_high`); summary.json holds them as [low, high].
-INTERVALS = ("accuracy_ci", "latency_ci", "speedup_ci", "speedup_cpu_ci", "token_ratio_ci", "per_token_latency_ratio_ci")
+INTERVALS = ("accuracy_ci", "latency_ci", "speedup_ci", "speedup_cpu_ci", "speedup_estimate_ci", "token_ratio_ci", "per_token_latency_ratio_ci")
 ESTIMATES = ("accuracy_se", "token_ratio", "token_reduction", "per_token_latency_ratio", "accuracy_diff",
              "accuracy_diff_se", "accuracy_diff_p")
 INTERVAL_COLUMNS = (*ESTIMATES, *(f"{name}_{end}" for name in INTERVALS for end in ("low", "high")))
