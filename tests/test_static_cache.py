@@ -500,6 +500,19 @@ def test_an_emulated_batched_run_with_graphs_decodes_what_batch_1_decodes(tmp_pa
     assert cuda.captures > 0 and cuda.replays > 0 and len(cuda.work_streams) == 1
 
 
+@pytest.mark.parametrize("slots,length,shortest,longest", [(1, 2048, 40, 200), (4, 4096, 100, 2100), (32, 16384, 300, 8292)])
+def test_warm_up_covers_every_step_shape_a_sample_can_use(slots, length, shortest, longest):
+    """Every step a forward can take (any highest slot, any captured width, any live length from
+    the shortest prompt to the longest sample plus a widest step) is among the warmed shapes."""
+    warmed = set(hf_static.warm_shapes(slots, length, shortest, longest))
+    for live in range(shortest, min(longest + hf_static.WIDTHS[-1], length - 1) + 1):
+        for widest in (1, 3, 16, 17, 100, 128):
+            for highest in range(slots):
+                if widest <= live:
+                    assert hf_static.step_shape(highest, widest, live, slots, length) in warmed, (highest, widest, live)
+    assert len(warmed) == slots.bit_length() * len(hf_static.WIDTHS) * len({s for _, _, s in warmed})
+
+
 @pytest.mark.parametrize("batch", [1, pytest.param(4, marks=SLOW)])
 def test_every_capture_happens_in_warm_up_never_inside_a_timed_sample(tmp_path, monkeypatch, batch):
     """The run captures every step its samples can use after the warm-up decode (rows up to the

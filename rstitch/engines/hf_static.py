@@ -531,9 +531,7 @@ class StaticDecoder:
         needed = live + 1  # + the scratch position
         if needed > self.kv.length:
             self._resize(self.kv.slots, max(needed, 2 * self.kv.length))
-        rows = min(_rows_for(max(slots)), self.kv.slots)
-        width = next((w for w in WIDTHS if w >= widest), widest)
-        read = min(read_bucket(live), self.kv.length)
+        rows, width, read = step_shape(max(slots), widest, live, self.kv.slots, self.kv.length)
         step = self._step(rows, width, read)
         cells = rows * width
         inputs = [0] * cells + [self.kv.length - 1] * cells  # ids, then positions; padding: scratch
@@ -553,8 +551,8 @@ class StaticDecoder:
             kept_hidden = kept.copy(outputs[0])
             kept_logits, kept_summary = self.summarize(kept_hidden)
         summaries = kept_summary.tolist()  # the one sync
-        return self._split(requests, kept_logits, kept_hidden.float() if want_hidden and kept_hidden is not None else None,
-                           summaries)
+        hidden_out = kept_hidden.float() if want_hidden and kept_hidden is not None else None
+        return self._split(requests, kept_logits, hidden_out, summaries)
 
     def _split(self, requests: list[ForwardRequest], kept_logits: torch.Tensor, kept_hidden: torch.Tensor | None,
                summaries: list[list[float]]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
@@ -660,6 +658,15 @@ def read_bucket(live: int) -> int:
     power = 1 << max(live - 1, 1).bit_length()
     three_quarters = power * 3 // 4
     return max(MIN_READ, three_quarters if live <= three_quarters else power)
+
+
+def step_shape(highest_slot: int, widest: int, live: int, slots: int, length: int) -> tuple[int, int, int]:
+    """The (rows, width, read) step of a forward whose rows reach slot `highest_slot`, whose
+    widest row has `widest` new tokens and whose longest ends at `live` positions, in a cache of
+    `slots` x `length` (a width past `WIDTHS` is its own, uncaptured)."""
+    rows = min(_rows_for(highest_slot), slots)
+    width = next((w for w in WIDTHS if w >= widest), widest)
+    return rows, width, min(read_bucket(live), length)
 
 
 def warm_shapes(slots: int, length: int, shortest: int, longest: int) -> list[tuple[int, int, int]]:
