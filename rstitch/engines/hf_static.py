@@ -24,8 +24,9 @@ captured once and replayed:
   head on the positions kept. The host reads only the entropy and argmax of the positions kept,
   in one transfer per forward (greedy decoding needs nothing else; sampling copies the
   probabilities too, engines/sampling.py).
-* Capture: `graphs` records each (R, W, S) step with torch.cuda.CUDAGraph on first use, warming
-  up and capturing on one side stream per device (`CaptureStream`) into one memory pool per
+* Capture: `graphs` records each (R, W, S) step with torch.cuda.CUDAGraph: every shape a run
+  can use in its warm-up (`StaticDecoder.warm_up`, `warm_shapes`), any other (after the cache
+  grows) on first use; warming up and capturing on one side stream per device (`CaptureStream`) into one memory pool per
   cache size (a fresh pool handle after every resize: a handle whose graphs were all freed
   cannot be reused). A step keeps non-owning aliases of its captured outputs (the pool holds the
   memory; each replay's results are copied out before the next replay). `inductor` compiles the
