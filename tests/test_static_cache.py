@@ -332,9 +332,11 @@ def test_inductor_is_a_cpu_path_with_the_recompile_limit_raised(monkeypatch):
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
     assert resolve_mode("inductor", torch.device("cpu")) == "inductor"
     runner = HFModelRunner(str(SLM_DIR), compile="static")
-    StaticDecoder(runner, "inductor")
+    compiled = StaticDecoder(runner, "inductor")
     shapes = len(hf_static.WIDTHS) * 8 * 8  # widths x row buckets up to 128 x attention windows up to 32k
     assert torch._dynamo.config.recompile_limit >= shapes
+    # views of the buffers are made inside each compiled call, none kept between calls
+    assert runner.static.kv.memoize and not compiled.kv.memoize
 
 
 # --- capture and replay, emulated on a CPU ----------------------------------------------------

@@ -261,6 +261,10 @@ class StaticKV:
         self.values: list[torch.Tensor] = []
         self._windows: dict[tuple[int, int], list[tuple[torch.Tensor, ...]]] = {}
         self._columns: dict[int, torch.Tensor] = {}
+        # False under torch.compile: views and tensors kept between calls would enter its graphs
+        # as inputs, not as views of the (static-address) buffers, and tensors made while
+        # tracing would be graph outputs that a later replay overwrites.
+        self.memoize = True
         self.resize(1, INITIAL_LENGTH)
 
     @property
@@ -295,14 +299,20 @@ class StaticKV:
         `read` positions (read): made once per step shape, not at every layer of every step."""
         key = (rows, read)
         if key not in self._windows:
-            self._windows[key] = [(k[:rows], v[:rows], k[:rows, :, :read], v[:rows, :, :read])
-                                  for k, v in zip(self.keys, self.values)]
+            windows: list[tuple[torch.Tensor, ...]] = [(k[:rows], v[:rows], k[:rows, :, :read], v[:rows, :, :read])
+                                                       for k, v in zip(self.keys, self.values)]
+            if not self.memoize:
+                return windows
+            self._windows[key] = windows
         return self._windows[key]
 
     def columns(self, read: int) -> torch.Tensor:
         """0 .. read-1 on the cache's device (the key positions a step's mask compares against)."""
         if read not in self._columns:
-            self._columns[read] = torch.arange(read, device=self.device)
+            columns = torch.arange(read, device=self.device)
+            if not self.memoize:
+                return columns
+            self._columns[read] = columns
         return self._columns[read]
 
     def move_slot(self, source: int, target: int, length: int) -> None:
@@ -450,6 +460,7 @@ class StaticDecoder:
             _register_grouped_attention()
         if mode == "inductor":
             raise_recompile_limit()
+            self.kv.memoize = False
 
     # --- slots ------------------------------------------------------------------------
     def acquire(self) -> int:
