@@ -85,3 +85,20 @@ def test_the_sweep_table_carries_the_legend_and_the_wandb_points_the_speedups(tm
     lines = sweep_table([run_dir], tmp_path).splitlines()
     assert lines[2] == SPEEDUP_LEGEND and "2.40" in lines[1]
     assert {"speedup_cpu", "speedup_estimate"} <= set(POINT_COLUMNS)
+
+
+def test_the_report_names_the_estimated_speedup_of_a_contended_run():
+    import pandas as pd
+
+    from rstitch.analysis.report import contention_text
+
+    nan = float("nan")
+    runs = pd.DataFrame([
+        {"method": "rstitch", "setting": "tau=0.02", "group": "g", "contention": "load average 5.7 on 2 CPUs",
+         "speedup_estimate": 3.2, "speedup_cpu": 2.9, "latency_cpu_s": 0.1},
+        {"method": "rsd", "setting": "", "group": "g", "contention": "load average 5.7 on 2 CPUs",
+         "speedup_estimate": nan, "speedup_cpu": nan, "latency_cpu_s": nan}])  # no figure holds: none named
+    text = contention_text(runs)
+    assert text.startswith("Latency measured under contention in 2 of 2 runs: rstitch tau=0.02 (g): load average 5.7 "
+                           "on 2 CPUs; its estimated speedup 3.20x (forwards counted at fitted costs) holds, its "
+                           "wall-clock one does not; rsd  (g): load average 5.7 on 2 CPUs. On a CPU, read the estimated")

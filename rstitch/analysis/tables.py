@@ -292,7 +292,7 @@ def runs_table(runs: pd.DataFrame, latency: str = "latency_s") -> Table:
     table = Table("Runs", columns, note=f"Lat: mean {latency} per problem. Acceptance: drafted steps kept (step-level "
                                         "methods), draft tokens kept (speculative), else the SLM's token share. "
                                         "Est spd: the speedup in the latency model's estimate (the forwards each decode "
-                                        "ran, each at its cost fitted from the fastest of repeated timings), which other "
+                                        "ran, each at its cost in the latency model of latency_dir), which other "
                                         "jobs on the cores do not move, led with for that reason (a CPU's figure); CPU spd: "
                                         "in the decodes' CPU time (CPU runs); Spd: in wall clock, the papers' figure and "
                                         "a GPU's. "

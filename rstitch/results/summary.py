@@ -79,7 +79,7 @@ def with_interval(key: str, fmt: str) -> Callable[[dict[str, Any]], str | None]:
 
 # (header, cell of a summary; None shows "-"). The speedup split: speedup = per_tok_x / tok_ratio.
 # The table leads with the estimated speedup (`speedup_estimate`: the forwards each decode ran, each
-# at its cost in the latency model, fitted from the fastest of repeated timings), which other jobs on the cores do not
+# at its cost in the latency model of `latency_dir`), which other jobs on the cores do not
 # move, then the one in the decodes' CPU time (CPU runs), then wall clock: the papers' figure and a
 # GPU's (docs/analysis.md, "Timings on a shared machine"; SPEEDUP_LEGEND under the table).
 TABLE_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str | None]], ...] = (
@@ -107,9 +107,8 @@ def format_table(*summaries: dict[str, Any]) -> str:
 
 
 SPEEDUP_LEGEND = ("est_speedup: the forwards each decode ran, each at its cost in the latency model (latency_dir, "
-                  "fitted by scripts/profile_latency.py from the fastest of repeated timings), so other jobs on the cores do "
-                  "not move it: the figure on a CPU; cpu_speedup: in the decodes' CPU time; wall_speedup: in wall clock, "
-                  "the papers' figure and a GPU's")
+                  "scripts/profile_latency.py), so other jobs on the cores do not move it: the figure on a CPU; "
+                  "cpu_speedup: in the decodes' CPU time; wall_speedup: in wall clock, the papers' figure and a GPU's")
 
 
 def speedup_legend(*summaries: dict[str, Any]) -> list[str]:
