@@ -102,3 +102,25 @@ def test_the_report_names_the_estimated_speedup_of_a_contended_run():
     assert text.startswith("Latency measured under contention in 2 of 2 runs: rstitch tau=0.02 (g): load average 5.7 "
                            "on 2 CPUs; its estimated speedup 3.20x (forwards counted at fitted costs) holds, its "
                            "wall-clock one does not; rsd  (g): load average 5.7 on 2 CPUs. On a CPU, read the estimated")
+
+
+def test_bench_contention_prints_each_speedup_and_its_loaded_over_quiet_ratio(tmp_path, capsys):
+    """scripts/bench_contention.py's reading of two sittings' summaries (the sweep itself is a benchmark, not a test)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("bench_contention", Path(__file__).resolve().parent.parent / "scripts" / "bench_contention.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)  # defines functions only; main() runs under __main__
+    for sitting, (wall, cpu, estimate) in {"quiet": (3.0, 3.0, 2.5), "loaded": (1.5, 2.4, 2.45)}.items():
+        run_dir = tmp_path / sitting / "testbed" / "testbed" / "rstitch" / "tau=0.02_x"
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps({
+            "config": {"method": {"tau": 0.02}}, "speedup": wall, "speedup_cpu": cpu, "speedup_estimate": estimate,
+            "measurement": {"cpu_per_wall": 0.5}}))
+    results = {name: {"speedups": bench.read_speedups(tmp_path / name)} for name in ("quiet", "loaded")}
+    bench.print_table(results, ("0.02",))
+    header, row = capsys.readouterr().out.splitlines()
+    cells = dict(zip(re.split(r"\s{2,}", header.strip()), re.split(r"\s{2,}", row.strip())))
+    assert cells["quiet estimate"] == "2.50" and cells["loaded cpu"] == "2.40"
+    assert (cells["loaded/quiet wall"], cells["loaded/quiet cpu"], cells["loaded/quiet estimate"]) == ("0.50", "0.80", "0.98")
