@@ -6,8 +6,10 @@
 
 1. For each model, time forwards through the framework's engine over a grid of N_inf (tokens
    processed) x N_kv (cache size before the forward): open a Sequence holding N_kv tokens, append
-   N_inf tokens, ask for the next distribution, roll back, repeat; each shape's time is the minimum
-   of --repeats (other jobs on the cores only add time; --statistic median or mean instead). The
+   N_inf tokens, ask for the next distribution, roll back, repeat. On a CPU a forward is timed on the
+   computing thread's CPU clock, which leaves out the time other jobs hold the core (--clock wall:
+   the engine's wall-clock forward time, a GPU's), and each shape's time is the minimum of --repeats
+   (other jobs on the cores only add time; --statistic median or mean instead). The
    two models are timed interleaved, cache size by cache size, so a change in the machine's speed
    during the profile falls on both alike and their ratio, which a speedup estimate is made of, holds.
 2. Fit the coefficients by least squares weighted by 1/T (relative error; decode steps dominate
