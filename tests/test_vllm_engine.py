@@ -480,3 +480,18 @@ def test_next_token_distributions_are_device_rows_equal_to_hf(pairs, monkeypatch
             for s in seqs:
                 s.append(expected.argmax)
     assert converted == [] and not vllm_switch._CAPTURED  # nothing converted, nothing left behind
+
+
+def test_memory_check_sizes_both_pools_for_the_runs_batch_and_length():
+    """The runner's plan: a `kv_tokens` below batch x (longest prompt + budget) is refused in one
+    line before any model loads; one that holds it passes."""
+    from rstitch.engines.loading import load_tokenizer
+    from rstitch.engines.vllm import VLLMModelRunner
+
+    pair_cfg = {"name": "testbed", "dtype": "float32", "slm": {"path": str(SLM_DIR)}, "llm": {"path": str(LLM_DIR)}}
+    prompt_len = lambda tokenizer: len(tokenizer.encode("a prompt of a few tokens"))  # noqa: E731
+    longest = prompt_len(load_tokenizer(str(LLM_DIR))) + 100
+    VLLMModelRunner.check_memory(pair_cfg, {"name": "vllm", "kv_tokens": 4 * longest}, 4, prompt_len, 100)
+    with pytest.raises(ConfigError) as err:
+        VLLMModelRunner.check_memory(pair_cfg, {"name": "vllm", "kv_tokens": 4 * longest - 1}, 4, prompt_len, 100)
+    assert "\n" not in str(err.value) and f"batch 4 x {longest}" in str(err.value)

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rstitch.engines.vllm_memory import GIB, ModelMemory, kv_bytes_per_token, model_memory, plan
+from rstitch.engines.vllm_memory import GIB, ModelMemory, check_run, kv_bytes_per_token, model_memory, plan
 from rstitch.errors import ConfigError
 
 # The shapes of DeepSeek-R1-Distill-Qwen 1.5B and 7B (config.json): grouped-query KV heads.
@@ -46,3 +46,18 @@ def test_one_model_check_uses_the_same_arithmetic():
     assert plan(4 * GIB, [tiny], 1, 1000, utilization=1.0) == (4 * GIB - 3 * GIB) // 1024
     with pytest.raises(ConfigError, match="room for 0 tokens"):
         plan(3 * GIB, [tiny], 1, 1, utilization=1.0)
+
+
+def test_a_run_is_checked_against_its_batch_and_length():
+    """`check_run`: both pools hold batch x length tokens; kv_tokens below it is one line."""
+    assert check_run(PAIR, 4, 1000, None, None) == 4000
+    assert check_run(PAIR, 4, 1000, 4000, None) == 4000
+    with pytest.raises(ConfigError) as err:
+        check_run(PAIR, 4, 1000, 3999, None)
+    assert "\n" not in str(err.value) and "batch 4 x 1000 (4000)" in str(err.value)
+    # on an 80 GiB GPU: equal pools sized by plan for the run; a 16 GiB one refuses a long batch
+    assert check_run(PAIR, 8, 20480, None, 80 * GIB) == plan(80 * GIB, PAIR, 8, 20480)
+    with pytest.raises(ConfigError, match="batch 64 x 32768"):
+        check_run(PAIR, 64, 32768, None, 16 * GIB)
+    with pytest.raises(ConfigError, match="batch 1 x 2000000"):
+        check_run(PAIR, 1, 1000, 2_000_000, 16 * GIB)

@@ -384,6 +384,36 @@ class VLLMModelRunner(ModelRunner):
         self.hidden_llm: Any = None
         self._start_engine(args, dtype)
 
+    @staticmethod
+    def check_memory(pair_cfg: dict[str, Any], engine_cfg: dict[str, Any], batch_size: int,
+                     longest_prompt: Callable[[Any], int], max_new_tokens: int) -> None:
+        """Before the pair loads (the runner's plan): both pools must hold `batch_size` sequences of
+        the run's longest sample (`longest_prompt(tokenizer)` + `max_new_tokens`, within the
+        context), one line otherwise (vllm_memory.check_run; on CUDA also the weights and both
+        pools against the free memory). Reads config.json and the tokenizer only."""
+        from rstitch.engines import vllm_memory
+
+        shared = {"dtype": pair_cfg.get("dtype", "float32"), **{k: v for k, v in engine_cfg.items() if k != "name"}}
+        per_model = shared.pop("per_model", None) or {}
+        specs = {role: {**shared, **(per_model.get(role) or {}), **pair_cfg[role]} for role in ("slm", "llm")}
+        models, contexts = [], []
+        for spec in specs.values():
+            path = resolve_model_path(spec["path"])
+            with model_load_errors(path):
+                config = load_config(path, trust_remote_code=spec.get("trust_remote_code", False))
+            models.append(vllm_memory.model_memory(model_name(path, spec.get("name")), config,
+                                                   count_parameters(config), spec["dtype"]))
+            contexts.append(spec.get("max_model_len") or getattr(config, "max_position_embeddings", None) or 1 << 62)
+        llm_path = resolve_model_path(specs["llm"]["path"])
+        with model_load_errors(llm_path):
+            tokenizer = load_tokenizer(llm_path, specs["llm"].get("tokenizer"),
+                                       trust_remote_code=specs["llm"].get("trust_remote_code", False))
+        max_len = min(longest_prompt(tokenizer) + max_new_tokens, *contexts)
+        kv_tokens = {spec.get("kv_tokens") for spec in specs.values()}
+        free = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
+        for tokens in kv_tokens:
+            vllm_memory.check_run(models, batch_size, max_len, tokens if isinstance(tokens, int) else None, free)
+
     def _start_engine(self, args: dict[str, Any], dtype: str) -> None:
         """vLLM's engine with the switch processor of the model runner it will use (V2 where
         Triton runs, else V1); a runner other than the expected one is one error line."""

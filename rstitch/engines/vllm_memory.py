@@ -60,3 +60,21 @@ def plan(gpu_bytes: int, models: list[ModelMemory], batch_size: int, max_len: in
             f"{batch_size} x {max_len} tokens; {utilization:g} of the GPU's {gpu_bytes / GIB:.1f} GiB leaves room "
             f"for {tokens} tokens per pool")
     return tokens
+
+
+def check_run(models: list[ModelMemory], batch_size: int, max_len: int, kv_tokens: int | None,
+              gpu_bytes: int | None) -> int:
+    """A run's KV need against its pools, before any model loads: `batch_size` sequences of
+    `max_len` tokens in each pool. `kv_tokens` set: one line when it holds fewer, and on a GPU
+    (`gpu_bytes` free) when both pools of that size and the weights do not fit. Returns the
+    capacity per pool: `kv_tokens`, else what `plan` gives on the GPU, else the need itself."""
+    needed = batch_size * max_len
+    if kv_tokens is not None and kv_tokens < needed:
+        raise ConfigError(f"engine.kv_tokens={kv_tokens} holds fewer tokens than batch {batch_size} x {max_len} "
+                          f"({needed}) per model; raise engine.kv_tokens or lower batch_size or the token budget")
+    if gpu_bytes is None:
+        return kv_tokens if kv_tokens is not None else needed
+    if kv_tokens is not None:
+        plan(gpu_bytes, models, 1, kv_tokens)
+        return kv_tokens
+    return plan(gpu_bytes, models, batch_size, max_len)
