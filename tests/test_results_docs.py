@@ -50,3 +50,9 @@ def test_a_figure_in_prose_is_found_and_code_and_links_are_not():
             "# Table 1\nIt runs 1.42x faster, on 8% of 1,240 problems (Δ -0.100, p 0.004).\n")
     assert FIGURE.findall(prose(page)) == ["1.42x", "8%", "1,240", "0.100", "0.004"]
     assert len(figures(page)) == 5
+
+
+def test_the_testbed_page_leads_with_the_estimated_speedup_and_says_why():
+    words = prose((DOCS / "results-testbed.md").read_text())
+    assert "estimated speedup" in words and "because" in words
+    assert words.index("estimated speedup") < words.index("CPU-time speedup") < words.index("wall-clock speedup")

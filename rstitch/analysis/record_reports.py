@@ -253,6 +253,7 @@ COLUMNS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "accuracy_diff": ("Δ accuracy vs llm_only ± se", _spread("accuracy_diff", "{:+.3f}", "se")),
     "p": ("p (paired)", _fixed("accuracy_diff_p", "{:.2g}")),
     "latency": ("latency (s)", _fixed("latency_s", "{:.3f}")),
+    "estimate_speedup": ("estimated speedup [95% CI]", _spread("speedup_estimate", "{:.2f}", "ci")),
     "speedup": ("wall speedup [95% CI]", _spread("speedup", "{:.2f}", "ci")),
     "cpu_speedup": ("CPU-time speedup [95% CI]", _spread("speedup_cpu", "{:.2f}", "ci")),
     "token_ratio": ("token ratio [95% CI]", _spread("token_ratio", "{:.2f}", "ci")),
@@ -274,12 +275,38 @@ def markdown_table(headers: list[str], rows: Iterable[list[str]]) -> list[str]:
             *("| " + " | ".join(row) + " |" for row in rows)]
 
 
+# The speedups, in the order a table leads with them: the latency model's estimate (counted forwards
+# priced by a profile, which other jobs on the cores do not move), then CPU time, then wall clock.
+SPEEDUP_COLUMNS = ("estimate_speedup", "cpu_speedup", "speedup")
+ESTIMATE_NOTE = ("The estimated speedup is `llm_only`'s `latency_estimate_s` over the row's: the forwards each decode "
+                 "ran, each at its cost in the latency model's profile, which other jobs on the cores do not change "
+                 "([analysis.md](../../analysis.md)), so the tables lead with it; its interval pairs the problems as the others do.")
+
+
+def table_columns(columns: list[str]) -> list[str]:
+    """The report's columns with its speedups led by the estimated one: where the report lists a
+    speedup, every speedup goes there in the order of SPEEDUP_COLUMNS (a column no run has a value
+    in is dropped later, so a report without a latency model shows no estimate)."""
+    first = next((i for i, c in enumerate(columns) if c in SPEEDUP_COLUMNS), None)
+    if first is None:
+        return list(columns)
+    rest = [c for c in columns if c not in SPEEDUP_COLUMNS]
+    speedups = [c for c in SPEEDUP_COLUMNS if c == "estimate_speedup" or c in columns]
+    before = sum(1 for c in columns[:first] if c not in SPEEDUP_COLUMNS)
+    return [*rest[:before], *speedups, *rest[before:]]
+
+
+def shown_columns(manifest: dict[str, Any], summaries: dict[str, dict[str, Any]], runs: list[str]) -> list[str]:
+    """The columns a table shows: the report's (speedups led by the estimate) that a run has a value in."""
+    return [c for c in table_columns(manifest["columns"])
+            if c in COLUMNS and any(COLUMNS[c][1](summaries[run]) != "-" for run in runs)]
+
+
 def run_table(manifest: dict[str, Any], summaries: dict[str, dict[str, Any]], runs: list[str]) -> list[str]:
     """The runs' rows, in the report's columns, less the columns no run of this table has a value in."""
-    cells = {c: [COLUMNS[c][1](summaries[run]) for run in runs] for c in manifest["columns"] if c in COLUMNS}
-    columns = [c for c, values in cells.items() if any(v != "-" for v in values)]
-    rows = [[manifest["runs"][run]["method"], setting_text(manifest["runs"][run]["params"]), *(cells[c][i] for c in columns)]
-            for i, run in enumerate(runs)]
+    columns = shown_columns(manifest, summaries, runs)
+    rows = [[manifest["runs"][run]["method"], setting_text(manifest["runs"][run]["params"]),
+             *(COLUMNS[c][1](summaries[run]) for c in columns)] for run in runs]
     return markdown_table(["method", "setting", *(COLUMNS[c][0] for c in columns)], rows)
 
 
@@ -327,6 +354,8 @@ def render_page(folder: Path) -> str:
              sittings_note(manifest, folder)]
     for table in manifest["tables"]:
         lines += ["", f"## {table['title']}", "", *run_table(manifest, summaries, table["runs"])]
+    if any("estimate_speedup" in shown_columns(manifest, summaries, t["runs"]) for t in manifest["tables"]):
+        lines += ["", ESTIMATE_NOTE]
     readings = folder / READINGS
     if readings.is_file() and done:
         lines += ["", "## Readings", "", expand_readings(readings.read_text(), summaries, manifest, names).rstrip()]
