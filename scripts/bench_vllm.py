@@ -219,12 +219,13 @@ def step_counts(vllm: ModelPair, methods: list[str], n_problems: int, budget: in
     print(f"\nper generated token, {n_problems} problems x {budget} tokens, greedy (steps: vLLM forwards of both"
           f" models; reads: host reads of tensor values; ms: best of {repeats} passes)")
     print(f"{'decoder':22s} {'tokens':>6s} {'steps/tok':>9s} {'req/tok':>7s} {'retries':>7s} {'reads/tok':>9s} "
-          f"{'log reads':>9s} {'ms/tok':>7s}")
+          f"{'log reads':>9s} {'hash/req':>8s} {'ms/tok':>7s}")
     total = lambda field: sum(getattr(m, field) for m in vllm.models().values())  # noqa: E731
-    rows: list[tuple[str, Callable[[str, list[int]], list[int]], Callable[[], tuple[int, int, int]]]] = [
-        ("LLM.generate (stock)", stock, lambda: (stock_steps[0], 0, 0))]
+    hashed = lambda: sum(m.block_hasher.hashed_blocks for m in vllm.models().values() if m.block_hasher)  # noqa: E731
+    rows: list[tuple[str, Callable[[str, list[int]], list[int]], Callable[[], tuple[int, ...]]]] = [
+        ("LLM.generate (stock)", stock, lambda: (stock_steps[0], 0, 0, 0))]
     rows += [(name, lambda problem, prompt, name=name: decode(vllm, name, problem, prompt, budget).token_ids,
-              lambda: (total("engine_steps"), total("requests"), total("prefix_cache_retries"))) for name in methods]
+              lambda: (total("engine_steps"), total("requests"), total("prefix_cache_retries"), hashed())) for name in methods]
     counted = [count_row(run, counters, items, log_reads) for _, run, counters in rows]
     seconds = [math.inf] * len(rows)
     for _ in range(repeats):  # passes interleaved across the rows, so that load drifts hit all alike
@@ -233,21 +234,21 @@ def step_counts(vllm: ModelPair, methods: list[str], n_problems: int, budget: in
             for item in items:
                 run(*item)
             seconds[i] = min(seconds[i], time.perf_counter() - start)
-    for (label, _, _), (tokens, steps, requests, retries, reads, logs), s in zip(rows, counted, seconds):
+    for (label, _, _), (tokens, steps, requests, retries, blocks, reads, logs), s in zip(rows, counted, seconds):
         print(f"{label:22s} {tokens:6d} {steps / tokens:9.3f} {(requests or len(items)) / tokens:7.3f} "
-              f"{retries:7d} {reads / tokens:9.2f} {logs:9d} {1000 * s / tokens:7.2f}")
+              f"{retries:7d} {reads / tokens:9.2f} {logs:9d} {blocks / (requests or 1):8.2f} {1000 * s / tokens:7.2f}")
     vllm_switch.SwitchState.read_log = read_log
 
 
-def count_row(run: Callable, counters: Callable[[], tuple[int, int, int]], items: list, log_reads: list[int]) -> tuple:
+def count_row(run: Callable, counters: Callable[[], tuple[int, ...]], items: list, log_reads: list[int]) -> tuple:
     """One warm-up decode of the first item, then one counted pass over all: tokens, and the
-    engine steps, requests, prefix-cache retries, host reads and switch-log reads it took."""
+    engine steps, requests, prefix-cache retries, blocks hashed, host reads and switch-log reads it took."""
     run(*items[0])
     before, reads, logs = counters(), HostReads(), log_reads[0]
     with reads:
         tokens = sum(len(run(*item)) for item in items)
-    steps, requests, retries = (after - b for after, b in zip(counters(), before))
-    return tokens, steps, requests, retries, reads.count, log_reads[0] - logs
+    steps, requests, retries, blocks = (after - b for after, b in zip(counters(), before))
+    return tokens, steps, requests, retries, blocks, reads.count, log_reads[0] - logs
 
 
 def main() -> None:

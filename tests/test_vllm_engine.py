@@ -495,3 +495,35 @@ def test_memory_check_sizes_both_pools_for_the_runs_batch_and_length():
     with pytest.raises(ConfigError) as err:
         VLLMModelRunner.check_memory(pair_cfg, {"name": "vllm", "kv_tokens": 4 * longest - 1}, 4, prompt_len, 100)
     assert "\n" not in str(err.value) and f"batch 4 x {longest}" in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["rstitch", "specdec"])
+def test_block_hashing_per_request_follows_new_tokens_not_context(pairs, name):
+    """Each switch or verification is a new vLLM request over the whole context; its blocks are
+    hashed for the prefix cache at admission. The engine's hasher takes over a recent prompt's
+    hashes for the blocks it shares, so a decode hashes each block of each model's context about
+    once (a crop may hash the block it cut again), not once per request; the hashes are vLLM's own."""
+    _, vllm = pairs
+    hashers = [m.block_hasher for m in vllm.models().values()]
+    before = [(h.hashed_blocks, h.reused_blocks) for h in hashers]
+    crops = requests_of(vllm)
+    problem, prompt = problem_prompt(vllm.tokenizer, PROBLEM_SEEDS[0])
+    result = build_method(name).decode(prompt, DecodeContext(vllm, Sampler(), 4 * BUDGET, problem=problem))
+    hashed = sum(h.hashed_blocks - b[0] for h, b in zip(hashers, before))
+    reused = sum(h.reused_blocks - b[1] for h, b in zip(hashers, before))
+    crops = requests_of(vllm) - crops
+    blocks = (len(prompt) + len(result.token_ids)) // 32
+    # A block is hashed again only after a crop cut into it (at most one per request), and
+    # hashing every request's whole context would be hashed + reused: over ten times more.
+    assert hashed <= 2 * blocks + crops and 10 * hashed < hashed + reused
+    # Taken-over hashes are vLLM's own. (Its chain starts from a random value that each new
+    # engine draws again, process-wide, so the history is cleared to compare within one draw.)
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    hasher, tokens = hashers[0], prompt + result.token_ids
+    request = lambda tokens: Request("t", tokens, SamplingParams(max_tokens=1), None)  # noqa: E731
+    hasher.history.clear()
+    hasher(request(tokens[:-40]))
+    reused = hasher.reused_blocks
+    assert hasher(request(tokens)) == hasher.compute(request(tokens)) and hasher.reused_blocks > reused

@@ -430,6 +430,7 @@ class VLLMModelRunner(ModelRunner):
         self.max_model_len = vllm_config.model_config.max_model_len
         self.engine_steps = 0
         self._count_engine_steps()
+        self.block_hasher = ReusingBlockHasher.install(self.llm)
         self.identity = vllm_identity(self.name, vllm_config, dtype)
 
     def new_sequence(self, prompt_ids: Seq[int], want_hidden: bool = False) -> VLLMSequence:
@@ -618,6 +619,68 @@ def cached_tokens(llm: Any, token_ids: list[int]) -> int:
     probe = Request("rstitch-prefix-probe", token_ids, SamplingParams(max_tokens=1), None,
                     block_hasher=core.request_block_hasher)
     return core.scheduler.kv_cache_manager.get_computed_blocks(probe)[1]
+
+
+class ReusingBlockHasher:
+    """The engine core's prefix-cache block hasher, reusing the hashes of a recent request whose
+    prompt shares full blocks with a new one. Every switch and scoring forward is a new vLLM
+    request whose prompt is the sequence's whole context, and vLLM hashes each full block of it
+    at admission (kv_cache_utils.get_request_block_hasher, a hash chained over the prefix); with
+    this only the blocks past the shared prefix are hashed, so hashing per request follows the
+    tokens added since the sequence's last request, not its context. `hashed_blocks` counts the
+    blocks hashed, `reused_blocks` those taken over."""
+
+    def __init__(self, compute: Callable[[Any], list[Any]], block_size: int, recent: int = 64):
+        self.compute, self.block_size, self.recent = compute, block_size, recent
+        self.history: dict[int, tuple[list[int], list[Any]]] = {}  # insertion-ordered: oldest first
+        self.hashed_blocks = self.reused_blocks = self._serial = 0
+
+    @classmethod
+    def install(cls, llm: Any) -> ReusingBlockHasher | None:
+        """Wraps `llm`'s hasher (engine core in this process, prefix caching on), else None."""
+        core: Any = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
+        if getattr(core, "request_block_hasher", None) is None:
+            return None
+        hasher = cls(core.request_block_hasher, core.scheduler.hash_block_size)
+        core.request_block_hasher = hasher
+        return hasher
+
+    def __call__(self, request: Any) -> list[Any]:
+        plain = not request.block_hashes and not (request.mm_features or request.lora_request or request.cache_salt)
+        seed = self._shared(request.prompt_token_ids) if plain else []
+        if seed:  # the original continues from the blocks it finds on the request
+            empty, request.block_hashes = request.block_hashes, seed
+            try:
+                new = self.compute(request)
+            finally:  # the list the caller extends with what this returns
+                request.block_hashes = empty
+            hashes = seed + new
+        else:
+            hashes = new = self.compute(request)
+        self.hashed_blocks += len(new)
+        self.reused_blocks += len(seed)
+        if plain and hashes:
+            self._serial += 1
+            self.history[self._serial] = (list(request.prompt_token_ids), hashes)
+            if len(self.history) > self.recent:
+                del self.history[next(iter(self.history))]
+        return hashes
+
+    def _shared(self, tokens: list[int]) -> list[Any]:
+        """The longest run of full-block hashes a recent prompt shares with `tokens` (newest first)."""
+        best: list[Any] = []
+        for previous, hashes in reversed(self.history.values()):
+            low, high = len(best), min(len(hashes), len(tokens) // self.block_size)
+            while low < high:  # the most leading blocks that agree (slices compare in C)
+                middle = (low + high + 1) // 2
+                end = middle * self.block_size
+                if previous[:end] == tokens[:end]:
+                    low = middle
+                else:
+                    high = middle - 1
+            if low > len(best):
+                best = hashes[:low]
+        return best
 
 
 def count_engine_steps(llm: Any, on_step: Callable[[], None]) -> bool:
