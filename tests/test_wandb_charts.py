@@ -6,6 +6,7 @@ import json
 
 import pandas as pd
 import pytest
+import test_uncertainty as hand
 
 from rstitch.logging.wandb_charts import accuracy_latency_error_bars, interval_segments
 
@@ -63,3 +64,39 @@ def test_the_sweep_summary_logs_the_error_bar_chart_of_its_points(analysis_sweep
     strokes = {row[0] for row in table["data"]}
     assert len(table["data"]) == 4 * len(run_dirs) and len(strokes) == 2 * len(run_dirs)
     assert all(0.0 <= row[2] <= 1.0 and row[1] > 0 for row in table["data"])
+
+
+def test_a_run_logs_its_three_speedups_as_its_pareto_point_estimate_first():
+    from rstitch.logging import PARETO_KEYS, wandb_summary
+
+    summary = {"method": "rstitch", "latency_estimate_s": 0.4, "speedup": 2.0, "speedup_cpu": 2.2, "speedup_estimate": 2.5,
+               "speedup_estimate_ci": [2.3, 2.7], "accuracy": 0.9}
+    logged = list(wandb_summary(summary))
+    assert logged[:4] == ["accuracy", "speedup_estimate", "speedup_cpu", "speedup"]
+    assert {"speedup_estimate_ci_low", "speedup_estimate_ci_high"} <= set(logged)
+    assert PARETO_KEYS.index("speedup_estimate") < PARETO_KEYS.index("speedup_cpu") < PARETO_KEYS.index("speedup")
+
+
+def test_the_sweep_table_carries_each_speedups_interval(tmp_path):
+    """An offline W&B sweep summary over two hand-written CPU runs: the points table holds the
+    CPU-time and estimated speedups with their paired intervals, as it holds the wall one's."""
+    from rstitch.logging import WandbLogger
+    from rstitch.logging.sweep import log_sweep_summary
+    from rstitch.results.summary import summarize_run
+
+    def sample(i: int, latency: float, tokens: int) -> dict:
+        return {**hand._sample(i, i % 2 == 0, latency, tokens), "latency_estimate_s": latency * 0.8,
+                "measurement": {"device": "cpu", "cpu_s": latency * 0.9}}
+
+    runs = {"llm_only": [sample(i, 1.0 + 0.1 * i, 100) for i in range(6)],
+            "rstitch": [sample(i, 0.4 + 0.03 * i, 60) for i in range(6)]}
+    for name, samples in runs.items():
+        method = hand._method(name, "target" if name == "llm_only" else None)
+        hand._write_run(tmp_path, name, summarize_run(hand._config(name), method, samples, tmp_path), samples)
+    logger = WandbLogger(project="charts", mode="offline", dir=str(tmp_path / "wb"))
+    assert log_sweep_summary([tmp_path / name for name in runs], logger, "sweep") is not None
+    [table_file] = (tmp_path / "wb").glob("wandb/offline-run-*/files/media/table/sweep/points_*.table.json")
+    table = json.loads(table_file.read_text())
+    stitch = next(dict(zip(table["columns"], row)) for row in table["data"] if row[table["columns"].index("method")] == "rstitch")
+    for name in ("speedup", "speedup_cpu", "speedup_estimate"):
+        assert stitch[f"{name}_ci_low"] <= stitch[name] <= stitch[f"{name}_ci_high"], name

@@ -35,7 +35,8 @@ from rstitch.results.store import SUMMARY_FILE
 
 POINT_COLUMNS = ("group", "method", "setting", "accuracy", "accuracy_se", "accuracy_ci_low", "accuracy_ci_high",
                  "accuracy_diff", "accuracy_diff_se", "accuracy_diff_p", "latency_s", "latency_ci_low", "latency_ci_high",
-                 "latency_estimate_s", "speedup", "speedup_ci_low", "speedup_ci_high", "speedup_cpu", "speedup_estimate",
+                 "latency_estimate_s", "speedup", "speedup_ci_low", "speedup_ci_high", "speedup_cpu", "speedup_cpu_ci_low",
+                 "speedup_cpu_ci_high", "speedup_estimate", "speedup_estimate_ci_low", "speedup_estimate_ci_high",
                  "token_ratio", "token_ratio_ci_low",
                  "token_ratio_ci_high", "per_token_latency_ratio", "per_token_latency_ratio_ci_low",
                  "per_token_latency_ratio_ci_high", "tokens", "tokens_slm", "tokens_llm", "llm_token_share", "acceptance",
