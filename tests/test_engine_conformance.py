@@ -91,7 +91,7 @@ def fresh_logits(runner, ids: list[int]) -> torch.Tensor:
 def distance(entry: EngineEntry, a: torch.Tensor, b: torch.Tensor) -> float:
     """How far logits `b` are from `a`: the largest difference, or KL(a || b) for a `max_kl` entry."""
     if entry.max_kl is None:
-        return float((a - b).abs().max())
+        return float((torch.log_softmax(a, -1) - torch.log_softmax(b, -1)).abs().max())
     log_a, log_b = torch.log_softmax(a.double(), -1), torch.log_softmax(b.double(), -1)
     return float((log_a.exp() * (log_a - log_b)).sum())
 
@@ -101,8 +101,10 @@ def bound(entry: EngineEntry) -> float:
 
 
 def close(a: torch.Tensor, b: torch.Tensor, entry: EngineEntry) -> None:
+    """Logits are a distribution's up to an additive constant (vLLM's verification rows come as
+    log-probabilities, its next-token rows as raw logits), so they are compared as log-probabilities."""
     if entry.max_kl is None:
-        torch.testing.assert_close(a, b, rtol=0, atol=entry.atol)
+        torch.testing.assert_close(torch.log_softmax(a, -1), torch.log_softmax(b, -1), rtol=0, atol=entry.atol)
     else:
         assert distance(entry, a, b) <= entry.max_kl, f"KL {distance(entry, a, b):.2e} over {entry.max_kl}"
 

@@ -182,7 +182,10 @@ def test_sampled_keep_rule_draws_from_the_tempered_top_p_distribution():
 @pytest.mark.parametrize("setting, expected", [("1", "SwitchProcessorV2"), ("0", "SwitchProcessor"), (None, None)])
 def test_the_engine_registers_the_processor_of_the_runner_vllm_picks(monkeypatch, setting, expected):
     """vLLM's choice: the environment's, else V2 wherever Triton has a backend (not on a CPU)."""
+    from vllm import envs
     from vllm.triton_utils import HAS_TRITON
+
+    envs.disable_envs_cache()  # an engine started earlier in this process froze the environment it read
 
     from rstitch.engines.vllm import _switch_processor, _v2_runner_expected
 

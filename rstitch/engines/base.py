@@ -151,7 +151,7 @@ def live_counters() -> list[CostCounter]:
 class TokenDistribution:
     """The next-token distribution at one position (logits over the shared tokenizer vocabulary)."""
 
-    logits: torch.Tensor  # [V] float32
+    logits: torch.Tensor  # [V] float32, up to an additive constant (an engine may give log-probabilities)
     hidden: torch.Tensor | None = None  # last hidden state [H], when the sequence asked for it
 
     @cached_property
