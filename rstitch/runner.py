@@ -355,9 +355,7 @@ def prepare_shapes(pair: ModelPair, batch_size: int, fitted: list[tuple[list[int
     (the HF engine's CUDA graphs) captures every shape the run's samples (prompt, budget) can use."""
     lengths = [(len(ids), len(ids) + budget) for ids, budget in fitted]
     for model in pair.models().values():
-        prepare = getattr(model, "prepare_shapes", None)
-        if prepare is not None:
-            prepare(batch_size, min(n for n, _ in lengths), max(n for _, n in lengths))
+        model.prepare_shapes(batch_size, min(n for n, _ in lengths), max(n for _, n in lengths))
 
 
 def count(name: str, value: Any) -> int:

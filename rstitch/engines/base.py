@@ -487,6 +487,10 @@ class ModelRunner(ABC):
         forward whose rows equal these up to floating-point rounding."""
         return [r.seq._forward(r.new_ids, r.keep) for r in requests]
 
+    def prepare_shapes(self, batch_size: int, shortest: int, longest: int) -> None:  # noqa: B027 (optional hook)
+        """Before a run's first timed sample, with sequences of `shortest` to `longest` positions at
+        `batch_size`: a backend that prepares a step per shape (CUDA graphs) does it here; else nothing."""
+
     def elapsed_since(self, start: float) -> float:
         """Wall time since `start`; GPU backends synchronize first."""
         return time.perf_counter() - start
