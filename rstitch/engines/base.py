@@ -30,6 +30,7 @@ import torch
 from rstitch.engines.sampling import Sampler
 from rstitch.errors import ConfigError
 
+from rstitch.hub import check_hub_model as check_hub_model  # re-exported: engines/__init__ names it
 # The one table of floating-point weight types every engine, PRM and router accepts.
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -402,29 +403,6 @@ def resolve_model_path(path: str, kind: str = "hf") -> str:
     if looks_like_path(path):
         raise ConfigError(f"model path not found: {path}")
     return path
-
-
-OFFLINE_HINT = "pass a local model directory, or with no network set HF_HUB_OFFLINE=1 to use models already in the hub cache"
-
-
-def check_hub_model(repo_id: str, revision: str | None = None) -> None:
-    """One line, before any download starts, when a hub model can be neither found in the cache
-    nor reached (instead of retries and dozens of warning lines)."""
-    import huggingface_hub
-    from huggingface_hub import constants
-    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
-
-    if isinstance(huggingface_hub.try_to_load_from_cache(repo_id, "config.json", revision=revision), str):
-        return
-    if constants.HF_HUB_OFFLINE:
-        raise ConfigError(f"model '{repo_id}' is not a local directory and not in the hub cache (HF_HUB_OFFLINE is set); "
-                          "pass a local model directory, or run once with network to cache it")
-    try:
-        huggingface_hub.model_info(repo_id, revision=revision, timeout=10)
-    except (RepositoryNotFoundError, RevisionNotFoundError):
-        raise ConfigError(f"model '{repo_id}' is not a local directory and not on the hub (at revision {revision or 'main'})") from None
-    except Exception as err:  # noqa: BLE001 - no network, proxy, DNS: all the same to the user
-        raise ConfigError(f"cannot reach the Hugging Face hub for model '{repo_id}' ({type(err).__name__}); {OFFLINE_HINT}") from None
 
 
 def warn_remote_code(path: str) -> None:
