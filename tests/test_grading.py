@@ -421,10 +421,11 @@ def test_forked_child_uses_its_own_workers():
 
 
 def test_gold_solutions_grade_as_right():
+    from rstitch.data.export import export_file_name
     from rstitch.data.gold_check import CASES, check_all, report
 
-    for file_name, _ in CASES.values():
-        benchmark_file(file_name)
+    for name in CASES:
+        benchmark_file(export_file_name(name))
     results = {r.dataset: r for r in check_all(SHARED_BENCHMARKS)}
     assert {name: r.total for name, r in results.items()} == {
         "math500": 500, "gsm8k": 1319, "minerva": 272, "aime24": 30, "amc23": 40,

@@ -1,4 +1,5 @@
-"""Benchmark datasets normalized to ``Record`` (see ``rstitch.data.datasets``)."""
+"""Benchmark datasets normalized to ``Record``: conf/dataset/<name>.yaml says what each one is,
+``rstitch.data.datasets`` reads it, ``rstitch.data.normalizers`` turns its rows into records."""
 from rstitch.data.datasets import (
     DATASETS,
     DatasetSpec,

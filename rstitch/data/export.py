@@ -9,7 +9,7 @@ import json
 import os
 from pathlib import Path
 
-from rstitch.data.datasets import _read_hub_rows, get_dataset_spec, load_dataset_records
+from rstitch.data.datasets import get_dataset_spec, load_dataset_records, read_hub_rows
 from rstitch.errors import ConfigError
 
 # The benchmarks the tests read (tests/conftest.py, benchmark_file) and their file names there.
@@ -29,7 +29,7 @@ def export_dataset(name: str, out_dir: str | os.PathLike) -> dict[str, object]:
     spec = get_dataset_spec(name)
     if spec.hf_id is None:
         raise ConfigError(f"dataset '{spec.name}' is not read from the hub (it is generated or installed); nothing to export")
-    rows = _read_hub_rows(spec, spec.revision)
+    rows = read_hub_rows(spec, spec.revision)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / export_file_name(spec.name)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rstitch.data.datasets import Record, load_dataset_records
+from rstitch.data.export import export_file_name
 from rstitch.grading import extract_answer, is_equivalent
 
 
@@ -16,13 +17,13 @@ def _gsm8k_text(record: Record) -> str:
     return record.metadata["solution"].replace("####", "The final answer is")
 
 
-# dataset name -> (file in the benchmarks folder, the gold "response" to grade)
-CASES: dict[str, tuple[str, Callable[[Record], str]]] = {
-    "math500": ("math500.jsonl", lambda r: r.metadata["solution"]),
-    "gsm8k": ("gsm8k.jsonl", _gsm8k_text),
-    "minerva": ("minerva_math.jsonl", lambda r: r.metadata["solution"]),
-    "aime24": ("aime24.jsonl", lambda r: r.metadata["solution"]),
-    "amc23": ("amc23.jsonl", lambda r: f"\\boxed{{{r.answer}}}"),  # no solutions in this file
+# dataset name -> the gold "response" to grade (its file in the benchmarks folder: export_file_name)
+CASES: dict[str, Callable[[Record], str]] = {
+    "math500": lambda r: r.metadata["solution"],
+    "gsm8k": _gsm8k_text,
+    "minerva": lambda r: r.metadata["solution"],
+    "aime24": lambda r: r.metadata["solution"],
+    "amc23": lambda r: f"\\boxed{{{r.answer}}}",  # no solutions in this file
 }
 
 
@@ -49,10 +50,10 @@ class GoldCheck:
 
 def check_dataset(name: str, benchmarks: Path, timeout_s: float = 5.0, fast_path: bool = True) -> GoldCheck:
     """Grade (as ``rstitch.grading.grade`` does) each gold solution of ``name`` against its answer."""
-    file_name, gold_response = CASES[name]
+    gold_response = CASES[name]
     result = GoldCheck(name)
     start = time.perf_counter()
-    for record in load_dataset_records(name, path=str(benchmarks / file_name)):
+    for record in load_dataset_records(name, path=str(benchmarks / export_file_name(name))):
         extracted = extract_answer(gold_response(record))
         result.total += 1
         if extracted is None:

