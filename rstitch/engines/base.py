@@ -29,8 +29,8 @@ import torch
 
 from rstitch.engines.sampling import Sampler
 from rstitch.errors import ConfigError
-
 from rstitch.hub import check_hub_model as check_hub_model  # re-exported: engines/__init__ names it
+
 # The one table of floating-point weight types every engine, PRM and router accepts.
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
