@@ -24,10 +24,13 @@ OmegaConf.register_new_resolver("testbed_asset", _testbed_asset, replace=True)
 
 def _judge_engine(engine: str) -> str:
     """The engine a stand-in judge (`prm=llm_judge`, the pair's LLM) runs on: the run's own, so that it
-    scores with the weights and kernels the run decodes with and is billed at their speed; vLLM's
-    default logprobs are not the full vocabulary the judge reads, so there it is hf (set
-    `prm.engine=vllm` with `engine.logprobs=full` to keep it on vLLM)."""
-    return "hf" if engine == "vllm" else engine
+    scores with the weights and kernels the run decodes with and is billed at their speed, when that
+    engine always gives the full-vocabulary distributions the judge reads; else the first that does
+    (engines.judge_engine). Setting `prm.engine` to the run's engine keeps it there (vLLM with
+    `engine.logprobs=full`)."""
+    from rstitch.engines import judge_engine  # the engine classes (torch): only when a judge's config resolves
+
+    return judge_engine(engine)
 
 
 OmegaConf.register_new_resolver("judge_engine", _judge_engine, replace=True)

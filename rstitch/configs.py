@@ -3,7 +3,6 @@ install), or `rstitch/conf/` inside an installed wheel, where setup.py ships the
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -26,15 +25,3 @@ def override_key(override: str) -> str:
     `+x=1`, `~x` or `++x=1`."""
     return override.lstrip("+~").split("=", 1)[0]
 
-
-def compiled_path(compile_setting: Any, device: Any) -> str:
-    """The HF engine's decode path that `engine.compile` selects on `device` (docs/gpu.md): auto is
-    graphs on CUDA and the eager path ("off") elsewhere. Torch-free, so the run key
-    (results/keys.py) and the engine (engines/hf_static.py) read the one rule."""
-    if compile_setting is True:
-        return "graphs"
-    if compile_setting in (False, None, "off"):
-        return "off"
-    if compile_setting == "auto":
-        return "graphs" if str(device).startswith("cuda") else "off"
-    return str(compile_setting)

@@ -14,7 +14,7 @@ from tqdm import tqdm
 from rstitch.data import load_dataset_records
 from rstitch.data.context import ContextCheck
 from rstitch.data.prompts import PromptFormat
-from rstitch.engines import ENGINES, ModelPair, Sampler, check_engine_installed, require
+from rstitch.engines import ModelPair, Sampler, check_engine_installed, engine_class, require
 from rstitch.engines.batching import BatchScheduler
 from rstitch.engines.cache import clear_pairs, get_pair, is_loaded
 from rstitch.errors import ConfigError
@@ -26,7 +26,7 @@ from rstitch.metrics.latency_model import load_pair_latency
 from rstitch.results import SampleStore
 from rstitch.results.baseline import baseline_config, wants_baseline_run
 from rstitch.results.keys import comparison_dir, comparison_run_dir, run_key, run_name
-from rstitch.results.measurement import available_cpus, default_threads, sample_measurement, summarize_measurement
+from rstitch.results.measurement import available_cpus, sample_measurement, summarize_measurement
 from rstitch.results.summary import summarize_run
 
 WARMUP_TOKENS = 16
@@ -46,17 +46,6 @@ def check_engine_gives(method: Method, pair: ModelPair) -> None:
             require(model, "hidden_states", f"method '{method.name}' (it reads the models' last hidden states)")
 
 
-def check_device(pair_cfg: dict[str, Any], engine: str) -> None:
-    """A CUDA pair on a torch without CUDA: one line naming the setting, before any model loads."""
-    import torch
-
-    device = str(pair_cfg.get("device", "cpu"))
-    if engine == "hf" and device.startswith("cuda") and not torch.cuda.is_available():
-        reason = "this torch is a CPU-only build" if torch.version.cuda is None else "no CUDA device is visible"
-        raise ConfigError(f"pair '{pair_cfg.get('name')}' runs on device '{device}', but {reason}; "
-                          "set pair.device=cpu (with pair.dtype=float32 on a CPU) or install a CUDA build of torch")
-
-
 def check_engine_memory(cfg: dict[str, Any], records: list, prompt: PromptFormat, max_new_tokens: int,
                         batch_size: int) -> None:
     """The engine's memory check before any model loads (its runner's `check_memory`, where it has
@@ -65,12 +54,12 @@ def check_engine_memory(cfg: dict[str, Any], records: list, prompt: PromptFormat
     loaded (a sweep's earlier job) was checked when it loaded; another one is dropped first, as
     loading this one would."""
     engine = cfg["engine"]["name"]
-    check_device(cfg["pair"], engine)
+    engine_class(engine).check_device(cfg["pair"])
     check_engine_installed(engine)
     if is_loaded(cfg["pair"], cfg["engine"]):
         return
     clear_pairs()
-    check = getattr(ENGINES.get_entry(engine), "check_memory", None)
+    check = getattr(engine_class(engine), "check_memory", None)
     if check is not None:
         def longest_prompt(tokenizer: Any) -> int:
             return max(len(prompt.encode(tokenizer, r.problem)) for r in records)
@@ -79,18 +68,19 @@ def check_engine_memory(cfg: dict[str, Any], records: list, prompt: PromptFormat
 
 
 def apply_default_threads(engine_cfg: dict[str, Any], pair: ModelPair) -> None:
-    """The HF engine left at `num_threads: null` gets threads that do not oversubscribe the CPUs
-    (results/measurement.py: one for small models and on a GPU)."""
+    """The torch threads the engine's class sets for its options (`default_threads`: the HF engine
+    left at `num_threads: null` gets threads that do not oversubscribe the CPUs)."""
     import torch
 
-    if engine_cfg.get("name") == "hf" and engine_cfg.get("num_threads") is None:
-        largest = max(m.num_parameters for m in pair.models().values())
-        torch.set_num_threads(default_threads(pair_device(pair), largest, available_cpus(), torch.get_num_threads()))
+    largest = max(m.num_parameters for m in pair.models().values())
+    threads = engine_class(engine_cfg["name"]).default_threads(engine_cfg, pair_device(pair), largest, available_cpus())
+    if threads is not None:
+        torch.set_num_threads(threads)
 
 
 def load_run_pair(cfg: dict[str, Any]) -> ModelPair:
     """The run's pair (cached across a sweep's jobs), on a device torch has, with its default threads."""
-    check_device(cfg["pair"], cfg["engine"]["name"])
+    engine_class(cfg["engine"]["name"]).check_device(cfg["pair"])
     pair = get_pair(cfg["pair"], cfg["engine"])
     apply_default_threads(cfg["engine"], pair)
     return pair

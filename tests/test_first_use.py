@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from rstitch.engines.base import default_torch_threads as default_threads
 from rstitch.errors import ConfigError
 from rstitch.results import measurement
-from rstitch.results.measurement import contention, contention_notes, default_threads, summarize_measurement
+from rstitch.results.measurement import contention, contention_notes, summarize_measurement
 
 from conftest import REPO
 

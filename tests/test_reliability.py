@@ -109,7 +109,7 @@ def test_decoding_parameters_are_finite_and_in_range(options, needle):
 def test_missing_engine_backend_is_one_line_before_any_model_loads(tiny_pair, monkeypatch):
     from rstitch import engines
 
-    monkeypatch.setitem(engines.OPTIONAL_BACKENDS, "vllm", ("no_such_backend_pkg", "pip install -e '.[vllm]'"))
+    monkeypatch.setattr(engines.engine_class("vllm"), "backend", ("no_such_backend_pkg", "pip install -e '.[vllm]'"))
     with pytest.raises(ConfigError, match="engine 'vllm' needs the 'no_such_backend_pkg' package, which is not installed"):
         engines.load_pair({"path": tiny_pair["slm"]}, {"path": tiny_pair["llm"]}, engine="vllm")
 

@@ -1,12 +1,15 @@
 """Engines: how a model is run. Methods see only `ModelRunner` / `Sequence` (engines/base.py)."""
 from __future__ import annotations
 
-import importlib
-import importlib.util
+import functools
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from rstitch.configs import CONF_DIR
 from rstitch.engines import packaged
 from rstitch.engines.base import (
     Capabilities,
@@ -25,22 +28,65 @@ from rstitch.engines.sampling import Sampler
 from rstitch.errors import ConfigError
 from rstitch.registry import Registry
 
-# name -> "module:Class" in the package's one registry (rstitch/registry.py), imported lazily so an
+# One engine per config: conf/engine/<name>.yaml names the module rstitch/engines/<name>.py, whose
+# `RUNNER` is the engine's class (docs/adding-an-engine.md). Imported lazily, at first use, so an
 # engine's heavy dependencies load only when used.
 ENGINES: Registry[type[ModelRunner]] = Registry("engine")
-ENGINES.register("hf", "rstitch.engines.hf:HFModelRunner")
-ENGINES.register("vllm", "rstitch.engines.vllm:VLLMModelRunner")
-ENGINES.register("llamacpp", "rstitch.engines.llamacpp:LlamaCppModelRunner")
+for _config in sorted((CONF_DIR / "engine").glob("*.yaml")):
+    ENGINES.register(_config.stem, f"rstitch.engines.{_config.stem}:RUNNER")
 ROLES = ("slm", "llm")
-# Engines whose backend is an optional dependency: the package to import and how to install it.
-OPTIONAL_BACKENDS = {"vllm": ("vllm", "pip install -e '.[vllm]' (docs/vllm.md)")}
+
+
+def engine_class(engine: str | None) -> type[ModelRunner]:
+    """The registered class of `engine` (None: the default engine), to ask what it declares before
+    any model loads; an unknown engine is one error line listing the valid ones."""
+    return ENGINES.get_entry(engine or default_engine())
+
+
+@functools.cache
+def default_engine() -> str:
+    """The engine a run uses when none is chosen: the one conf/config.yaml's defaults list selects."""
+    config = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"))
+    assert isinstance(config, dict), "conf/config.yaml is a mapping"
+    return next(str(entry["engine"]) for entry in config["defaults"] if isinstance(entry, Mapping) and "engine" in entry)
+
+
+def engines_with(declaration: str) -> list[str]:
+    """The engines (default first, then by name) whose class declares `declaration` true: a
+    `Capabilities` field (`exact_distributions`) or a class flag (`checkpoint_heads`)."""
+    def declares(name: str) -> bool:
+        runner = engine_class(name)
+        return bool(getattr(runner.capabilities, declaration, None) or getattr(runner, declaration, False))
+
+    first = default_engine()
+    return [name for name in [first, *sorted(set(ENGINES) - {first})] if declares(name)]
+
+
+def require_engine(engine: str | None, declaration: str, user: str) -> None:
+    """One line when `engine`'s class (None: the default's) does not declare `declaration`
+    (engines_with), naming those that do."""
+    able, engine = engines_with(declaration), engine or default_engine()
+    if engine not in able:
+        raise ConfigError(f"{user}, which only engine {' or '.join(repr(a) for a in able)} loads; got engine '{engine}'")
+
+
+def unnamed_profiles_engine() -> str:
+    """The engine whose latency profiles carry no engine in their file name (saved before engines were named)."""
+    return engines_with("unnamed_profiles")[0]
+
+
+def judge_engine(engine: str) -> str:
+    """The engine a judge scoring with the run's model runs on: the run's own when its class has
+    exact full-vocabulary distributions (the judge reads any token's probability), else the first
+    engine that has them."""
+    if engine_class(engine).capabilities.exact_distributions:
+        return engine
+    return engines_with("exact_distributions")[0]
 
 
 def check_engine_installed(engine: str) -> None:
     """One line before any model loads, instead of an ImportError halfway through."""
-    package, install = OPTIONAL_BACKENDS.get(engine, (None, None))
-    if package is not None and importlib.util.find_spec(package) is None:
-        raise ConfigError(f"engine '{engine}' needs the '{package}' package, which is not installed: {install}")
+    engine_class(engine).check_installed(engine)
 
 
 def load_model(engine: str, path: str, **options: Any) -> ModelRunner:
@@ -49,15 +95,13 @@ def load_model(engine: str, path: str, **options: Any) -> ModelRunner:
     return runner
 
 
-def load_scoring_model(engine: str, path: str, user: str, needs: tuple[str, ...] = (), **options: Any) -> ModelRunner:
+def load_scoring_model(engine: str | None, path: str, user: str, needs: tuple[str, ...] = (), **options: Any) -> ModelRunner:
     """One model outside a pair (a PRM, a judge, a router), loaded by `engine` after the same
-    path checks as a pair's models; `needs` are the capabilities `user` reads, checked once here.
-    On the HF engine a model that is not a causal LM keeping a KV cache (a bare backbone with a
-    value head, a classifier, remote code without cache objects) runs the eager path whatever
-    `compile` says: the static decoder (engines/hf_static.py) serves causal LMs with a cache only."""
+    path checks and with the engine's own options for a scorer (`scoring_options`); `needs` are the
+    capabilities `user` reads, checked once here. No `engine`: the run config's default."""
+    engine = engine or default_engine()
     check_engine_installed(engine)
-    if engine == "hf" and not _causal_lm_with_cache(options):
-        options["compile"] = "off"
+    options = engine_class(engine).scoring_options(options)
     runner = load_model(engine, **{**options, **_resolved({"path": path})})
     # Its forwards stay out of the scheduler's batches: a batched run's latency estimate is the pair's
     # fitted forwards plus each sample's own time, and a scorer's forwards are part of that own time.
@@ -65,12 +109,6 @@ def load_scoring_model(engine: str, path: str, user: str, needs: tuple[str, ...]
     for capability in needs:
         require(runner, capability, user)
     return runner
-
-
-def _causal_lm_with_cache(hf_options: dict[str, Any]) -> bool:
-    from rstitch.engines.hf import CAUSAL_LM  # the HF engine loads next anyway
-
-    return hf_options.get("auto_class", CAUSAL_LM) == CAUSAL_LM and hf_options.get("use_cache", True) is not False
 
 
 @dataclass
@@ -131,6 +169,7 @@ def check_same_tokenizer(a: ModelRunner, b: ModelRunner) -> None:
 
 __all__ = [
     "ENGINES", "Capabilities", "CostCounter", "EngineIdentity", "Generation", "ModelPair", "ModelRunner", "Sampler",
-    "Sequence", "SwitchRule", "TokenDistribution", "check_same_tokenizer", "load_model", "load_pair",
-    "load_scoring_model", "require",
+    "Sequence", "SwitchRule", "TokenDistribution", "check_engine_installed", "check_same_tokenizer", "default_engine",
+    "engine_class", "engines_with", "judge_engine", "load_model", "load_pair", "load_scoring_model", "require",
+    "require_engine", "unnamed_profiles_engine",
 ]

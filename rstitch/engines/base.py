@@ -13,13 +13,14 @@ check of a capability, a one-line `ConfigError` naming the engines that have it.
 """
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import os
 import time
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -42,6 +43,20 @@ def torch_dtype(dtype: str, owner: str = "") -> torch.dtype:
         raise ConfigError(f"unknown {what} '{dtype}'; valid: {', '.join(DTYPES)}")
     return DTYPES[dtype]
 
+
+# A pair whose larger model is this small decodes at batch 1 fastest on one thread: the matmuls are
+# too small to share, and every extra thread contends with the rest of the machine (the testbed,
+# 1.8M parameters, measured fastest on one thread).
+SMALL_MODEL_PARAMETERS = 100_000_000
+
+
+def default_torch_threads(device: str, largest_model_parameters: int, cpus: int, torch_default: int) -> int:
+    """Compute threads for a torch engine left at `num_threads: null`: one on a GPU (the CPU only
+    launches kernels) and for small models on a CPU; otherwise torch's default, capped at the CPUs
+    this process may use."""
+    if not device.startswith("cpu") or largest_model_parameters < SMALL_MODEL_PARAMETERS:
+        return 1
+    return max(1, min(torch_default, cpus))
 
 @dataclass(frozen=True)
 class EngineIdentity:
@@ -426,9 +441,44 @@ class ModelRunner(ABC):
     # False: forwards run at once inside the sample's own time even in a batched run (a scorer's,
     # which the batch-1 latency estimate counts as the sample's own work: engines.load_scoring_model).
     joins_batches: bool = True
+    # What the engine is before any model loads, asked of the registered class (engines.engine_class)
+    # by the runner, the run key, the judge's config and the latency profiles; no caller names an engine.
+    backend: ClassVar[tuple[str, str] | None] = None  # an optional backend: (package to import, how to install it)
+    checkpoint_heads: ClassVar[bool] = False  # loads a checkpoint's own head (`auto_class`, remote code): PRMs, routers
+    unnamed_profiles: ClassVar[bool] = False  # latency profiles saved before engines were named are this engine's
 
     def __init__(self) -> None:
         self.cost = CostCounter()
+
+    @classmethod
+    def check_installed(cls, engine: str) -> None:
+        """One line before any model loads, instead of an ImportError halfway through."""
+        if cls.backend is not None and importlib.util.find_spec(cls.backend[0]) is None:
+            package, install = cls.backend
+            raise ConfigError(f"engine '{engine}' needs the '{package}' package, which is not installed: {install}")
+
+    @classmethod  # noqa: B027 (an optional hook)
+    def check_device(cls, pair_cfg: Mapping[str, Any]) -> None:
+        """One line, before any model loads, when the pair's device cannot run here (default: the
+        engine checks its device as it loads)."""
+
+    @classmethod
+    def default_threads(cls, options: Mapping[str, Any], device: str, largest_model_parameters: int,
+                        cpus: int) -> int | None:
+        """The torch threads a run sets for this engine once its pair is loaded (`cpus`: those this
+        process may use), or None to leave them (default: the engine sizes its own threads)."""
+        return None
+
+    @classmethod
+    def scoring_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """The options a model outside the pair (a PRM, a judge, a router) loads with (default: as given)."""
+        return options
+
+    @classmethod
+    def decode_path_key(cls, options: Mapping[str, Any], device: str) -> str | None:
+        """The decode path a run key records beside the engine's options when `options` select
+        another path than the eager one on `device` (results/keys.py), or None."""
+        return None
 
     @property
     def gives_hidden_states(self) -> bool:

@@ -9,7 +9,7 @@ import os
 import sys
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Any, cast
 
@@ -22,11 +22,12 @@ from rstitch.engines.base import (
     ForwardRequest,
     ModelRunner,
     Sequence,
+    default_torch_threads,
     resolve_model_path,
     torch_dtype,
     warn_remote_code,
 )
-from rstitch.engines.hf_forward import cache_kwargs, kv_shape, width_groups  # noqa: F401 (cache_kwargs: engines.hf.cache_kwargs is the documented name)
+from rstitch.engines.hf_forward import cache_kwargs, compiled_path, kv_shape, width_groups  # noqa: F401 (cache_kwargs: engines.hf.cache_kwargs is the documented name)
 from rstitch.engines.hf_static import StaticDecoder, StaticSequence, check_static_memory, resolve_mode
 from rstitch.engines.loading import (
     eos_token_ids,
@@ -98,6 +99,42 @@ class HFSequence(Sequence):
 
 
 class HFModelRunner(ModelRunner):
+    checkpoint_heads = True  # `auto_class` and remote code: a PRM's value head, a router's classifier
+    unnamed_profiles = True  # the one engine before engines were named
+
+    @classmethod
+    def check_device(cls, pair_cfg: Mapping[str, Any]) -> None:
+        """A CUDA pair on a torch without CUDA: one line naming the setting, before any model loads."""
+        device = str(pair_cfg.get("device", "cpu"))
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            reason = "this torch is a CPU-only build" if torch.version.cuda is None else "no CUDA device is visible"
+            raise ConfigError(f"pair '{pair_cfg.get('name')}' runs on device '{device}', but {reason}; "
+                              "set pair.device=cpu (with pair.dtype=float32 on a CPU) or install a CUDA build of torch")
+
+    @classmethod
+    def default_threads(cls, options: Mapping[str, Any], device: str, largest_model_parameters: int,
+                        cpus: int) -> int | None:
+        """`num_threads: null`: threads that do not oversubscribe the CPUs (one for small models and on a GPU)."""
+        if options.get("num_threads") is not None:
+            return None
+        return default_torch_threads(device, largest_model_parameters, cpus, torch.get_num_threads())
+
+    @classmethod
+    def scoring_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """A model that is not a causal LM keeping a KV cache (a bare backbone with a value head, a
+        classifier, remote code without cache objects) runs the eager path whatever `compile` says:
+        the static decoder (engines/hf_static.py) serves causal LMs with a cache only."""
+        causal_lm = options.get("auto_class", CAUSAL_LM) == CAUSAL_LM and options.get("use_cache", True) is not False
+        return options if causal_lm else {**options, "compile": "off"}
+
+    @classmethod
+    def decode_path_key(cls, options: Mapping[str, Any], device: str) -> str | None:
+        """The path `compile` resolves to: the eager path keeps the key runs had before the knob existed
+        (auto, off and no setting share CPU runs); a compiled path (another latency, bf16 near-ties
+        decided by other kernels) gets runs of its own."""
+        path = compiled_path(options.get("compile", "auto"), device)
+        return None if path == "off" else path
+
     def __init__(
         self,
         path: str,
@@ -407,3 +444,6 @@ def load_causal_lm(path: str, dtype: str, device: str, *, trust_remote_code: boo
         model = model_class.from_pretrained(path, dtype=torch_dtype(dtype), **options).to(device).eval()
         _WEIGHTS[key] = model
     return model
+
+
+RUNNER = HFModelRunner  # the class engines.ENGINES registers for conf/engine/hf.yaml

@@ -1,6 +1,6 @@
 """What the HF engine's eager path (engines/hf.py) and its static path (engines/hf_static.py) both
-use to run a transformers model: the KV-cache keyword its forward takes, and how rows of different
-widths are grouped into padded forwards."""
+use to run a transformers model: the decode path `engine.compile` selects, the KV-cache keyword its
+forward takes, and how rows of different widths are grouped into padded forwards."""
 from __future__ import annotations
 
 import functools
@@ -14,6 +14,18 @@ import torch
 # separate forwards when padding them together would cost more than that.
 FORWARD_COST_TOKENS = 32
 
+
+def compiled_path(compile_setting: Any, device: Any) -> str:
+    """The decode path that `engine.compile` selects on `device` (docs/gpu.md): auto is graphs on
+    CUDA and the eager path ("off") elsewhere. The engine (hf_static.resolve_mode) and the run key
+    (HFModelRunner.decode_path_key) read the one rule."""
+    if compile_setting is True:
+        return "graphs"
+    if compile_setting in (False, None, "off"):
+        return "off"
+    if compile_setting == "auto":
+        return "graphs" if str(device).startswith("cuda") else "off"
+    return str(compile_setting)
 
 def width_groups(widths: list[int]) -> list[list[int]]:
     """Rows (by index) split into padded forwards of similar widths, minimizing the sum over

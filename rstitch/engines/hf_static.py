@@ -51,9 +51,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rstitch.configs import compiled_path
 from rstitch.engines.base import ForwardRequest, Sequence, TokenDistribution
-from rstitch.engines.hf_forward import cache_kwargs, kv_shape, width_groups
+from rstitch.engines.hf_forward import cache_kwargs, compiled_path, kv_shape, width_groups
 from rstitch.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -224,3 +224,6 @@ def _eos_ids(llama_cpp, vocab, tokenizer, path: str) -> list[int]:
     if packaged.is_packaged(path):
         return packaged.eos_token_ids(path, tokenizer)
     return eos_token_ids(tokenizer, [i for i in range(llama_cpp.llama_vocab_n_tokens(vocab)) if llama_cpp.llama_vocab_is_eog(vocab, i)])
+
+
+RUNNER = LlamaCppModelRunner  # the class engines.ENGINES registers for conf/engine/llamacpp.yaml

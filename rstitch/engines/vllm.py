@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Any
@@ -306,6 +306,16 @@ class _Run:
 
 
 class VLLMModelRunner(ModelRunner):
+    # Before a model loads: exact distributions only with `logprobs: full` (auto gives the top 20 of a
+    # large vocabulary), so a judge on the run's engine goes to an engine that always has them.
+    capabilities = Capabilities(hidden_states=True, batched_forward=True, exact_distributions=False)
+    backend = ("vllm", "pip install -e '.[vllm]' (docs/vllm.md)")
+
+    @classmethod
+    def decode_path_key(cls, options: Mapping[str, Any], device: str) -> str | None:
+        """CUDA graphs on a GPU (`enforce_eager` is keyed as an option): the key GPU runs always had."""
+        return "graphs" if str(device).startswith("cuda") else None
+
     def __init__(
         self,
         path: str,
@@ -767,3 +777,4 @@ def _is_fraction(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
 
 
+RUNNER = VLLMModelRunner  # the class engines.ENGINES registers for conf/engine/vllm.yaml

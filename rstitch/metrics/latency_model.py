@@ -35,7 +35,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from rstitch.engines import ModelPair, ModelRunner, Sequence
+from rstitch.engines import ModelPair, ModelRunner, Sequence, unnamed_profiles_engine
 
 FEATURE_NAMES = ("n_inf*n_kv", "n_inf^2", "n_inf", "1")
 
@@ -86,7 +86,7 @@ class LatencyModel:
     r2: float = math.nan  # on the profiling points (plain, unweighted R^2)
     info: dict[str, Any] = field(default_factory=dict)  # fit diagnostics, profiling grid, ...
     scale_by_inf: dict[int, float] = field(default_factory=dict)  # measured / formula per n_inf; {} = formula
-    engine: str = "hf"  # files saved before engines were named are the HF engine's
+    engine: str = field(default_factory=unnamed_profiles_engine)  # files saved before engines were named
 
     def path_in(self, directory: str | Path) -> Path:
         """Where this model is stored under `directory` (see `latency_file`)."""
@@ -153,11 +153,15 @@ class LatencyModel:
         return cls(**data)
 
 
-def latency_file(directory: str | Path, model: str, device: str = "cpu", dtype: str = "float32", engine: str = "hf") -> Path:
+def latency_file(directory: str | Path, model: str, device: str = "cpu", dtype: str = "float32",
+                 engine: str | None = None) -> Path:
     """Where the coefficients of one runner identity live: `<model>.<device>.<dtype>.json` for
-    the HF engine (the names profiles had before engines were named), `<model>.<engine>.<device>.
-    <dtype>.json` for every other engine, so no engine ever reads another's profile."""
-    parts = [model, device, dtype] if engine == "hf" else [model, engine, device, dtype]
+    the engine whose profiles predate engine names (`unnamed_profiles`: HF's eager path; None: that
+    engine), `<model>.<engine>.<device>.<dtype>.json` for every other engine, so no engine ever
+    reads another's profile."""
+    unnamed = unnamed_profiles_engine()
+    engine = engine or unnamed
+    parts = [model, device, dtype] if engine == unnamed else [model, engine, device, dtype]
     return Path(directory) / (".".join(parts) + ".json")
 
 
@@ -292,7 +296,7 @@ def fit_profile(points: list[ProfilePoint], runner: ModelRunner | None = None, r
     model, device, dtype, *rest = identity
     fitted = LatencyModel.fit([p.n_inf for p in points], [p.n_kv for p in points], [p.seconds for p in points],
                               relative=relative, scale_by_inf=scale_by_inf, model=model, device=device, dtype=dtype,
-                              engine=rest[0] if rest else "hf")
+                              engine=rest[0] if rest else unnamed_profiles_engine())
     fitted.info["n_points"] = len(points)
     return fitted
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rstitch.configs import CONF_DIR, compiled_path
+from rstitch.configs import CONF_DIR
 from rstitch.results.weights import fingerprint, is_local, method_weights, pair_weights
 
 SHARD_KEYS = ("shard", "num_shards")
@@ -58,12 +58,13 @@ def portable(node: Any) -> Any:
 
 
 def engine_key(engine: Mapping[str, Any], pair: Mapping[str, Any]) -> dict[str, Any]:
-    """The engine options a run is keyed by, with `compile` as the path it resolves to: the eager
-    path keeps the key runs had before the knob existed (so auto, off and no setting share CPU runs),
-    and a compiled path (another latency, bf16 near-ties decided by other kernels) gets its own runs."""
+    """The engine options a run is keyed by, with `compile` as the decode path the engine's class
+    says they resolve to on the pair's device (`decode_path_key`; none: the eager path's key)."""
+    from rstitch.engines import engine_class  # torch, for run keys only
+
     options = {k: v for k, v in engine.items() if k != "compile"}
-    path = compiled_path(engine.get("compile", "auto"), pair.get("device", "cpu"))
-    return options if path == "off" else {**options, "compile": path}
+    path = engine_class(engine["name"]).decode_path_key(engine, str(pair.get("device", "cpu")))
+    return options if path is None else {**options, "compile": path}
 
 
 def comparison_key(cfg: Mapping[str, Any]) -> dict[str, Any]:

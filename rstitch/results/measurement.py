@@ -17,10 +17,6 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
-# A pair whose larger model is this small decodes at batch 1 fastest on one thread: the matmuls are
-# too small to share, and every extra thread contends with the rest of the machine (the testbed,
-# 1.8M parameters, measured fastest on one thread).
-SMALL_MODEL_PARAMETERS = 100_000_000
 # Contention: the load average (which counts this process's own threads) above the CPUs it may use
 # by this factor, or a CPU decode whose process got less CPU time than this per wall-clock second
 # (a busy decode thread gets ~1.0 on a quiet core).
@@ -43,15 +39,6 @@ def available_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
         return os.cpu_count() or 1
-
-
-def default_threads(device: str, largest_model_parameters: int, cpus: int, torch_default: int) -> int:
-    """Compute threads for an engine left at `num_threads: null`: one on a GPU (the CPU only
-    launches kernels) and for small models on a CPU; otherwise torch's default, capped at the CPUs
-    this process may use."""
-    if not device.startswith("cpu") or largest_model_parameters < SMALL_MODEL_PARAMETERS:
-        return 1
-    return max(1, min(torch_default, cpus))
 
 
 def load_average() -> float | None:

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from rstitch.engines import ModelRunner, TokenDistribution, load_scoring_model
+from rstitch.engines import ModelRunner, TokenDistribution, engine_class, load_scoring_model, require_engine
 from rstitch.engines.base import torch_dtype
 from rstitch.errors import ConfigError
 from rstitch.rewards.base import ProcessRewardModel
@@ -68,8 +68,10 @@ class HFProcessRewardModel(ProcessRewardModel):
 
 
 class SkyworkPRM(HFProcessRewardModel):
-    def __init__(self, path: str, device: str = "cpu", dtype: str = "bfloat16", separator: str = "\n\n", engine: str = "hf"):
-        hf_only = {"auto_class": "AutoModel"} if engine == "hf" else {}
+    def __init__(self, path: str, device: str = "cpu", dtype: str = "bfloat16", separator: str = "\n\n",
+                 engine: str | None = None):
+        # The bare backbone, where an engine loads a checkpoint's classes by name (`auto_class`).
+        hf_only = {"auto_class": "AutoModel"} if engine_class(engine).checkpoint_heads else {}
         runner = load_scoring_model(engine, path, "PRM skywork (its value head reads hidden states)", ("hidden_states",),
                                     dtype=dtype, device=device, **hf_only)
         head = _value_head(path, runner.hidden_size).to(dtype=torch_dtype(dtype))
@@ -100,11 +102,9 @@ class QwenMathPRM(HFProcessRewardModel):
         use_cache: bool = False,  # its remote code predates cache objects; rerun the input
         revision: str | None = None,
         use_safetensors: bool = True,
-        engine: str = "hf",
+        engine: str | None = None,  # None: the default engine
     ):
-        if engine != "hf":  # its classification head is the checkpoint's own code
-            raise ConfigError(f"PRM qwen_math_prm reads its checkpoint's own classification head, which only engine 'hf' "
-                              f"loads (auto_class); got engine '{engine}'")
+        require_engine(engine, "checkpoint_heads", "PRM qwen_math_prm reads its checkpoint's own classification head")
         runner = load_scoring_model(engine, path, "PRM qwen_math_prm", dtype=dtype, device=device, auto_class=auto_class,
                                     trust_remote_code=trust_remote_code, use_cache=use_cache, revision=revision,
                                     use_safetensors=use_safetensors)

@@ -12,7 +12,7 @@ renormalized over {"Yes", "No"} at the first answer token. Causal by constructio
 prompt holds steps 0..i only). Scores are memoized per problem and the model's KV cache is reused
 over the prefix shared with the previous call, so scoring a solution step by step costs each
 step's tokens plus the question once per step. The model runs through the engine interface
-(`engine`, default hf; the weights are the pair's LLM's when it is the same checkpoint on the HF
+(`engine`, default: the run config's; the weights are the pair's LLM's when it is the same checkpoint on the HF
 engine), so the judge works on every engine with exact full-vocabulary distributions.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ ANSWERS = ("Yes", "No")
 
 class LLMJudgePRM(ProcessRewardModel):
     def __init__(self, path: str, device: str = "cpu", dtype: str = "float32", separator: str = "\n\n",
-                 question: str = JUDGE_QUESTION, engine: str = "hf", num_threads: int | None = None):
+                 question: str = JUDGE_QUESTION, engine: str | None = None, num_threads: int | None = None):
         super().__init__()
         # Two tokens' probabilities: an engine whose distributions are exact over the vocabulary.
         runner = load_scoring_model(engine, path, "PRM llm_judge (it reads the probabilities of Yes and No)",

@@ -175,12 +175,12 @@ class TestbedPRM(ProcessRewardModel):
     shipped one (`path` None) is the testbed LLM's weights read by `assets/prm`'s head. Like the
     other transformer PRMs it reuses the KV cache of the prefix shared with the previous call, so
     scoring a growing solution costs each step's own tokens. The LM runs through the engine
-    interface (`engine`, default hf): any engine with exact full-vocabulary distributions."""
+    interface (`engine`, default: the run config's): any engine with exact full-vocabulary distributions."""
 
     __test__ = False  # not a pytest class
 
     def __init__(self, path: str | None = None, model: str | None = None, device: str = "cpu", dtype: str = "float32",
-                 separator: str = "\n\n", engine: str = "hf"):
+                 separator: str = "\n\n", engine: str | None = None):
         super().__init__()
         from rstitch.testbed import LLM_DIR, PRM_DIR
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from rstitch.engines import load_scoring_model
+from rstitch.engines import load_scoring_model, require_engine
 from rstitch.engines.base import torch_dtype
 from rstitch.engines.loading import load_config, model_load_errors
 from rstitch.errors import ConfigError
@@ -42,14 +42,13 @@ def encode_router_input(tokenizer, problem: str, history: Sequence[tuple[int, st
 
 class ArbitrageRouter:
     def __init__(self, path: str | None = None, device: str = "cpu", dtype: str = "float32", separator: str = "\n\n",
-                 engine: str = "hf"):
+                 engine: str | None = None):
         if not path:  # the testbed's router comes from the config too (conf/method/arbitrage.yaml)
             raise ConfigError("no Arbitrage router path: set method.router.path (train one with scripts/train_arbitrage_router.py)")
         if not os.path.isdir(path) and os.path.isabs(path):
             raise ConfigError(f"Arbitrage router not found at {path}; train it with scripts/train_arbitrage_router.py")
         torch_dtype(dtype, "router")
-        if engine != "hf":  # a sequence-classification head: the checkpoint's own module
-            raise ConfigError(f"the Arbitrage router reads a sequence-classification head, which only engine 'hf' loads; got engine '{engine}'")
+        require_engine(engine, "checkpoint_heads", "the Arbitrage router reads a sequence-classification head")
         with model_load_errors(path):
             num_labels = load_config(path).num_labels
         if num_labels != 2:
