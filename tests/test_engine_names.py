@@ -48,7 +48,9 @@ def named_engines(source: str, names: set[str]) -> list[tuple[int, str]]:
 def test_the_engine_names_come_from_the_registry_and_the_configs():
     names = engine_names()
     assert {"hf", "llamacpp", "vllm"} <= names  # the check below would pass vacuously without them
-    assert set(ENGINES) == {c.stem for c in (CONF_DIR / "engine").glob("*.yaml")}
+    configs = sorted((CONF_DIR / "engine").glob("*.yaml"))
+    assert set(ENGINES) == {c.stem for c in configs}
+    assert all(yaml.safe_load(c.read_text())["name"] == c.stem for c in configs)  # the file's name is the engine's
 
 
 def test_no_code_outside_the_engines_names_an_engine():
