@@ -5,9 +5,9 @@ import hashlib
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 from tqdm import tqdm
 
@@ -234,22 +234,49 @@ def sample_record(record, index: int, result: DecodeResult, latency: float, cost
     }
 
 
-@overload
-def run(cfg: dict[str, Any], run_dir: str | Path, logger=..., results_root: str | Path | None = ...,
-        first: None = ...) -> dict[str, Any]: ...
-@overload
-def run(cfg: dict[str, Any], run_dir: str | Path, logger=..., results_root: str | Path | None = ...,
-        first: int | None = ...) -> dict[str, Any] | None: ...
-def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str | Path | None = None,
-        first: int | None = None) -> dict[str, Any] | None:
-    """Evaluate one configuration (a resolved config dict) into `run_dir`; resumes if present. `first`
-    decodes only what is missing among the first `first` problems and writes no summary (None): a
-    call without it finishes the run, so a summary covers the whole selection."""
+@dataclass
+class RunPlan:
+    """A run ready to decode: its method, records, pair, prompt format, latency models, batch size
+    and store, loaded and checked (`plan`) before any sample decodes. A context manager: leaving it
+    closes the store, so other processes waiting on the run directory may go on."""
+
+    cfg: dict[str, Any]
+    run_dir: Path
+    results_root: Path
+    logger: Any
+    method: Method
+    records: list[Any]  # the whole selection
+    n_samples: int
+    budget: int
+    batch_size: int
+    prompt: PromptFormat
+    sampler: Sampler
+    pair: ModelPair
+    latency_models: dict | None
+    store: SampleStore
+    todo: list[tuple[Any, int]]  # (record, sample index) to decode, in order; prompts that fit the context
+    fitted: dict[str, tuple[list[int], int]]  # problem id -> (prompt ids, the sample's token budget)
+    planned: int  # samples of the planned problems, done or not (the progress bar's total)
+    decode_wall_s: float = 0.0
+
+    def __enter__(self) -> RunPlan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.store.close()
+
+
+def plan(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str | Path | None = None,
+         problems: int | None = None) -> RunPlan:
+    """Every check and every load of a run (a resolved config dict) into `run_dir`, before any sample
+    decodes: what is missing among its samples (a resume decodes only that), each prompt fitted to the
+    context. `problems` plans only the first so many problems (the results pages decode a problem at a
+    time: rstitch/cli/report_decode.py)."""
     method = build_method(**cfg["method"])
     records = selected_records(cfg)
     n_samples, budget = count("n_samples", cfg["n_samples"]), count("max_new_tokens", cfg["max_new_tokens"])
-    if first is not None:
-        count("first", first)
+    if problems is not None:
+        count("problems", problems)
     batch_size = check_batch_size(cfg)
     prompt = PromptFormat(**cfg["prompt"])
     sampler = Sampler(**cfg["decoding"])
@@ -260,64 +287,80 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
     check_latency_models(batch_size, latency_models, cfg.get("latency_dir"))
     store = SampleStore(run_dir, run_key(cfg))
     try:
-        tokenizer = pair.tokenizer
-        ctx = DecodeContext(pair, sampler, budget)
-
-        block = records[:first]  # with `first`, only its first problems decode, and the bar counts them
+        block = records[:problems]
         todo = [(r, k) for r in block for k in range(n_samples) if not store.done(r.id, k)]
-        # Every prompt is checked against the context before anything decodes.
-        check = ContextCheck(pair, budget, cfg.get("on_overflow", "error"))
-        prompts = {r.id: check.prompt_ids(r.id, r.problem, lambda p: prompt.encode(tokenizer, p)) for r, _ in todo}
+        check = ContextCheck(pair, budget, cfg.get("on_overflow", "error"))  # every prompt, before any decode
+        prompts = {r.id: check.prompt_ids(r.id, r.problem, lambda p: prompt.encode(pair.tokenizer, p)) for r, _ in todo}
         fitted = {rid: fit for rid, fit in prompts.items() if fit is not None}
         todo = [(r, k) for r, k in todo if r.id in fitted]
-        name = run_name(cfg)
-        if first is not None or (logger is not None and not todo and logger.logged(run_dir)):
-            logger = None  # the call that finishes a run logs it, once: not its blocks, not a resume of it
-        if logger is not None:
-            logger.start(name, cfg, name, run_dir=run_dir)
-        if todo:
-            warm_up(method, DecodeContext(pair, sampler, min(WARMUP_TOKENS, budget), todo[0][0].problem, todo[0][0].metadata),
-                    fitted[todo[0][0].id][0], cfg["engine"]["name"])
-            prepare_shapes(pair, batch_size, [fitted[r.id] for r, _ in todo])
+        if logger is not None and not todo and logger.logged(run_dir):
+            logger = None  # a finished run is logged once, not again by a resume that decodes nothing
+    except BaseException:
+        store.close()
+        raise
+    return RunPlan(cfg, Path(run_dir), Path(results_root) if results_root is not None else Path(run_dir).parent, logger,
+                   method, records, n_samples, budget, batch_size, prompt, sampler, pair, latency_models, store,
+                   todo, fitted, len(block) * n_samples)
 
-        total = len(block) * n_samples
-        bar = tqdm(total=total, initial=total - len(todo), desc=method.name, unit="sample")
 
-        def finish(record, row: dict[str, Any]) -> None:
-            sample_budget = fitted[record.id][1]
-            if sample_budget < budget:  # on_overflow=truncate
-                row["max_new_tokens"] = sample_budget
-            store.append(row)
-            if logger is not None:
-                logger.log_sample(row)
-            done = list(store.records.values())
-            bar.set_postfix(acc=f"{sum(r['correct'] for r in done) / len(done):.3f}",
-                            lat=f"{sum(r['latency_s'] for r in done) / len(done):.2f}s")
-            bar.update()
-            if INTERRUPT_REQUESTED.is_set():
-                raise KeyboardInterrupt
+def decode(run: RunPlan) -> None:
+    """Decode the planned samples into the store: an untimed warm-up, then one by one (batch size 1)
+    or batched, each sample saved (and logged) as it finishes."""
+    if run.logger is not None:
+        name = run_name(run.cfg)
+        run.logger.start(name, run.cfg, name, run_dir=run.run_dir)
+    if run.todo:
+        record = run.todo[0][0]
+        warm_up(run.method, DecodeContext(run.pair, run.sampler, min(WARMUP_TOKENS, run.budget), record.problem, record.metadata),
+                run.fitted[record.id][0], run.cfg["engine"]["name"])
+        prepare_shapes(run.pair, run.batch_size, [run.fitted[r.id] for r, _ in run.todo])
+    bar = tqdm(total=run.planned, initial=run.planned - len(run.todo), desc=run.method.name, unit="sample")
+    start = time.perf_counter()
+    decoder = decode_one_by_one if run.batch_size == 1 else decode_batched
+    for record, _, row in decoder(run.method, DecodeContext(run.pair, run.sampler, run.budget), run.todo, run.fitted,
+                                  run.latency_models, run.batch_size):
+        save_sample(run, record, row, bar)
+    run.decode_wall_s = time.perf_counter() - start
+    bar.close()
 
-        decode_start = time.perf_counter()
-        decode = decode_one_by_one if batch_size == 1 else decode_batched
-        for record, _, row in decode(method, ctx, todo, fitted, latency_models, batch_size):
-            finish(record, row)
-        decode_wall = time.perf_counter() - decode_start
-        bar.close()
 
-        if first is not None:
-            return None  # the rest of the selection is decoded by a later call
-        wanted = {(r.id, k) for r in records for k in range(n_samples)}
-        samples = [s for key, s in store.records.items() if key in wanted]
-        summary = summarize_run(cfg, method, samples, results_root if results_root is not None else Path(run_dir).parent)
-        summary["skipped_context_overflow"] = len(wanted) - len(samples)  # on_overflow=skip (or no room left)
-        summary.update(throughput(store, todo, decode_wall))
-        summary.update(summarize_measurement(samples))
-        store.write_summary(summary)
-        if logger is not None:
-            logger.finish(summary, samples)
-    finally:
-        store.close()  # other processes waiting on this run directory may go on
+def save_sample(run: RunPlan, record: Any, row: dict[str, Any], bar: tqdm) -> None:
+    """Store (and log) a decoded sample, show the running accuracy and latency; stop here after a Ctrl-C."""
+    sample_budget = run.fitted[record.id][1]
+    if sample_budget < run.budget:  # on_overflow=truncate
+        row["max_new_tokens"] = sample_budget
+    run.store.append(row)
+    if run.logger is not None:
+        run.logger.log_sample(row)
+    done = list(run.store.records.values())
+    bar.set_postfix(acc=f"{sum(r['correct'] for r in done) / len(done):.3f}",
+                    lat=f"{sum(r['latency_s'] for r in done) / len(done):.2f}s")
+    bar.update()
+    if INTERRUPT_REQUESTED.is_set():
+        raise KeyboardInterrupt
+
+
+def finish(run: RunPlan) -> dict[str, Any]:
+    """The run's summary over its whole selection (the baseline comparison included), written
+    beside its samples and logged."""
+    wanted = {(r.id, k) for r in run.records for k in range(run.n_samples)}
+    samples = [s for key, s in run.store.records.items() if key in wanted]
+    summary = summarize_run(run.cfg, run.method, samples, run.results_root)
+    summary["skipped_context_overflow"] = len(wanted) - len(samples)  # on_overflow=skip (or no room left)
+    summary.update(throughput(run.store, run.todo, run.decode_wall_s))
+    summary.update(summarize_measurement(samples))
+    run.store.write_summary(summary)
+    if run.logger is not None:
+        run.logger.finish(summary, samples)
     return summary
+
+
+def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str | Path | None = None) -> dict[str, Any]:
+    """Evaluate one configuration (a resolved config dict) into `run_dir`, resuming what is there:
+    plan, decode, finish."""
+    with plan(cfg, run_dir, logger, results_root) as planned:
+        decode(planned)
+        return finish(planned)
 
 
 def selected_records(cfg: dict[str, Any]) -> list[Any]:
@@ -368,21 +411,21 @@ def throughput(store: SampleStore, todo: list, decode_wall: float) -> dict[str, 
 comparison_root = comparison_dir  # where runs comparable to a config live (results/keys.py)
 
 
-def run_baseline(cfg: dict[str, Any], results_root: str | Path, logger=None, first: int | None = None) -> dict[str, Any] | None:
+def run_baseline(cfg: dict[str, Any], results_root: str | Path, logger=None) -> dict[str, Any] | None:
     """With `baseline=auto`, the baseline (`llm_only`) run of `cfg`'s comparison key, run or
     resumed (a finished one decodes nothing) before the method, so that its speedup is filled;
     None when not asked for or when `cfg` is the baseline."""
     if not wants_baseline_run(cfg):
         return None
     base = baseline_config(cfg)
-    return run(base, comparison_run_dir(results_root, base), logger=logger, results_root=results_root, first=first)
+    return run(base, comparison_run_dir(results_root, base), logger=logger, results_root=results_root)
 
 
-def run_config(cfg: dict[str, Any], logger=None, first: int | None = None) -> dict[str, Any] | None:
+def run_config(cfg: dict[str, Any], logger=None) -> dict[str, Any]:
     """Run a composed config (see `config_groups.compose_config`) into its standard run directory,
-    after its baseline when `baseline=auto` (`first`: see `run`)."""
+    after its baseline when `baseline=auto`."""
     cfg = dict(cfg)
     cfg.pop("logger", None)
     root = comparison_dir(cfg.pop("results_root"), cfg)
-    run_baseline(cfg, root, logger=logger, first=first)
-    return run(cfg, comparison_run_dir(root, cfg), logger=logger, results_root=root, first=first)
+    run_baseline(cfg, root, logger=logger)
+    return run(cfg, comparison_run_dir(root, cfg), logger=logger, results_root=root)

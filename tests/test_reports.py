@@ -116,20 +116,20 @@ def test_a_decode_stops_between_problems_and_resumes_in_a_fresh_copy(decoded, tm
 
 def test_a_killed_problem_keeps_the_rows_it_finished(decoded, tmp_path, monkeypatch):
     calls = []
-    real_run = report_decode.run_config
+    real_run = report_decode.decode_first
 
-    def killed_on_the_second_row(cfg, first=None):
+    def killed_on_the_second_row(cfg, problems):
         calls.append(cfg["method"]["name"])
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return real_run(cfg, first=first)
+        return real_run(cfg, problems)
 
-    monkeypatch.setattr(report_decode, "run_config", killed_on_the_second_row)
+    monkeypatch.setattr(report_decode, "decode_first", killed_on_the_second_row)
     folder = tmp_path / "tiny"
     with pytest.raises(KeyboardInterrupt):
         report_decode.decode_report(folder, tiny_spec(), minutes=30)
     assert len(reports.read_records(folder, "llm_only")) == 1 and reports.read_records(folder, "slm_only") == []
-    monkeypatch.setattr(report_decode, "run_config", real_run)
+    monkeypatch.setattr(report_decode, "decode_first", real_run)
     assert report_decode.decode_report(folder, tiny_spec(), minutes=30) == 3
     assert [r["tokens"] for r in reports.read_records(folder, "llm_only")] == \
         [r["tokens"] for r in reports.read_records(decoded, "llm_only")]

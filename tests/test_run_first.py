@@ -1,11 +1,15 @@
-"""rstitch.runner.run_config with `first`: decodes only the first problems and writes no summary
-(cli/report_decode.py decodes reports a problem at a time this way); a call without it finishes the run."""
+"""Block-wise decoding for the results pages (cli/report_decode.decode_first): the runner's plan for
+the first problems only, decoded without a summary; `runner.run_config` then finishes the run."""
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from rstitch import runner
+from rstitch.cli.report_decode import decode_first
 from rstitch.config_groups import compose_config
+from rstitch.errors import ConfigError
 from rstitch.results.keys import run_dir
 
 COMMON = ["logger=none", "engine.num_threads=1", "dataset.limit=3", "max_new_tokens=12", "method=slm_only"]
@@ -18,9 +22,25 @@ def saved_ids(cfg: dict) -> list[str]:
 
 def test_first_decodes_only_the_first_problems_and_writes_no_summary(tmp_path):
     cfg = compose_config([f"results_root={tmp_path}", *COMMON])
-    assert runner.run_config(cfg, first=2) is None
+    decode_first(cfg, 2)
     assert len(saved_ids(cfg)) == 2
     assert not (run_dir(tmp_path, cfg) / "summary.json").exists()
     summary = runner.run_config(cfg)  # finishes the run: the third problem, then the summary
     assert summary["n_samples"] == 3 and len(saved_ids(cfg)) == 3
     assert (run_dir(tmp_path, cfg) / "summary.json").is_file()
+
+
+def test_a_plan_checks_everything_before_decoding_and_leaves_the_store_free(tmp_path):
+    cfg = compose_config([f"results_root={tmp_path}", *COMMON])
+    root = tmp_path / "p"
+    with pytest.raises(ConfigError, match="problems must be an integer >= 1"):
+        runner.plan({k: v for k, v in cfg.items() if k not in ("results_root", "logger")}, root, problems=0)
+    run_cfg = {k: v for k, v in cfg.items() if k not in ("results_root", "logger")}
+    with runner.plan(run_cfg, root, problems=1) as planned:
+        assert [(r.id, k) for r, k in planned.todo] == [(planned.records[0].id, 0)] and planned.planned == 1
+        assert set(planned.fitted) == {planned.records[0].id} and not (root / "samples.jsonl").exists()
+    with runner.plan(run_cfg, root) as again:  # the first plan's store was closed: this one may open it
+        assert len(again.todo) == 3
+        runner.decode(again)
+        summary = runner.finish(again)
+    assert summary["n_samples"] == 3 and (root / "summary.json").is_file()

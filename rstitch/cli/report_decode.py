@@ -31,9 +31,9 @@ from rstitch.analysis.record_reports import (
 from rstitch.config_groups import compose_config
 from rstitch.data import load_dataset_records
 from rstitch.errors import ConfigError
-from rstitch.results.keys import run_dir as stored_run_dir
+from rstitch.results.keys import comparison_dir, comparison_run_dir
 from rstitch.results.store import iter_samples, write_samples
-from rstitch.runner import run_config
+from rstitch.runner import decode, plan
 
 ROOT = Path(__file__).resolve().parents[2]
 clock = time.monotonic  # the minutes a decode may take are counted on it
@@ -99,10 +99,20 @@ def checked_manifest(folder: Path, spec: ReportSpec, cfgs: dict[str, dict[str, A
 def seeded_run(cfg: dict[str, Any], rows: list[dict[str, Any]]) -> Path:
     """The scratch run directory of `cfg`, holding the report's records of it, so that the runner
     decodes only what they lack."""
-    run_dir = stored_run_dir(cfg["results_root"], cfg)
+    run_dir = comparison_run_dir(comparison_dir(cfg["results_root"], cfg), cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_samples(run_dir, rows)
     return run_dir
+
+
+def decode_first(cfg: dict[str, Any], problems: int) -> None:
+    """Decode what the run of a composed config lacks among its first `problems` problems, into its
+    run directory under its `results_root`; a report's rows are not whole runs, so no summary is
+    written and nothing is logged."""
+    root = comparison_dir(cfg["results_root"], cfg)
+    run_cfg = {k: v for k, v in cfg.items() if k not in ("results_root", "logger")}
+    with plan(run_cfg, comparison_run_dir(root, run_cfg), results_root=root, problems=problems) as planned:
+        decode(planned)
 
 
 def decode_problem(folder: Path, cfgs: dict[str, dict[str, Any]], index: int, problem: str, sitting: int) -> None:
@@ -112,7 +122,7 @@ def decode_problem(folder: Path, cfgs: dict[str, dict[str, Any]], index: int, pr
         if any(r["id"] == problem for r in kept):
             continue
         run_dir = seeded_run(cfg, kept)
-        run_config(cfg, first=index + 1)
+        decode_first(cfg, index + 1)
         new = [s for s in iter_samples(run_dir / "samples.jsonl") if s["id"] == problem]
         write_records(folder, run, [*kept, *(compact(s, sitting) for s in new)])
 
