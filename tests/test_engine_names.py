@@ -94,6 +94,12 @@ def test_the_engine_class_says_what_a_run_key_records_of_its_decode_path(engine,
     assert recorded == {**{k: v for k, v in options.items() if k != "compile"}, **({} if key is None else {"compile": key})}
 
 
+def test_an_engine_config_without_a_name_is_keyed_as_the_default_engine():
+    """Configs stored before engines were named: the key they had, the default engine's."""
+    assert engine_key({"compile": "auto"}, {"device": "cuda"}) == {"compile": "graphs"}
+    assert engine_key({"compile": "auto"}, {"device": "cpu"}) == {}
+
+
 def test_only_the_engines_that_size_torch_threads_set_them():
     assert engine_class("hf").default_threads({"num_threads": None}, "cuda", 10**9, cpus=8) == 1
     assert engine_class("hf").default_threads({"num_threads": 4}, "cpu", 10**9, cpus=8) is None

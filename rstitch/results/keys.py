@@ -63,7 +63,7 @@ def engine_key(engine: Mapping[str, Any], pair: Mapping[str, Any]) -> dict[str, 
     from rstitch.engines import engine_class  # torch, for run keys only
 
     options = {k: v for k, v in engine.items() if k != "compile"}
-    path = engine_class(engine["name"]).decode_path_key(engine, str(pair.get("device", "cpu")))
+    path = engine_class(engine.get("name")).decode_path_key(engine, str(pair.get("device", "cpu")))  # no name: the default
     return options if path is None else {**options, "compile": path}
 
 
