@@ -482,6 +482,59 @@ def test_next_token_distributions_are_device_rows_equal_to_hf(pairs, monkeypatch
     assert converted == [] and not vllm_switch._CAPTURED  # nothing converted, nothing left behind
 
 
+def test_verification_rows_are_device_rows_equal_to_hf(pairs, monkeypatch):
+    """A verification (`score`: the drafted positions of one forward, as SpecDec and EASD send
+    them) takes its prompt positions' rows from the model runner on the device: no logprob list
+    reaches the host for any of them (nor any prompt logprobs at all), and each position's
+    entropy, drafted token's log-probability, argmax and whole row equal the HF engine's."""
+    from rstitch.engines import vllm_switch
+    from rstitch.engines.vllm import VLLMModelRunner
+
+    hf, vllm = pairs
+    _, prompt = problem_prompt(hf.tokenizer, PROBLEM_SEEDS[1])
+    converted, prompt_lists = [], []
+    dense_row = VLLMModelRunner.dense_row
+    monkeypatch.setattr(VLLMModelRunner, "dense_row", lambda self, *a: converted.append(a) or dense_row(self, *a))
+    for model in (vllm.slm, vllm.llm):
+        run_many = model.run_many
+
+        def counted(prompts, params, run_many=run_many):
+            outs = run_many(prompts, params)
+            prompt_lists.extend(o.prompt_logprobs for o in outs if o.prompt_logprobs is not None)
+            return outs
+
+        monkeypatch.setattr(model, "run_many", counted)
+    for key in ("slm", "llm"):
+        seqs = [getattr(p, key).new_sequence(prompt) for p in (hf, vllm)]
+        drafted = [40, 41, 42, 43, 44]  # off the greedy path: a fresh request, not the lookahead
+        for continuation in (drafted, [seqs[0].next_distribution().argmax, 17]):
+            expected, got = (s.score(continuation) for s in seqs)
+            assert len(expected) == len(got) == len(continuation) + 1
+            for e, g, token in zip(expected, got, [*continuation, None]):
+                assert torch.allclose(e.log_probs, g.log_probs, atol=1e-5) and e.argmax == g.argmax
+                assert abs(e.entropy - g.entropy) < 1e-5 and abs(e.normalized_entropy - g.normalized_entropy) < 1e-5
+                if token is not None:  # the drafted token's probability, as SpecDec reads it
+                    assert abs(float(e.probs[token]) - float(g.probs[token])) < 1e-5
+                    assert torch.isclose(e.log_probs[token], g.log_probs[token], atol=1e-5)
+            for s in seqs:
+                s.rollback(len(continuation))
+    assert converted == [] and prompt_lists == [] and not vllm_switch._CAPTURED
+
+
+def test_device_rows_are_exact_whatever_the_logprobs_setting(pairs):
+    """With the engine core in this process every distribution is a logits row kept on the
+    device, so a model asked for top-5 logprobs still has exact distributions: it offers them to
+    the methods that `require` them (EASD, sampled SpecDec), and its rows equal HF's."""
+    hf, _ = pairs
+    model = load_model("vllm", str(SLM_DIR), logprobs=5, enforce_eager=True, block_size=32, num_threads=1,
+                       kv_cache_memory_bytes=16777216)
+    assert model.top_logprobs == 5 and model.capabilities.exact_distributions
+    _, prompt = problem_prompt(hf.tokenizer, PROBLEM_SEEDS[0])
+    expected, got = (m.new_sequence(prompt).score([40, 41, 42]) for m in (hf.slm, model))
+    for e, g in zip(expected, got):
+        assert torch.allclose(e.log_probs, g.log_probs, atol=1e-5)
+
+
 def test_memory_check_sizes_both_pools_for_the_runs_batch_and_length():
     """The runner's plan: a `kv_tokens` below batch x (longest prompt + budget) is refused in one
     line before any model loads; one that holds it passes."""

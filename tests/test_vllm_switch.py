@@ -234,3 +234,39 @@ def test_captured_rows_stay_on_the_device_raw_and_keyed_by_position():
     with pytest.raises(VLLMValidationError, match="serial"):
         build_custom_logits_processors_params_validator((SwitchProcessorV2,))(
             SamplingParams(extra_args={vllm_switch.CAPTURE_KEY: {"serial": "x", "vocab": VOCAB}}))
+
+
+def test_v2_prompt_rows_are_kept_on_the_device_by_position():
+    """The V2 runner's prompt-row component, given the row keeping (`vllm_rows`), keeps the rows
+    of a capturing request's prompt positions from `prompt_from` on, computed with the runner's
+    logits function on the step's hidden states (a chunk of the prompt here, beside a request
+    that wants none): on `meta` tensors and on the CPU under the host-read check, equal there to
+    the logits computed by hand; vLLM's own prompt logprobs are untouched (none asked)."""
+    from types import SimpleNamespace
+
+    from vllm.v1.worker.gpu.sample.prompt_logprob import PromptLogprobsWorker
+
+    from rstitch.engines import vllm_rows
+
+    hidden_size = 4
+    for device in ("meta", "cpu"):
+        weight = torch.randn(hidden_size, PADDED).to(device)
+        component = PromptLogprobsWorker(4, torch.device(device))
+        assert vllm_rows.keep_prompt_rows(SimpleNamespace(model_runner=SimpleNamespace(prompt_logprobs_worker=component))) == "v2"
+        serial = new_serial()
+        capture = {"serial": serial, "vocab": VOCAB, "prompt_from": 9}
+        component.add_request("a", 2, SamplingParams(extra_args={vllm_switch.CAPTURE_KEY: capture}))
+        component.add_request("b", 0, SamplingParams())
+        # Slot 2 computes positions 6..11 of a 12-token prompt (rows 3..8), slot 0 three tokens (rows 0..2).
+        batch = SimpleNamespace(req_ids=["b", "a"], idx_mapping_np=np.array([0, 2]), query_start_loc_np=np.array([0, 3, 9]),
+                                num_computed_prefill_tokens_np=np.array([20, 6]))
+        hidden = torch.randn(9, hidden_size).to(device)
+        with HostReads():
+            out = component.compute_prompt_logprobs(weight.__rmatmul__, hidden, batch, None, None, np.array([21, 0, 12, 0]))
+        rows = vllm_switch.captured(serial)
+        # Positions 6..10 predict tokens 7..11; kept from 9 to the prompt's last token (11).
+        assert out == {} and sorted(rows) == [9, 10, 11]
+        assert all(r.device == torch.device(device) and r.shape == (VOCAB,) for r in rows.values())
+        if device == "cpu":
+            for position, row in rows.items():
+                assert torch.allclose(row, (hidden[3 + position - 7] @ weight)[:VOCAB])

@@ -137,13 +137,11 @@ class VLLMSequence(Sequence):
         self._lookahead = min(2 * self._lookahead, self.runner.max_lookahead) if took_all else 1
 
     def _store(self, tokens: list[int], keep: int, out: Any, serial: int) -> None:
-        """Keep a scoring request's distributions: the last `keep` positions of `tokens` (prompt
-        logprobs for all but the last) and those of the greedy tokens it decoded (the logits
-        rows the switch processor kept on the device for request `serial`)."""
+        """Keep a scoring request's distributions: the last `keep` positions of `tokens` and
+        those of the greedy tokens it decoded (`VLLMModelRunner.scoring_rows`)."""
         runner = self.runner
         generated = list(out.outputs[0].token_ids)
-        rows = [runner.dense_row(out.prompt_logprobs, p + 1) for p in range(len(tokens) - keep, len(tokens) - 1)]
-        rows += runner.generated_rows(out, serial, len(tokens), len(generated))
+        rows = runner.scoring_rows(out, serial, len(tokens), keep, len(generated))
         self._decoded = tokens + generated
         self._requested, self._served_calls = len(tokens), 0
         self._path = self._decoded[:-1]
@@ -231,16 +229,18 @@ class _Scoring:
         self.lookahead = seq.runner.room(len(self.tokens), seq._lookahead)
         read_cache = keep <= 1 or seq.runner.cached_tokens(self.tokens) <= len(self.tokens) - keep
         self.serial = seq.runner.new_tag()
-        self.params = seq.runner.scoring_params(self.lookahead, keep, read_cache, self.serial)
+        self.params = seq.runner.scoring_params(self.lookahead, keep, read_cache, self.serial, len(self.tokens))
 
     def take(self, out: Any) -> None:
+        from rstitch.engines import vllm_switch
+
         runner = self.seq.runner
         if self.keep > 1 and out.num_cached_tokens > len(self.tokens) - self.keep:
             # The cache held positions whose prompt logprobs were wanted: recompute them.
             runner.prefix_cache_retries += 1
-            runner.generated_rows(out, self.serial, len(self.tokens), 0)  # drop this request's kept rows
+            vllm_switch.captured(self.serial)  # drop this request's kept rows
             self.serial = runner.new_tag()
-            self.params = runner.scoring_params(self.lookahead, self.keep, False, self.serial)
+            self.params = runner.scoring_params(self.lookahead, self.keep, False, self.serial, len(self.tokens))
             return
         self.seq._store(self.tokens, self.keep, out, self.serial)
         self.result = self.seq._stored(self.tokens, self.keep)
@@ -367,8 +367,6 @@ class VLLMModelRunner(ModelRunner):
             kv_cache_memory_bytes = _kv_pool_bytes(self.name, config, self.num_parameters, dtype, kv_tokens)
         self.eos_token_ids = eos_token_ids(self.tokenizer, generation_eos(path))
         self.top_logprobs = _logprob_count(logprobs, self.model_vocab_size)
-        # Top-k logprobs are completed by spreading the leftover mass: exact only with the full vocabulary.
-        self.capabilities = Capabilities(hidden_states=True, batched_forward=True, exact_distributions=self.top_logprobs == -1)
         self.max_lookahead = max_lookahead
         self.served_from_lookahead = self.lookahead_tokens = self.requests = self.hidden_requests = 0
         self.generate_calls = self._tags = self.prefix_cache_retries = 0
@@ -376,6 +374,10 @@ class VLLMModelRunner(ModelRunner):
         # through this process's memory: with the engine core in another process they fall back
         # to one request per token.
         self.switch_in_engine = not multiprocessing
+        # Distributions are logits rows kept on the device (exact) with the engine core in this
+        # process; else logprobs, whose top k are completed by spreading the leftover mass.
+        self.capabilities = Capabilities(hidden_states=True, batched_forward=True,
+                                         exact_distributions=self.switch_in_engine or self.top_logprobs == -1)
         self.sentinel = _sentinel(self.vocab_size, self.model_vocab_size, self.eos_token_ids)
 
         args = dict(
@@ -441,6 +443,10 @@ class VLLMModelRunner(ModelRunner):
         self.engine_steps = 0
         self._count_engine_steps()
         self.block_hasher = ReusingBlockHasher.install(self.llm)
+        if self.switch_in_engine:  # verification rows on the device (vllm_rows)
+            from rstitch.engines import vllm_rows
+
+            self.llm.collective_rpc(vllm_rows.keep_prompt_rows)
         self.identity = vllm_identity(self.name, vllm_config, dtype)
 
     def new_sequence(self, prompt_ids: Seq[int], want_hidden: bool = False) -> VLLMSequence:
@@ -533,38 +539,45 @@ class VLLMModelRunner(ModelRunner):
             )
         return min(wanted, left)
 
-    def scoring_params(self, lookahead: int, keep: int, read_cache: bool, serial: int | None = None) -> Any:
-        """A scoring request: greedy, `lookahead` tokens. The distributions of the tokens it
-        decodes are the raw logits rows the switch processor keeps on the device (exact, no
-        logprobs returned; `serial` keys them), or without a serial or with the engine core in
-        another process, vLLM's logprobs;
-        earlier positions (`keep` > 1) come as prompt logprobs."""
+    def scoring_params(self, lookahead: int, keep: int, read_cache: bool, serial: int | None = None,
+                       n_tokens: int = 0) -> Any:
+        """A scoring request on `n_tokens` tokens: greedy, `lookahead` tokens. Its distributions
+        (the last `keep` - 1 prompt positions' and the decoded tokens') are raw logits rows kept
+        on the device (exact, no logprobs returned; `serial` keys them): the decoded tokens' by
+        the switch processor, the prompt positions' by the model runner (`vllm_rows`). Without a
+        serial or with the engine core in another process: vLLM's logprobs."""
         from vllm import SamplingParams
 
         from rstitch.engines import vllm_switch
 
         prompt_rows = keep > 1
         on_device = self.switch_in_engine and serial is not None
+        capture = {"serial": serial, "vocab": self.vocab_size}
+        if prompt_rows:
+            capture["prompt_from"] = n_tokens - keep + 1
         return SamplingParams(
             temperature=0.0, max_tokens=lookahead, logprobs=None if on_device else self.top_logprobs, detokenize=False,
-            flat_logprobs=True, prompt_logprobs=self.top_logprobs if prompt_rows else None,
-            # Positions the prefix cache covers get no prompt logprobs: `_request` checks.
+            flat_logprobs=True, prompt_logprobs=self.top_logprobs if prompt_rows and not on_device else None,
+            # Positions the prefix cache covers get no prompt rows: `_Scoring` checks.
             skip_reading_prefix_cache=not read_cache if prompt_rows else None,
-            extra_args={vllm_switch.CAPTURE_KEY: {"serial": serial, "vocab": self.vocab_size}} if on_device else None,
+            extra_args={vllm_switch.CAPTURE_KEY: capture} if on_device else None,
         )
 
-    def generated_rows(self, out: Any, serial: int, n_tokens: int, n_generated: int) -> list[torch.Tensor]:
-        """The distributions of a scoring request's `n_generated` decoded tokens (after a prompt
-        of `n_tokens`): the processor's device rows, or vLLM's logprobs without the processor."""
+    def scoring_rows(self, out: Any, serial: int, n_tokens: int, keep: int, n_generated: int) -> list[torch.Tensor]:
+        """The distributions of a scoring request on `n_tokens` tokens, as `scoring_params` asked:
+        its last `keep` positions and its `n_generated` decoded tokens' (the row at position p
+        predicts token p). Device rows, or vLLM's logprobs with the engine core elsewhere."""
         from rstitch.engines import vllm_switch
 
         if not self.switch_in_engine:
-            return [self.dense_row(out.outputs[0].logprobs, i) for i in range(n_generated)]
+            prompt = [self.dense_row(out.prompt_logprobs, p) for p in range(n_tokens - keep + 1, n_tokens)]
+            return prompt + [self.dense_row(out.outputs[0].logprobs, i) for i in range(n_generated)]
         kept = vllm_switch.captured(serial)
-        missing = [n_tokens + i for i in range(n_generated) if n_tokens + i not in kept]
+        wanted = range(n_tokens - keep + 1, n_tokens + n_generated)
+        missing = [p for p in wanted if p not in kept]
         if missing:
             raise RuntimeError(f"engine 'vllm': no logits kept for positions {missing} of request {serial}")
-        return [kept[n_tokens + i] for i in range(n_generated)]
+        return [kept[p] for p in wanted]
 
     def run_params(self, max_tokens: int, sampler: Sampler, stop: Seq[str], eos: set[int], rule: SwitchRule,
                    serial: int) -> Any:

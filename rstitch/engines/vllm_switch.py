@@ -26,7 +26,8 @@ ids S is a real token), and gives the kept token. This needs the engine core in 
 The same processors hand the per-forward path its exact distributions (`CAPTURE_KEY`): a
 scoring request that carries `{"serial": int, "vocab": V}` has its raw logits row, cut to V,
 kept on the device at every step, keyed by serial and the sampled token's sequence position
-(`captured`). The row stays a device tensor: the host never receives a vocabulary-sized list,
+(`captured`); with `"prompt_from": i` also the prompt positions from i on (`vllm_rows`, in the
+model runner). The row stays a device tensor: the host never receives a vocabulary-sized list,
 and what a method reads from it (entropy, a token's probability, top-p mass, a draw) is reduced
 on the device, as on the HF engine.
 
@@ -99,9 +100,10 @@ def capture_rows(logits: torch.Tensor, rows: list[tuple[int, int, int, int]]) ->
 
 def check_capture(capture: Any) -> None:
     """A `ValueError` for a malformed capture request."""
-    if (not isinstance(capture, dict) or set(capture) != {"serial", "vocab"}
+    if (not isinstance(capture, dict) or not {"serial", "vocab"} <= set(capture) <= {"serial", "vocab", "prompt_from"}
             or not all(isinstance(v, int) and not isinstance(v, bool) for v in capture.values())):
-        raise ValueError(f"extra_args[{CAPTURE_KEY!r}] must be a dict of ints with keys ['serial', 'vocab'], got {capture!r}")
+        raise ValueError(f"extra_args[{CAPTURE_KEY!r}] must be a dict of ints with keys ['serial', 'vocab'] "
+                         f"and optionally 'prompt_from', got {capture!r}")
 
 
 def check_rule(rule: Any) -> None:

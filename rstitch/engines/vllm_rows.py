@@ -1,0 +1,151 @@
+"""Verification rows kept on the device: the prompt positions' logits of a scoring request.
+
+A scoring request with `keep` > 1 (SpecDec's and EASD's verification, judges) needs the
+distributions at its last `keep - 1` prompt positions. vLLM returns those only as prompt
+logprobs, converted for the host into Python lists of V values per position; and vLLM 0.32 has
+no public hook on them: logits processors see the sampled rows only, and the prompt rows are
+computed inside the model runner (V1: `GPUModelRunner._get_prompt_logprobs_dict`,
+v1/worker/gpu_model_runner.py:5306; V2: `PromptLogprobsWorker.compute_prompt_logprobs`,
+v1/worker/gpu/sample/prompt_logprob.py:120), from the step's hidden states and
+`model.compute_logits`.
+
+So `keep_prompt_rows` runs in the worker once per engine, through vLLM's documented way to run
+code there (`LLM.collective_rpc` with a callable), and gives the model runner's prompt step a
+subclass that first keeps, for every request carrying `extra_args[CAPTURE_KEY]["prompt_from"]`,
+the raw logits rows of the prompt positions it computes from `prompt_from` on: `compute_logits`
+over those positions' hidden states only, cut to the shared vocabulary, in the same device
+store as the switch processor's next-token rows (`vllm_switch.captured`, keyed by the position
+of the token each row predicts). Such a request asks vLLM for no prompt logprobs, so nothing of
+these positions becomes a list; what a method reads from a row (entropy, a token's probability,
+top-p mass, a residual) is reduced where the row lives, as on the HF engine. Needs the engine
+core in this process, as the switch processor does.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+from rstitch.engines import vllm_switch
+
+Span = tuple[int, int, int, int, int]  # serial, vocab, first hidden row, the position it predicts, rows
+Want = tuple[int, int, int]  # serial, vocab, first predicted position
+
+
+def prompt_from(params: Any) -> Want | None:
+    """(serial, vocab, first predicted position) of a request that wants prompt rows kept."""
+    capture = (getattr(params, "extra_args", None) or {}).get(vllm_switch.CAPTURE_KEY)
+    if not capture or capture.get("prompt_from") is None:
+        return None
+    return capture["serial"], capture["vocab"], capture["prompt_from"]
+
+
+def prompt_span(want: Want, offset: int, computed: int, scheduled: int, prompt_len: int) -> Span | None:
+    """One request's rows in a step: its hidden rows start at `offset` and compute positions
+    `computed` .. `computed + scheduled - 1`; the row at position i predicts the token at i + 1,
+    kept if that is a prompt token at or after `prompt_from` (the row predicting the first
+    generated token is the sampled row, which the switch processor keeps)."""
+    serial, vocab, first = want
+    start = max(first, computed + 1)
+    end = min(computed + scheduled, prompt_len - 1)  # last predicted position, inclusive
+    if end < start:
+        return None
+    return serial, vocab, offset + start - 1 - computed, start, end - start + 1
+
+
+def keep_rows(logits_fn: Callable[[torch.Tensor], torch.Tensor], hidden_states: torch.Tensor,
+              spans: Iterable[Span]) -> None:
+    """Compute the spans' logits rows and keep them on the device (no host read of a value)."""
+    spans = list(spans)
+    if not spans:
+        return
+    logits = logits_fn(torch.cat([hidden_states[h: h + n] for _, _, h, _, n in spans]))
+    rows, first = [], 0
+    for serial, vocab, _, position, n in spans:
+        rows += [(first + i, serial, vocab, position + i) for i in range(n)]
+        first += n
+    vllm_switch.capture_rows(logits, rows)
+
+
+class PromptRowsV1:
+    """Mixed before vLLM's V1 model runner (GPU or CPU): keeps the rows, then vLLM's own prompt step."""
+
+    def _get_prompt_logprobs_dict(self, hidden_states: torch.Tensor, num_scheduled_tokens: dict[str, int]) -> Any:
+        runner: Any = self
+        spans = []
+        for req_id, scheduled in num_scheduled_tokens.items():
+            request = runner.requests.get(req_id)
+            want = None if request is None or request.prompt_token_ids is None else prompt_from(request.sampling_params)
+            if want is None:
+                continue
+            offset = int(runner.query_start_loc.np[runner.input_batch.req_id_to_index[req_id]])
+            span = prompt_span(want, offset, request.num_computed_tokens, scheduled, len(request.prompt_token_ids))
+            if span is not None:
+                spans.append(span)
+        keep_rows(runner.model.compute_logits, hidden_states, spans)
+        return super()._get_prompt_logprobs_dict(hidden_states, num_scheduled_tokens)  # type: ignore[misc]
+
+
+class PromptRowsV2:
+    """Mixed before the V2 runner's `PromptLogprobsWorker`: keeps the rows, then vLLM's own step.
+    Checked on the CPU without an engine only (the V2 runner's kernels are Triton's)."""
+
+    def add_request(self, req_id: str, req_idx: int, sampling_params: Any) -> None:
+        wants: dict[int, Want] = self.__dict__.setdefault("rstitch_wants", {})
+        want = prompt_from(sampling_params)
+        if want is None:
+            wants.pop(req_idx, None)
+        else:
+            wants[req_idx] = want
+        super().add_request(req_id, req_idx, sampling_params)  # type: ignore[misc]
+
+    def compute_prompt_logprobs(self, logits_fn: Callable[[torch.Tensor], torch.Tensor], hidden_states: torch.Tensor,
+                                input_batch: Any, all_token_ids: torch.Tensor, num_computed_tokens: torch.Tensor,
+                                prompt_lens: np.ndarray) -> Any:
+        wants: dict[int, Want] = self.__dict__.get("rstitch_wants", {})
+        if wants:
+            keep_rows(logits_fn, hidden_states, v2_spans(wants, input_batch, prompt_lens))
+        return super().compute_prompt_logprobs(  # type: ignore[misc]
+            logits_fn, hidden_states, input_batch, all_token_ids, num_computed_tokens, prompt_lens)
+
+
+def v2_spans(wants: dict[int, Want], input_batch: Any, prompt_lens: np.ndarray) -> list[Span]:
+    """The spans of a V2 step (requests by their slot, `idx_mapping_np`), from host counts only."""
+    spans = []
+    starts = input_batch.query_start_loc_np
+    for i, slot in enumerate(input_batch.idx_mapping_np.tolist()):
+        want = wants.get(slot)
+        if want is None:
+            continue
+        span = prompt_span(want, int(starts[i]), int(input_batch.num_computed_prefill_tokens_np[i]),
+                           int(starts[i + 1] - starts[i]), int(prompt_lens[slot]))
+        if span is not None:
+            spans.append(span)
+    return spans
+
+
+_SUBCLASSES: dict[tuple[type, type], type] = {}
+
+
+def _with(mixin: type, base: type) -> type:
+    if (mixin, base) not in _SUBCLASSES:
+        _SUBCLASSES[mixin, base] = type(f"RStitch{base.__name__}", (mixin, base), {})
+    return _SUBCLASSES[mixin, base]
+
+
+def keep_prompt_rows(worker: Any) -> str:
+    """Run in the worker (`LLM.collective_rpc`): give its model runner's prompt step the row
+    keeping. Returns the runner found ("v1" or "v2")."""
+    runner = worker.model_runner
+    prompt_worker = getattr(runner, "prompt_logprobs_worker", None)
+    if prompt_worker is not None:  # V2: the runner's component for prompt rows
+        if not isinstance(prompt_worker, PromptRowsV2):
+            prompt_worker.__class__ = _with(PromptRowsV2, type(prompt_worker))
+        return "v2"
+    if not hasattr(runner, "_get_prompt_logprobs_dict"):
+        raise RuntimeError(f"engine 'vllm': model runner {type(runner).__name__} has no prompt step to keep rows from")
+    if not isinstance(runner, PromptRowsV1):
+        runner.__class__ = _with(PromptRowsV1, type(runner))
+    return "v1"
