@@ -3,10 +3,13 @@
 vLLM owns the KV cache and shares it between requests through automatic prefix caching, so a
 `VLLMSequence` holds no cache of its own. Each forward the base class asks for becomes one vLLM
 request on the sequence's whole token list: the cached prefix is reused block by block and
-only the tail is computed. Distributions come back as log-probabilities (logits up to a
-constant, which every consumer of `TokenDistribution` is invariant to): the full vocabulary
-when it is small, else the top-k completed by spreading the remaining mass evenly
-(`complete_topk`; docs/vllm.md measures the entropy error).
+only the tail is computed. Distributions are raw logits rows kept on the device: the decoded
+positions' by the switch processor (`vllm_switch`), the verified prompt positions' by the model
+runner's prompt step (`vllm_rows`); exact, and never a vocabulary-sized list on the host. With
+the engine core in another process they come back as log-probabilities instead (logits up to a
+constant, which every consumer of `TokenDistribution` is invariant to): the full vocabulary when
+it is small, else the top-k completed by spreading the remaining mass evenly (`complete_topk`;
+docs/vllm.md measures the entropy error).
 
 Lookahead (`max_lookahead` > 1, off by default): a request that predicts the next token goes
 on to decode more tokens greedily and keeps their distributions. While the caller appends
