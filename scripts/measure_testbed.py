@@ -21,8 +21,8 @@ from rstitch.config_groups import compose_config
 from rstitch.data import load_dataset_records
 from rstitch.engines.cache import get_pair
 from rstitch.results.keys import run_dir
-from rstitch.rewards import load_prm
 from rstitch.runner import run_config
+from rstitch.scorers import load_prm
 
 TAUS = (0.001, 0.005, 0.01, 0.02, 0.03, 0.05)
 PS = (0.1, 0.3, 0.5, 0.7, 0.9)

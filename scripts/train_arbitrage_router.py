@@ -37,10 +37,10 @@ import torch
 from rstitch.config_groups import group_choices
 from rstitch.engines import load_pair
 from rstitch.errors import ConfigError
-from rstitch.rewards import load_prm
-from rstitch.routers.arbitrage_settings import ROUTER_TRAINING_SETTINGS, apply_router_training_settings
+from rstitch.scorers import load_prm
+from rstitch.scorers.arbitrage_settings import ROUTER_TRAINING_SETTINGS, apply_router_training_settings
 from rstitch.testbed import ASSETS_DIR, LLM_DIR, SLM_DIR
-from rstitch.training.arbitrage_router import (
+from rstitch.training.fit_arbitrage_router import (
     T0,
     FitSettings,
     LabelSettings,
@@ -64,7 +64,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help="router dir (default: assets/arbitrage_router; smoke: a temp dir)")
     p.add_argument("--slm", default=str(SLM_DIR))
     p.add_argument("--llm", default=str(LLM_DIR))
-    p.add_argument("--prm", default="testbed", help="PRM name (rstitch.rewards.PRMS)")
+    p.add_argument("--prm", default="testbed", help="PRM name (rstitch.scorers.PRMS)")
     p.add_argument("--prm-path", default=None)
     p.add_argument("--init", default=None, help="router initialization (default: the SLM)")
     p.add_argument("--prompt", default="chat", choices=group_choices("prompt"), help="conf/prompt/<name>.yaml")

@@ -36,7 +36,7 @@ breaks the answer, so a 50/50 router is never right and every group is dropped. 
 P(LLM) = 0.95 (close to R-Stitch) makes about half the rollouts correct.
 
 The DAPO pieces (reward, dynamic sampling, advantages, the clipped loss, routed rollouts) are in
-rstitch/training/dapo.py and the loop in rstitch/training/rstitch_plus.py; this script parses the
+rstitch/training/dapo.py and the loop in rstitch/training/fit_rstitch_router.py; this script parses the
 arguments and calls them. DAPO-Math-17k is the data registry's `dapo_math`.
 
 Training curves (reward, accuracy, latency, LLM-token share, ...) go to W&B (offline without an
@@ -56,10 +56,10 @@ import torch
 from rstitch.config_groups import group_choices, pair_config, prompt_format
 from rstitch.engines import load_pair
 from rstitch.metrics.latency_model import fit_profile, load_pair_latency, profile_runner
-from rstitch.routers.rstitch_router import save_router
+from rstitch.scorers.rstitch_router import save_router
 from rstitch.testbed import ASSETS_DIR
 from rstitch.training.dapo import CLIP_HIGHER, PAPER_LAMBDA, TESTBED_LAMBDA, RolloutSettings, rollout_budget
-from rstitch.training.rstitch_plus import (
+from rstitch.training.fit_rstitch_router import (
     TRAINING_DATA,
     TrainSettings,
     build_smoke_pair,

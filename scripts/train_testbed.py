@@ -13,7 +13,7 @@ Pipeline:
      examples (conversation + JUDGE_PREFIX -> one digit, 9 = correct step, 0 = wrong)  -> OUT/llm
   5. sample the LLM on training problems; solve greedily problems with operands a little past the
      training range, where it errs the way it errs on test problems (`stretch_samples`)
-  6. PRM: the LLM read through its own predictions (`rstitch.rewards.likelihood_prm`): a logistic
+  6. PRM: the LLM read through its own predictions (`rstitch.scorers.likelihood_prm`): a logistic
      head on the lowest probability it gives a written digit or operator, fitted on step-checker
      labels of both models' solutions and of corrupted ones  -> OUT/prm (the head; it reads OUT/llm)
   7. validation: greedy accuracy / output length of SLM and LLM, judge and PRM ROC-AUC -> OUT/train_report.json

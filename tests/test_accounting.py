@@ -10,8 +10,8 @@ from rstitch.methods import DecodeContext, build_method
 from rstitch.methods.base import Method
 from rstitch.results import summarize_samples
 from rstitch.results.summary import summarize_run
-from rstitch.rewards.base import ProcessRewardModel
-from rstitch.routers.rstitch_router import RouterConfig, RStitchRouter
+from rstitch.scorers.prm import ProcessRewardModel
+from rstitch.scorers.rstitch_router import RouterConfig, RStitchRouter
 from rstitch.testbed import ASSETS_DIR
 
 PROMPT = [5, 6, 7, 8]

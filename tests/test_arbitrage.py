@@ -5,7 +5,7 @@ from rstitch.engines import Sampler
 from rstitch.errors import ConfigError
 from rstitch.methods import DecodeContext, build_method
 from rstitch.methods.base import LLM, SLM
-from rstitch.routers.arbitrage import ArbitrageRouter, encode_router_input, router_pieces
+from rstitch.scorers.arbitrage_router import ArbitrageRouter, encode_router_input, router_pieces
 from rstitch.testbed import ASSETS_DIR, generate_problems
 
 from conftest import decode_testbed_problem

@@ -3,7 +3,7 @@ import torch
 
 from rstitch.methods.base import LLM, SLM
 from rstitch.methods.rstitch_plus import RouterDecision
-from rstitch.routers.rstitch_router import RouterConfig, RStitchRouter
+from rstitch.scorers.rstitch_router import RouterConfig, RStitchRouter
 from rstitch.training import dapo
 from rstitch.training.dapo import dapo_loss
 

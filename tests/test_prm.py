@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from rstitch.errors import ConfigError
-from rstitch.rewards import PRMS, check_prm_spec, load_prm
-from rstitch.rewards.hf_prm import QwenMathPRM, SkyworkPRM
-from rstitch.rewards.likelihood_prm import CheckedValues, LikelihoodHead, TestbedPRM, fit_head, save_prm
-from rstitch.rewards.oracle import OracleStepChecker, parse_problem
+from rstitch.scorers import PRMS, check_prm_spec, load_prm
+from rstitch.scorers.hf_prm import QwenMathPRM, SkyworkPRM
+from rstitch.scorers.likelihood_prm import CheckedValues, LikelihoodHead, TestbedPRM, fit_head, save_prm
+from rstitch.scorers.oracle import OracleStepChecker, parse_problem
 from rstitch.testbed import check_steps, corrupt_steps, first_wrong_step, generate_problems
 
 PROBLEM = "What is 3 + 4 * 2?"
@@ -239,7 +239,7 @@ def test_shipped_testbed_prm_ranks_right_steps_above_wrong_ones():
 def test_llm_judge_reads_yes_against_no_at_the_last_position_through_the_engine(tmp_path, char_tokenizer):
     from transformers import AutoTokenizer
 
-    from rstitch.rewards.judge_prm import LLMJudgePRM
+    from rstitch.scorers.judge_prm import LLMJudgePRM
 
     char_tokenizer.save_pretrained(tmp_path)
     tok = AutoTokenizer.from_pretrained(tmp_path)
@@ -279,7 +279,7 @@ def test_the_stand_in_judge_runs_on_the_runs_engine_with_its_threads(engine, exp
 
 
 def test_the_stand_in_judge_passes_its_engine_and_threads_to_the_scoring_model(monkeypatch):
-    import rstitch.rewards.judge_prm as judge_prm
+    import rstitch.scorers.judge_prm as judge_prm
 
     seen = []
 

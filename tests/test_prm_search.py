@@ -7,7 +7,7 @@ from rstitch.errors import ConfigError
 from rstitch.grading import extract_answer, normalize_answer
 from rstitch.methods import DecodeContext, build_method
 from rstitch.methods.base import LLM, SLM
-from rstitch.rewards.base import ProcessRewardModel
+from rstitch.scorers.prm import ProcessRewardModel
 from rstitch.testbed import generate_problems
 
 PROMPT = [5, 6, 7, 8]

@@ -22,7 +22,7 @@ from rstitch.engines import Sampler  # noqa: E402
 from rstitch.engines.cache import get_pair  # noqa: E402
 from rstitch.methods import DecodeContext, build_method  # noqa: E402
 from rstitch.methods.specreason import digit_token_ids, judge_prompt  # noqa: E402
-from rstitch.rewards import load_prm  # noqa: E402
+from rstitch.scorers import load_prm  # noqa: E402
 
 from conftest import benchmark_file  # noqa: E402
 

@@ -237,7 +237,7 @@ def test_remote_code_is_off_unless_a_config_sets_it_and_then_warns(tiny_pair, ca
     import inspect
 
     from rstitch.engines.hf import HFModelRunner
-    from rstitch.rewards.hf_prm import QwenMathPRM
+    from rstitch.scorers.hf_prm import QwenMathPRM
 
     assert inspect.signature(QwenMathPRM).parameters["trust_remote_code"].default is False
     assert compose_config(["method=rsd", "prm=qwen2.5_math_prm_7b"])["method"]["prm"]["trust_remote_code"] is True

@@ -9,7 +9,7 @@ from rstitch.methods import DecodeContext, build_method
 from rstitch.methods.base import LLM, SLM
 from rstitch.methods.rsd import RSD, WEIGHTINGS, accepts
 from rstitch.methods.steps import step_text
-from rstitch.rewards.likelihood_prm import LikelihoodHead, TestbedPRM, save_prm
+from rstitch.scorers.likelihood_prm import LikelihoodHead, TestbedPRM, save_prm
 
 from conftest import decode_testbed_problem
 

@@ -9,7 +9,7 @@ from rstitch.methods import DecodeContext, build_method
 from rstitch.methods.base import LLM, SLM
 from rstitch.methods.rstitch_plus import RouterSwitch, routed_decode
 from rstitch.metrics.latency_model import LatencyModel, estimate_latency, latency_file
-from rstitch.routers.rstitch_router import CONFIG_FILE, WEIGHTS_FILE, RouterConfig, RStitchRouter, load_router, save_router
+from rstitch.scorers.rstitch_router import CONFIG_FILE, WEIGHTS_FILE, RouterConfig, RStitchRouter, load_router, save_router
 
 PROMPT = [5, 6, 7, 8]
 TAU = 0.35  # mixes both models on the tiny pair (see test_methods)

@@ -14,10 +14,10 @@ import torch
 
 import rstitch.engines.hf as hf_engine
 from rstitch.engines import load_scoring_model
-from rstitch.rewards.hf_prm import QwenMathPRM, SkyworkPRM
-from rstitch.rewards.judge_prm import LLMJudgePRM
-from rstitch.rewards.likelihood_prm import LikelihoodHead, TestbedPRM, save_prm
-from rstitch.routers.arbitrage import ArbitrageRouter
+from rstitch.scorers.arbitrage_router import ArbitrageRouter
+from rstitch.scorers.hf_prm import QwenMathPRM, SkyworkPRM
+from rstitch.scorers.judge_prm import LLMJudgePRM
+from rstitch.scorers.likelihood_prm import LikelihoodHead, TestbedPRM, save_prm
 
 PROBLEM = "What is 3 + 4 * 2?"
 STEPS = ["4 * 2 = 8", "3 + 8 = 11", "so the answer is 11"]

@@ -68,7 +68,7 @@ def test_outputs_load(smoke_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rstitch.methods.specreason import JUDGE_PREFIX, judge_prompt
-    from rstitch.rewards import load_prm
+    from rstitch.scorers import load_prm
     from rstitch.testbed import STEP_SEPARATOR, generate_problems
     from rstitch.testbed.tokenizer import render_prompt
 

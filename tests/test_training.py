@@ -11,7 +11,7 @@ from rstitch.data.prompts import PromptFormat
 from rstitch.metrics.latency_model import LatencyModel
 from rstitch.testbed import generate_problems
 from rstitch.training.dapo import RolloutSettings
-from rstitch.training.rstitch_plus import TrainSettings, new_router, train_router, training_problems, write_history
+from rstitch.training.fit_rstitch_router import TrainSettings, new_router, train_router, training_problems, write_history
 
 
 def test_testbed_training_problems_come_from_the_registry_unchanged():
@@ -55,7 +55,7 @@ def test_arbitrage_labels_are_balanced_and_evaluated_per_class():
 
     import numpy as np
 
-    from rstitch.training.arbitrage_router import Example, balanced, evaluate
+    from rstitch.training.fit_arbitrage_router import Example, balanced, evaluate
 
     examples = [Example("p", [], f"d{i}", delta) for i, delta in enumerate([0.5, 0.2, -0.1, 0.0, -0.3, -0.4])]
     chosen = balanced(examples, random.Random(0))
@@ -76,7 +76,7 @@ class LengthPRM:
 
 def test_arbitrage_paired_steps_label_each_step_and_follow_the_choice(tiny_runners):
     from rstitch.methods.base import LLM
-    from rstitch.training.arbitrage_router import LabelSettings, paired_steps
+    from rstitch.training.fit_arbitrage_router import LabelSettings, paired_steps
 
     settings = LabelSettings(max_new_tokens=12, max_step_tokens=4, max_steps=3, gen_batch_size=2, follow="target")
     examples = paired_steps(settings, ["1+1?", "2+3?"], tiny_runners, LengthPRM(), minutes=10)
@@ -88,7 +88,7 @@ def test_arbitrage_paired_steps_label_each_step_and_follow_the_choice(tiny_runne
 
 
 def test_arbitrage_router_trains_and_predicts(tiny_pair):
-    from rstitch.training.arbitrage_router import Example, FitSettings, encode, load_router, predict, train
+    from rstitch.training.fit_arbitrage_router import Example, FitSettings, encode, load_router, predict, train
 
     model, tokenizer = load_router(tiny_pair["slm"], "cpu")
     examples = [Example("1+1?", [], "2", 1.0), Example("2+2?", [], "5", -1.0)] * 2

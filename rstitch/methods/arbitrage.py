@@ -18,7 +18,7 @@ from typing import Any
 from rstitch.errors import ConfigError
 from rstitch.methods.base import LLM, SLM, register_method, require_number
 from rstitch.methods.steps import DEFAULT_PRM, DraftVerifyMethod, Step, StepDecoder, StepMethod, StepRun, Verdict
-from rstitch.routers.arbitrage import ArbitrageRouter
+from rstitch.scorers.arbitrage_router import ArbitrageRouter
 
 
 @dataclass

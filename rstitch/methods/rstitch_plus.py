@@ -2,7 +2,7 @@
 Algorithm 1 in appendix A.3, the R-Stitch+ branch; the router of appendix A.13).
 
 Algorithm 1, lines 10-22: low-entropy tokens (normalized entropy <= tau) go to the
-SLM, exactly as in R-Stitch. The router (`rstitch.routers.rstitch_router`) is consulted only
+SLM, exactly as in R-Stitch. The router (`rstitch.scorers.rstitch_router`) is consulted only
 while the SLM is active and uncertain, and reads the SLM's last hidden state:
 
 * SLM active: its token is kept iff H <= tau or the router says SLM; otherwise it is discarded
@@ -41,7 +41,7 @@ from rstitch.methods.base import (
 )
 from rstitch.methods.token_switch import switch_decode
 from rstitch.metrics.latency_model import ForwardTrace, LatencyModel, estimate_latency, load_pair_latency
-from rstitch.routers.rstitch_router import RStitchRouter, load_router, router_metadata
+from rstitch.scorers.rstitch_router import RStitchRouter, load_router, router_metadata
 
 PAPER_TAU = 0.001
 

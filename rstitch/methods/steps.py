@@ -32,8 +32,8 @@ import torch
 from rstitch.engines import CostCounter, ModelPair, Sampler, Sequence
 from rstitch.errors import ConfigError
 from rstitch.methods.base import EXTRA_FLOPS, LLM, SLM, DecodeContext, DecodeResult, Method, model_flops, require_int
-from rstitch.rewards import ProcessRewardModel, check_prm_spec, resolve_prm
-from rstitch.rewards.prefix_cache import common_prefix_length
+from rstitch.scorers import ProcessRewardModel, check_prm_spec, resolve_prm
+from rstitch.scorers.prefix_cache import common_prefix_length
 
 DEFAULT_PRM = {"name": "testbed"}
 MODEL_SOURCES = {"slm": SLM, "llm": LLM}

@@ -1,4 +1,4 @@
-"""DAPO for R-Stitch+'s router (training/rstitch_plus.py runs the loop; docs/rstitch-plus.md).
+"""DAPO for R-Stitch+'s router (training/fit_rstitch_router.py runs the loop; docs/rstitch-plus.md).
 
 A group of G routed rollouts per prompt; reward R = r_acc - lam * r_acc * L_hat (the latency
 model's estimate in ms); groups whose rewards are all equal are dropped (dynamic sampling);
@@ -17,7 +17,7 @@ from rstitch.grading import grade
 from rstitch.methods.base import LLM, DecodeContext
 from rstitch.methods.rstitch_plus import RouterDecision, RouterSwitch, routed_decode
 from rstitch.metrics.latency_model import LatencyModel
-from rstitch.routers.rstitch_router import RStitchRouter
+from rstitch.scorers.rstitch_router import RStitchRouter
 
 PAPER_LAMBDA = 5e-6  # per ms, for 7B-32B models on GPU
 TESTBED_LAMBDA = 2.5e-4  # per ms: a testbed LLM-only trajectory (~750 ms on CPU) pays ~0.19

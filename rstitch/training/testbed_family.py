@@ -21,7 +21,7 @@ from rstitch.engines.hf import cache_kwargs
 from rstitch.judge_prompt import judge_prompt
 from rstitch.methods.specreason import digit_ids
 from rstitch.metrics import roc_auc
-from rstitch.rewards.likelihood_prm import (
+from rstitch.scorers.likelihood_prm import (
     CheckedLogProbs,
     CheckedValues,
     LikelihoodHead,
@@ -126,7 +126,6 @@ def lr_at(step: int, total: int, base: float, time_frac: float = 0.0, warmup: in
     return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
-
 class FamilyTrainer:
     """One training run of the testbed family (tokenizer, SLM, LLM with the judge, PRM head), with
     its options (scripts/train_testbed.py's arguments), output directory and report."""
@@ -164,7 +163,6 @@ class FamilyTrainer:
         prompt = self.tok.encode(render_prompt(self.tok, prob.problem), add_special_tokens=False)
         target = self.tok.encode(prob.solution(style), add_special_tokens=False) + [self.eos]
         return prompt + target, [-100] * len(prompt) + target
-
 
     def stitched_example(self, prob: TestbedProblem, style: str, rng: random.Random) -> tuple[list[int], list[int]]:
         """A solution begun by the other model, cut at any token, continued by a model of `style`.
@@ -297,7 +295,6 @@ class FamilyTrainer:
         self.tok.padding_side = "right"
         return outs
 
-
     def accuracy(self, model, problems, max_new: int) -> dict:
         t0 = time.time()
         texts = self.generate(model, problems, max_new)
@@ -312,7 +309,6 @@ class FamilyTrainer:
         model.save_pretrained(d, safe_serialization=True)
         self.tok.save_pretrained(d)
 
-
     def labelled(self, problems: list[TestbedProblem], texts: list[str], what: str) -> list[tuple[TestbedProblem, list[str]]]:
         """(problem, steps) of each text that has steps; logs and reports how many steps are wrong."""
         samples = [(q, steps) for q, t in zip(problems, texts) if (steps := split_steps(t))]
@@ -321,7 +317,6 @@ class FamilyTrainer:
         self.log(f"{what}: {len(samples)} solutions, {len(labels)} steps, {wrong:.3f} wrong")
         self.report.setdefault("samples", {})[what] = {"solutions": len(samples), "steps": len(labels), "wrong_step_frac": wrong}
         return samples
-
 
     def sample_model(self, model, n: int, max_new: int, seed: int, name: str) -> list[tuple[TestbedProblem, list[str]]]:
         """Sampled (temperature 1) and greedy solutions of n training problems (none if n is 0)."""
@@ -332,7 +327,6 @@ class FamilyTrainer:
         texts = self.generate(model, probs[:half], max_new) + self.generate(model, probs[half:], max_new, temperature=1.0, seed=seed)
         return self.labelled(probs, texts, f"{name} samples")
 
-
     def stretch_samples(self, model, n: int, max_new: int, seed: int, name: str) -> list[tuple[TestbedProblem, list[str]]]:
         """Greedy solutions of n training problems whose operands run a little past the training
         range: the model errs there often, and greedily, the way it errs on test problems."""
@@ -340,7 +334,6 @@ class FamilyTrainer:
             return []
         probs = generate_problems("train", n, seed=30_000 + seed, difficulty=STRETCH_DIFFICULTY)
         return self.labelled(probs, self.generate(model, probs, max_new), f"{name} stretch")
-
 
     def causal_lm(self, name: str, init: Path | None, layers: int, hidden: int) -> LlamaForCausalLM:
         """A fresh model of the given shape, or the checkpoint `init` to continue from."""

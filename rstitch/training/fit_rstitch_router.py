@@ -21,7 +21,7 @@ from rstitch.data.prompts import PromptFormat
 from rstitch.engines import ModelPair
 from rstitch.methods.base import LLM
 from rstitch.metrics.latency_model import LatencyModel
-from rstitch.routers.rstitch_router import RouterConfig, RStitchRouter, load_router
+from rstitch.scorers.rstitch_router import RouterConfig, RStitchRouter, load_router
 from rstitch.training.dapo import (
     CLIP_HIGHER,
     Rollout,

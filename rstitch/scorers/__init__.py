@@ -1,4 +1,5 @@
-"""Process reward models: `load_prm(name, **options)` (configs in conf/prm/)."""
+"""Models that score steps: process reward models (`load_prm(name, **options)`, configs in conf/prm/),
+the LLM judge, the Arbitrage and R-Stitch+ routers, and the prefix cache they score through."""
 from __future__ import annotations
 
 import json
@@ -6,16 +7,16 @@ from typing import Any
 
 from rstitch.errors import ConfigError
 from rstitch.registry import Registry
-from rstitch.rewards.base import ProcessRewardModel
+from rstitch.scorers.prm import ProcessRewardModel
 
 # name -> "module:Class"; imported lazily so a PRM's dependencies load only when used.
 PRMS: Registry[type[ProcessRewardModel]] = Registry("PRM")
 for _name, _entry in {
-    "testbed": "rstitch.rewards.likelihood_prm:TestbedPRM",
-    "oracle": "rstitch.rewards.oracle:OracleStepChecker",
-    "skywork": "rstitch.rewards.hf_prm:SkyworkPRM",
-    "qwen_math_prm": "rstitch.rewards.hf_prm:QwenMathPRM",
-    "llm_judge": "rstitch.rewards.judge_prm:LLMJudgePRM",
+    "testbed": "rstitch.scorers.likelihood_prm:TestbedPRM",
+    "oracle": "rstitch.scorers.oracle:OracleStepChecker",
+    "skywork": "rstitch.scorers.hf_prm:SkyworkPRM",
+    "qwen_math_prm": "rstitch.scorers.hf_prm:QwenMathPRM",
+    "llm_judge": "rstitch.scorers.judge_prm:LLMJudgePRM",
 }.items():
     PRMS.register(_name, _entry)
 _LOADED: dict[str, ProcessRewardModel] = {}  # reused across the jobs of a sweep, like model pairs

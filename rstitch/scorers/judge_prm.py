@@ -23,8 +23,8 @@ import torch
 
 from rstitch.engines import TokenDistribution, load_scoring_model
 from rstitch.errors import ConfigError
-from rstitch.rewards.base import ProcessRewardModel
-from rstitch.rewards.prefix_cache import PrefixCachedScorer
+from rstitch.scorers.prefix_cache import PrefixCachedScorer
+from rstitch.scorers.prm import ProcessRewardModel
 
 JUDGE_QUESTION = (
     "Is the last step of your solution above correct (right arithmetic and valid logic)? "

@@ -22,7 +22,7 @@ from rstitch.engines.hf import cache_kwargs
 from rstitch.methods.base import LLM, SLM
 from rstitch.methods.steps import step_text
 from rstitch.metrics import spearman
-from rstitch.routers.arbitrage import encode_router_input
+from rstitch.scorers.arbitrage_router import encode_router_input
 
 
 def log(msg: str) -> None:
@@ -270,7 +270,7 @@ def build_smoke_models(root: Path) -> dict[str, str]:
     """Tiny random SLM, LLM and (likelihood) PRM on the testbed tokenizer."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from rstitch.rewards.likelihood_prm import LikelihoodHead, save_prm
+    from rstitch.scorers.likelihood_prm import LikelihoodHead, save_prm
     from rstitch.testbed.tokenizer import build_tokenizer
 
     tok = build_tokenizer(root / "tokenizer")

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 
 from rstitch.errors import ConfigError
-from rstitch.rewards.base import ProcessRewardModel
+from rstitch.scorers.prm import ProcessRewardModel
 from rstitch.testbed.checking import check_steps
 from rstitch.testbed.problems import TestbedProblem, make_problem, problem_text
 

@@ -27,8 +27,8 @@ import torch
 
 from rstitch.engines import load_scoring_model
 from rstitch.errors import ConfigError
-from rstitch.rewards.base import ProcessRewardModel
-from rstitch.rewards.prefix_cache import PrefixCachedScorer, logit_rows
+from rstitch.scorers.prefix_cache import PrefixCachedScorer, logit_rows
+from rstitch.scorers.prm import ProcessRewardModel
 
 HEAD_FILE = "prm_head.json"
 FEATURES = ("solution_min", "step_min")
@@ -201,7 +201,7 @@ class TestbedPRM(ProcessRewardModel):
     def encode(self, problem: str, steps: Sequence[str]) -> tuple[list[int], int, list[int]]:
         """Input ids, the first solution token, and the last token of each step's separator."""
         if self._testbed_only and problem not in self._checked:
-            from rstitch.rewards.oracle import parse_problem
+            from rstitch.scorers.oracle import parse_problem
 
             parse_problem(problem)
             self._checked.add(problem)

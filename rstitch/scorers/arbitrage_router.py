@@ -22,7 +22,7 @@ from rstitch.engines import load_scoring_model, require_engine
 from rstitch.engines.base import torch_dtype
 from rstitch.engines.loading import load_config, model_load_errors
 from rstitch.errors import ConfigError
-from rstitch.rewards.prefix_cache import PrefixCachedScorer
+from rstitch.scorers.prefix_cache import PrefixCachedScorer
 
 DRAFT_AUTHOR, TARGET_AUTHOR = 0, 1
 

@@ -28,8 +28,8 @@ import torch
 from rstitch.engines import ModelRunner, TokenDistribution, engine_class, load_scoring_model, require_engine
 from rstitch.engines.base import torch_dtype
 from rstitch.errors import ConfigError
-from rstitch.rewards.base import ProcessRewardModel
-from rstitch.rewards.prefix_cache import PrefixCachedScorer, logit_rows
+from rstitch.scorers.prefix_cache import PrefixCachedScorer, logit_rows
+from rstitch.scorers.prm import ProcessRewardModel
 
 QWEN_MATH_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
 QWEN_STEP_TOKEN = "<extra_0>"
