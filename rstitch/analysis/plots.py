@@ -1,18 +1,5 @@
 """The papers' figures from our runs, as matplotlib Figures (no pyplot state, so they render the
-same in scripts, reports and notebooks; a notebook displays a returned Figure).
-
-- `accuracy_latency_figure`: accuracy vs latency per method, the Pareto frontier marked, random
-  routing as grey crosses (R-Stitch Fig. 4); with `uncertainty.with_intervals` columns, 95% error
-  bars on both axes and each point's share of bootstrap resamples on the frontier.
-- `accuracy_acceptance_figure`: accuracy vs acceptance rate (Arbitrage Fig. 4).
-- `speedup_figure`: each run's speedup with its interval, the one the console table leads with,
-  contended runs labelled.
-- `sample_speedup_figure`: per-problem speedup bars coloured by correctness outcome, with the
-  token-reduction curve (R-Stitch Fig. 6).
-- `entropy_figure`: mean entropy of correct vs incorrect traces as violins, and the token
-  entropy histogram (R-Stitch Fig. 3).
-- `speedup_consistency_figure`: speculative decoding's speedup vs token consistency (R-Stitch Fig. 1a).
-"""
+same in scripts, reports and notebooks; a notebook displays a returned Figure)."""
 from __future__ import annotations
 
 import io

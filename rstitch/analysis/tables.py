@@ -1,12 +1,4 @@
-"""Tables in the papers' layouts, rendered as Markdown or LaTeX (booktabs).
-
-- `accuracy_latency_tables`: R-Stitch Table 1, Acc / Lat / Spd per dataset and method, one table
-  per pair and budget.
-- `token_tables`: R-Stitch's token tables, LLM / SLM / total tokens and the reduction of the total
-  against LLM-only, per dataset.
-- `benchmark_accuracy_tables`: RSD Table 2, accuracy per benchmark, the average, and its
-  difference to the target-only (`llm_only`) row.
-"""
+"""Tables in the papers' layouts, rendered as Markdown or LaTeX (booktabs)."""
 from __future__ import annotations
 
 import math

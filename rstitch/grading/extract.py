@@ -1,16 +1,4 @@
-"""Pull the final answer out of a model response.
-
-Order of preference (docs/grading.md, "Extraction"):
-
-1. the last complete ``\\boxed{...}`` (also ``\\fbox``, ``\\framebox`` and ``\\boxed 5``), joined
-   with the boxes right before it when only "and", "or", commas or spacing separate them (one
-   answer written in several boxes), unless a "final answer" statement follows the last box;
-2. an explicit "final answer is X" / "answer: X" statement, read down to the value it states;
-3. the last math span (``$...$``, ``\\(...\\)``, ``\\[...\\]``), unless a bare number follows it;
-4. the last number.
-
-Multiple-choice responses are reduced to a single option letter.
-"""
+"""Pull the final answer out of a model response, by the rules of docs/grading.md, "Extraction"."""
 from __future__ import annotations
 
 import bisect

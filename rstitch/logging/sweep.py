@@ -1,18 +1,7 @@
-"""The W&B summary of a sweep: after a Hydra multirun, one W&B run holds every point of the sweep
-(a table with each point's intervals, the Pareto frontier flagged per comparison group, with the
-share of bootstrap resamples of the problems in which each point stays on it), a native scatter
-plot of accuracy vs latency with a native chart of its 95% intervals (`wandb_charts.py`), and the
-accuracy-latency figures with error bars.
-
-`SweepSummary` is a Hydra callback (conf/config.yaml, `hydra.callbacks`). After every multirun it
-fills in the speedups of the points that finished before a baseline of the same sweep (parallel
-jobs), then prints one table of the sweep's runs, last on the console (with the submitit launchers
-the jobs' own output goes to `.submitit/`, so this is the only result shown); with `logger=wandb`
-it logs the W&B summary first, unless a rerun changed no sample. The sweep's runs are its points'
-run directories (and, with `baseline=auto`, their baselines'), composed from the sweep's overrides
-as the launcher composed them: another sweep writing under the same `results_root` at the same
-time does not enter its table.
-"""
+"""The console table and W&B summary of a sweep, a Hydra callback (`hydra.callbacks`; docs/analysis.md
+and docs/scale-out.md). The sweep's runs are its points' run directories composed from the sweep's
+overrides as the launcher composed them, so another sweep writing under the same `results_root`
+does not enter its table."""
 from __future__ import annotations
 
 import hashlib

@@ -1,11 +1,7 @@
 """The sweep summary's native W&B chart of accuracy vs latency with 95% error bars.
 
-W&B's built-in chart presets draw no error bar, and a custom Vega preset must first be stored on
-the W&B server; so the bars are drawn with the built-in line preset: each run's accuracy interval
-is a vertical two-point segment at its latency and its latency interval a horizontal one at its
-accuracy, one stroke each, crossing at the run's point. A two-point segment is the same line in
-whichever order the chart sorts its points.
-"""
+W&B's presets draw no error bar, so each interval is a two-point segment of the built-in line
+preset (a two-point segment is the same line in whichever order the chart sorts its points)."""
 from __future__ import annotations
 
 from typing import Any

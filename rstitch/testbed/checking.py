@@ -62,35 +62,9 @@ def _parse_binary(expr: str) -> tuple[int, str, int] | None:
 
 
 def check_steps(problem: TestbedProblem, steps: Sequence[str]) -> list[bool]:
-    """For each step, whether it is correct.
-
-    Steps come from ``text.split("\\n\\n")``; both styles and mixtures of them
-    are accepted. The checker tracks the *true* running value and the index of
-    the next operation of the problem. Each step is judged against the true
-    running value, so after a wrong step every step that builds on the wrong
-    value is wrong too. Rules for one step:
-
-    * Equations are chains ``E0 = E1 = ... = En`` of integer expressions
-      (``47 + 38 = 47 + 30 + 8 = 77 + 8 = 85``). Every chain must be
-      arithmetically right (all expressions equal).
-    * A chain whose first expression is ``a op b`` with (op, b) equal to the
-      next operation of the problem is an attempt at that operation: it is
-      right iff also ``a`` is the true running value; either way the
-      operation counts as done and the true running value advances.
-    * A check (a chain right after the word "Check", like ``Check: 85 - 38 =
-      47``) must start from a value already established: the true running
-      value before or after this step's operation, or a result stated earlier
-      in this step.
-    * Any other chain is right only if it restates an operation already done
-      (``47 + 38 = 85`` again); e.g. ``47 + 39 = 86`` for "add 38" is wrong.
-      A check is never an attempt, and a step makes at most one attempt
-      unless a later chain starts exactly from the true running value.
-    * ``\\boxed{x}`` is right iff x equals the gold answer and no operation of
-      the problem is left undone.
-    * A step with neither equation nor box (``We start with 47.``,
-      ``Adding 38:``) is right iff every number it states is the true running
-      value, the operand of the next operation, or the start value.
-    """
+    """For each step, whether it is correct, by the rules of docs/testbed.md, "Step checker"; beyond
+    them, a check is never an attempt, and a step makes at most one attempt unless a later chain
+    starts exactly from the true running value."""
     ops = list(problem.ops)
     true_vals = problem.values
     k = 0  # index of the next operation
@@ -150,16 +124,9 @@ def first_wrong_step(problem: TestbedProblem, steps: Sequence[str]) -> int | Non
 
 
 def locate_errors(problem: TestbedProblem, steps: Sequence[str]) -> list[tuple[int, int] | None]:
-    """Where each wrong step goes wrong: per step, None if it is correct, else ``(good, bad)``
-    character offsets: ``step[:good]`` is still correct and ``step[:bad]`` is already wrong.
-
-    A prefix of a step can be judged on its own only where an expression ends, so the cuts
-    are the ends of expressions (the first number of each chain, before each "=", the end
-    of each chain and each box);
-    the error lies between the last correct cut and the first wrong one (the step's end when
-    every cut before it is correct). These are the dense labels of the testbed PRM: they show
-    the token where a step goes wrong, not only the step.
-    """
+    """Per step, None if it is correct, else ``(good, bad)`` character offsets: ``step[:good]`` is
+    still correct and ``step[:bad]`` already wrong, judged at the ends of expressions (the only
+    places a prefix can be judged on its own). The testbed PRM's dense labels."""
     located: list[tuple[int, int] | None] = []
     for k, (step, ok) in enumerate(zip(steps, check_steps(problem, steps))):
         if ok:

@@ -15,18 +15,9 @@ CORRUPTION_KINDS = ("slip", "carry", "link", "operand", "value", "answer")  # dr
 def corrupt_steps(
     problem: TestbedProblem, style: str, rng: random.Random, kind: str | None = None
 ) -> list[str]:
-    """A solution with one injected error that later steps carry forward.
-
-    kind: "slip" (one digit of a result changed), "carry" (result off by 10 or
-    100: a missed or extra carry), "link" (a slip inside the chain, on the partial
-    result the chain goes on from), "operand" (wrong operand used), "value"
-    (wrong running value copied), "answer" (wrong boxed answer) or "misread"
-    (the operation or operand of another step of the problem applied, a mistake the
-    trained LLM makes; chosen only when asked for, so that drawing a random kind
-    stays as it was). The error is propagated: later steps compute correctly
-    from the wrong value, as a model that slipped would. Labels come from
-    :func:`check_steps`.
-    """
+    """A solution with one injected error of `kind` (docs/testbed.md, "Step checker"), carried
+    forward: later steps compute correctly from the wrong value, as a model that slipped would.
+    "misread" is chosen only when asked for by name, so that drawing a random kind stays as it was."""
     kind = kind or rng.choice(CORRUPTION_KINDS)
     if kind not in (known := (*CORRUPTION_KINDS, "misread")):
         raise ValueError(f"unknown corruption kind {kind!r}; choose from {known}")

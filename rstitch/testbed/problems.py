@@ -1,34 +1,5 @@
-"""Synthetic multi-step arithmetic word problems: the offline testbed task.
-
-A problem starts from an integer and applies 1-6 operations (add, subtract,
-multiply by a one-digit number), e.g.
-
-    Start with 47. Add 38, then multiply by 6, then subtract 129. What is the result?
-
-Every intermediate value stays in [0, 1000); a multiplication is always a
-two-digit (or one-digit) number times a one-digit number.
-
-Two solution styles share the step separator "\\n\\n" and end in \\boxed{answer}:
-
-* ``concise`` (small-model style): one equation chain per step, splitting the
-  operand (or, for a product, the multiplicand) into tens and ones::
-
-      47 + 38 = 47 + 30 + 8 = 77 + 8 = 85\\n\\n85 * 6 = 80 * 6 + 5 * 6 = 480 + 30 = 510
-      \\n\\n...\\n\\n\\boxed{381}
-
-* ``verbose`` (large-model style): the same chains, with an opening
-  restatement, a header per step, a check, and a closing sentence::
-
-      We start with 47.\\n\\nAdding 38: 47 + 38 = 47 + 30 + 8 = 77 + 8 = 85.
-      Check: 85 - 38 = 47.\\n\\n...\\n\\nSo the answer is \\boxed{381}.
-
-Splits are disjoint by construction: a problem belongs to the split selected
-by a stable hash of its canonical form (start value and operations), so the
-same problem text can never appear in two splits.
-
-The exact step checker is in ``checking.py``, the injected errors of wrong
-solutions in ``corruption.py``.
-"""
+"""Synthetic multi-step arithmetic word problems, the offline testbed task, in two solution styles
+(docs/testbed.md, "The task"); the step checker is in ``checking.py``, injected errors in ``corruption.py``."""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
-"""The shared tokenizer of the testbed models.
-
-A byte-level BPE (``tokenizers``) trained on the testbed corpus, Qwen-like:
-numbers are split digit by digit (a leading space stays on the first digit:
-" 47" -> " 4", "7"), runs of newlines are isolated pieces (so the
-step separator "\\n\\n" is always exactly one token), and frequent words are
-single tokens. Saved as a ``PreTrainedTokenizerFast`` with a Jinja chat
-template::
-
-    <|user|>\\n{problem}\\n<|assistant|>\\n{solution}<|endoftext|>\\n
-
-``apply_chat_template(msgs, add_generation_prompt=True)`` ends with
-``"<|assistant|>\\n"``; an assistant turn ends with the eos token
-``<|endoftext|>``.
-"""
+"""The shared tokenizer of the testbed models: a digit-wise byte-level BPE with a chat template
+(docs/testbed.md, "Tokenizer")."""
 
 from __future__ import annotations
 
