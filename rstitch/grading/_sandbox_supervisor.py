@@ -1,22 +1,10 @@
 """Supervisor of one sandboxed program (run as ``python -I _sandbox_supervisor.py``, config JSON on stdin).
 
-Standard library only, so it runs isolated (``-I``) from the caller's environment. Steps: join the
-sample's cgroup (as root, when the caller made one), drop root to the unprivileged user, then fork
-a child that sets the resource limits and execs either
-
-- bubblewrap (``config["empty_root"]``, rstitch/grading/sandbox_root.py), which builds the empty
-  root and runs the interpreter in new namespaces under the seccomp filter; main.py and the filter
-  reach it as descriptors (``SOURCE_FD``, ``SECCOMP_FD``). Killing bwrap kills everything inside
-  (``--die-with-parent``, its PID namespace). Or, without bubblewrap,
-- the interpreter itself, after this process entered new user/PID/network/mount namespaces where
-  the kernel allows and mounted one size-limited tmpfs on /tmp (also bound on /var/tmp and
-  /dev/shm) holding the working directory; the child is PID 1 of the new PID namespace and mounts
-  a fresh /proc. Killing that PID 1 kills every process the program started.
-
-The program's stdout, stderr and report channel (fd 3) are pipes this process reads with a cap; it
-never opens a path the program could have replaced. The verdict, with the captured output, is one
-JSON line on stdout.
-"""
+Standard library only, so it runs isolated (``-I``) from the caller's environment. It joins the
+sample's cgroup, drops root, then forks a child that sets the resource limits and execs bubblewrap
+(``config["empty_root"]``), or without it the interpreter itself inside this process's own
+namespaces (docs/sandbox.md). Output comes through capped pipes, never a path the program could
+have replaced; the verdict is one JSON line on stdout."""
 from __future__ import annotations
 
 import ctypes

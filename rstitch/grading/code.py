@@ -1,22 +1,9 @@
 """pass@1 for code benchmarks: extract the program from a response, run the benchmark's tests on it
-in the sandbox (rstitch/grading/sandbox.py), and call it right iff every test passes.
+in the sandbox (docs/sandbox.md, "What a pass means"), and call it right iff every test passes.
 
-A record's ``metadata["tests"]`` says how it is tested:
-
-- ``{"kind": "script", "prefix": ..., "suffix": ...}``: ``prefix + code`` then the tests in
-  ``suffix`` (HumanEval: the prompt before, ``check(entry_point)`` after; MBPP: setup before, the
-  asserts after), run by the harness (rstitch/grading/code_harness.py), which writes this run's
-  secret marker only after the last test held;
-- ``{"kind": "stdio", "cases": [{"input", "output"}, ...]}``: the program reads each input on
-  stdin and must print the output (LiveCodeBench stdin problems);
-- ``{"kind": "functional", "func_name": ..., "cases": [...]}``: the harness calls
-  ``Solution().<func_name>(*args)`` with each case's JSON arguments and reports each result as
-  JSON; this module compares it with the case's output (LiveCodeBench LeetCode problems).
-
-A pass needs exit status 0 and, for harnessed kinds, every expected result and then the marker;
-``code.status`` is ``incomplete`` for a program that exited 0 without the marker and
-``wrong_output`` for a wrong result. Expected values never enter the program's process.
-"""
+A record's ``metadata["tests"]`` says how it is tested: ``{"kind": "script", "prefix", "suffix"}``
+(HumanEval, MBPP), ``{"kind": "stdio", "cases"}`` (LiveCodeBench stdin) or ``{"kind":
+"functional", "func_name", "cases"}`` (LiveCodeBench LeetCode; this module compares the results)."""
 from __future__ import annotations
 
 import json

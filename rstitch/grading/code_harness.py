@@ -1,25 +1,8 @@
 """The test harness that runs inside the sandbox around a model's program (docs/sandbox.md,
-"What a pass means").
-
-``HARNESS`` is Python source that becomes the sandboxed ``main.py`` together with one call
-``_rstitch_harness(kind, func_name, program, tests, calls)``. Before the model's code runs it
-reads this run's secret from stdin (then closes stdin), takes over the report channel (fd 3) and
-keeps its own references to what it needs. Then:
-
-- ``script`` (HumanEval, MBPP): runs setup + program in one namespace, then the tests in a second
-  one that sees the program's names, a snapshot of the builtins taken before the program ran, and
-  the program's functions wrapped so that a result which is not plain data (an instance of a class
-  the program defined, e.g. one whose ``__eq__`` always says equal) raises instead of reaching an
-  assert; after the last test it writes ``done <secret>``.
-- ``functional`` (LeetCode): calls ``Solution().<func_name>(*args)`` on each case's arguments and
-  writes each result as one JSON line (plain data only: None, bool, int, float, str, lists, tuples,
-  str-keyed dicts of exactly those types), then ``done <secret>``. The expected values are not in
-  the program's process: the caller compares.
-
-An exception, ``sys.exit`` or ``os._exit`` anywhere before the end leaves the marker unwritten, so
-the sample fails whatever the exit status. The program runs in the same interpreter, so code that
-deliberately inspects the harness's frames or objects can still find the secret; see the docs.
-"""
+"What a pass means"). ``HARNESS`` becomes the sandboxed ``main.py`` with one call
+``_rstitch_harness(kind, func_name, program, tests, calls)``; it writes ``done <secret>`` to fd 3
+only after the last test held, so an exception, ``sys.exit`` or ``os._exit`` before the end fails
+the sample whatever the exit status."""
 
 HARNESS = r'''
 def _rstitch_harness(kind, func_name, program, tests, calls):

@@ -1,20 +1,6 @@
-"""Run model-written Python in a separate, limited process (docs/sandbox.md).
-
-The program runs under bubblewrap on an empty root (rstitch/grading/sandbox_root.py): read-only
-binds of the interpreter and its libraries, a fresh /proc, no network, a seccomp filter, and the
-sample's own size-limited tmpfs as the only writable place, gone with the sample; the caller's
-files, home and project are absent. Around it: an environment of a few fixed variables (nothing
-inherited), stdin from the given text or closed, a wall-clock timeout, CPU-time, memory,
-open-file and process-count limits per process, memory and process count for the whole sample in
-a cgroup where one can be made. Output comes back through pipes read with a cap, never through a
-file the program could replace. Whatever the program does, the caller gets a ``SandboxResult``
-within the timeout plus a fixed grace; a sandbox that cannot start is a failed sample, not an
-exception.
-
-Without bubblewrap the supervisor's own namespaces are the only isolation (the program sees the
-host's files): ``isolation["empty_root"]`` says so, and ``check_code_sandbox`` refuses to grade
-code benchmarks that way unless asked to (``weak_code_sandbox=true``).
-"""
+"""Run model-written Python in a separate, limited process: what it sees and what it is kept from
+are in docs/sandbox.md. Whatever the program does, the caller gets a ``SandboxResult`` within the
+timeout plus a fixed grace; a sandbox that cannot start is a failed sample, not an exception."""
 from __future__ import annotations
 
 import json

@@ -1,14 +1,6 @@
-"""The sandboxed program's file system: an empty root built by bubblewrap (``bwrap``).
-
-The root holds only read-only binds of the interpreter's prefix and the system library
-directories it loads from, a fresh ``/proc``, a minimal ``/dev`` (read-only but for its device
-nodes), and the sample's own sized tmpfs on ``/tmp`` (``/var/tmp`` points to it) as the only
-writable place besides a small ``/dev/shm``. Every namespace bubblewrap supports is new (user,
-PID, network, IPC, UTS, cgroup), capabilities are dropped, and a seccomp filter made with
-libseccomp (the ``pyseccomp`` binding) refuses the system calls a test program never needs.
-Where bubblewrap is missing the sandbox falls back to the namespaces its supervisor sets up on
-the host's file system, and says so (``describe_missing``).
-"""
+"""The sandboxed program's file system: an empty root built by bubblewrap (``bwrap``), every
+namespace new and a seccomp filter (docs/sandbox.md, "What the program sees"). Where bubblewrap is
+missing the caller falls back to the supervisor's namespaces, and says so (``describe_missing``)."""
 from __future__ import annotations
 
 import errno
