@@ -30,9 +30,6 @@ from rstitch.errors import ConfigError
 
 SLURM_LAUNCHERS = ("slurm", "slurm_cpu", "slurm_gpu")
 SUBMITIT_LAUNCHERS = (*SLURM_LAUNCHERS, "local")
-# squeue/scontrol states of a job that may still produce its result.
-ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
-                 "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "PREEMPTED", "STOPPED", "RESV_DEL_HOLD"}
 # Pending reasons with which a job never starts: it is cancelled and reported instead of waited on.
 NEVER_STARTS = ("PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints", "InvalidAccount",
                 "InvalidQOS", "QOSMax", "AssocMax", "JobHeldAdmin")
