@@ -20,12 +20,12 @@ from rstitch.engines.cache import clear_pairs, get_pair, is_loaded
 from rstitch.errors import ConfigError
 from rstitch.grading import grade_sample
 from rstitch.grading.sandbox import check_code_sandbox
+from rstitch.latency.model import load_pair_latency
 from rstitch.methods import DecodeContext, DecodeResult, Method, build_method
 from rstitch.methods.base import EXTRA_FLOPS, model_flops
-from rstitch.metrics.latency_model import load_pair_latency
 from rstitch.results import SampleStore
-from rstitch.results.baseline import baseline_config, wants_baseline_run
-from rstitch.results.keys import comparison_dir, comparison_run_dir, run_key, run_name
+from rstitch.results.baseline import planned_runs
+from rstitch.results.keys import RunIdentity, comparison_dir, identify
 from rstitch.results.measurement import available_cpus, sample_measurement, summarize_measurement
 from rstitch.results.summary import summarize_run
 
@@ -240,9 +240,7 @@ class RunPlan:
     and store, loaded and checked (`plan`) before any sample decodes. A context manager: leaving it
     closes the store, so other processes waiting on the run directory may go on."""
 
-    cfg: dict[str, Any]
-    run_dir: Path
-    results_root: Path
+    identity: RunIdentity  # the config, its keys and directories
     logger: Any
     method: Method
     records: list[Any]  # the whole selection
@@ -266,18 +264,18 @@ class RunPlan:
         self.store.close()
 
 
-def plan(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str | Path | None = None,
-         problems: int | None = None) -> RunPlan:
-    """Every check and every load of a run (a resolved config dict) into `run_dir`, before any sample
-    decodes: what is missing among its samples (a resume decodes only that), each prompt fitted to the
+def plan(run: RunIdentity, logger=None, problems: int | None = None) -> RunPlan:
+    """Every check and every load of a run (`results.keys.identify`), before any sample decodes:
+    what is missing among its samples (a resume decodes only that), each prompt fitted to the
     context. `problems` plans only the first so many problems (the results pages decode a problem at a
     time: rstitch/cli/report_decode.py)."""
-    method = build_method(**cfg["method"])
-    records = selected_records(cfg)
+    cfg, run_dir = run.config, run.run_dir
     n_samples, budget = count("n_samples", cfg["n_samples"]), count("max_new_tokens", cfg["max_new_tokens"])
     if problems is not None:
         count("problems", problems)
     batch_size = check_batch_size(cfg)
+    method = build_method(**cfg["method"])
+    records = selected_records(cfg)
     prompt = PromptFormat(**cfg["prompt"])
     sampler = Sampler(**cfg["decoding"])
     check_engine_memory(cfg, records, prompt, budget, batch_size)
@@ -285,7 +283,7 @@ def plan(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: st
     check_engine_gives(method, pair)
     latency_models = load_pair_latency(cfg["latency_dir"], pair) if cfg.get("latency_dir") else None
     check_latency_models(batch_size, latency_models, cfg.get("latency_dir"))
-    store = SampleStore(run_dir, run_key(cfg))
+    store = SampleStore(run_dir, run.run_key)
     try:
         block = records[:problems]
         todo = [(r, k) for r in block for k in range(n_samples) if not store.done(r.id, k)]
@@ -298,8 +296,7 @@ def plan(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: st
     except BaseException:
         store.close()
         raise
-    return RunPlan(cfg, Path(run_dir), Path(results_root) if results_root is not None else Path(run_dir).parent, logger,
-                   method, records, n_samples, budget, batch_size, prompt, sampler, pair, latency_models, store,
+    return RunPlan(run, logger, method, records, n_samples, budget, batch_size, prompt, sampler, pair, latency_models, store,
                    todo, fitted, len(block) * n_samples)
 
 
@@ -307,12 +304,12 @@ def decode(run: RunPlan) -> None:
     """Decode the planned samples into the store: an untimed warm-up, then one by one (batch size 1)
     or batched, each sample saved (and logged) as it finishes."""
     if run.logger is not None:
-        name = run_name(run.cfg)
-        run.logger.start(name, run.cfg, name, run_dir=run.run_dir)
+        name = run.identity.name
+        run.logger.start(name, run.identity.config, name, run_dir=run.identity.run_dir)
     if run.todo:
         record = run.todo[0][0]
         warm_up(run.method, DecodeContext(run.pair, run.sampler, min(WARMUP_TOKENS, run.budget), record.problem, record.metadata),
-                run.fitted[record.id][0], run.cfg["engine"]["name"])
+                run.fitted[record.id][0], run.identity.config["engine"]["name"])
         prepare_shapes(run.pair, run.batch_size, [run.fitted[r.id] for r, _ in run.todo])
     bar = tqdm(total=run.planned, initial=run.planned - len(run.todo), desc=run.method.name, unit="sample")
     start = time.perf_counter()
@@ -345,7 +342,7 @@ def finish(run: RunPlan) -> dict[str, Any]:
     beside its samples and logged."""
     wanted = {(r.id, k) for r in run.records for k in range(run.n_samples)}
     samples = [s for key, s in run.store.records.items() if key in wanted]
-    summary = summarize_run(run.cfg, run.method, samples, run.results_root)
+    summary = summarize_run(run.identity.config, run.method, samples, run.identity.comparison_root, run.identity)
     summary["skipped_context_overflow"] = len(wanted) - len(samples)  # on_overflow=skip (or no room left)
     summary.update(throughput(run.store, run.todo, run.decode_wall_s))
     summary.update(summarize_measurement(samples))
@@ -355,12 +352,17 @@ def finish(run: RunPlan) -> dict[str, Any]:
     return summary
 
 
-def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str | Path | None = None) -> dict[str, Any]:
-    """Evaluate one configuration (a resolved config dict) into `run_dir`, resuming what is there:
-    plan, decode, finish."""
-    with plan(cfg, run_dir, logger, results_root) as planned:
+def evaluate(run: RunIdentity, logger=None) -> dict[str, Any]:
+    """Make a run (`results.keys.identify`), resuming what its directory holds: plan, decode, finish."""
+    with plan(run, logger) as planned:
         decode(planned)
         return finish(planned)
+
+
+def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str | Path | None = None) -> dict[str, Any]:
+    """Evaluate one configuration (a resolved config dict) into `run_dir`, its speedup taken from the
+    baseline run under `results_root` (its comparison directory; default: `run_dir`'s parent)."""
+    return evaluate(identify(cfg, results_root if results_root is not None else Path(run_dir).parent, run_dir), logger)
 
 
 def selected_records(cfg: dict[str, Any]) -> list[Any]:
@@ -411,21 +413,8 @@ def throughput(store: SampleStore, todo: list, decode_wall: float) -> dict[str, 
 comparison_root = comparison_dir  # where runs comparable to a config live (results/keys.py)
 
 
-def run_baseline(cfg: dict[str, Any], results_root: str | Path, logger=None) -> dict[str, Any] | None:
-    """With `baseline=auto`, the baseline (`llm_only`) run of `cfg`'s comparison key, run or
-    resumed (a finished one decodes nothing) before the method, so that its speedup is filled;
-    None when not asked for or when `cfg` is the baseline."""
-    if not wants_baseline_run(cfg):
-        return None
-    base = baseline_config(cfg)
-    return run(base, comparison_run_dir(results_root, base), logger=logger, results_root=results_root)
-
-
 def run_config(cfg: dict[str, Any], logger=None) -> dict[str, Any]:
     """Run a composed config (see `config_groups.compose_config`) into its standard run directory,
-    after its baseline when `baseline=auto`."""
-    cfg = dict(cfg)
-    cfg.pop("logger", None)
-    root = comparison_dir(cfg.pop("results_root"), cfg)
-    run_baseline(cfg, root, logger=logger)
-    return run(cfg, comparison_run_dir(root, cfg), logger=logger, results_root=root)
+    after its baseline when `baseline=auto` (`results.baseline.planned_runs`)."""
+    runs = planned_runs({k: v for k, v in cfg.items() if k not in ("logger", "results_root")}, cfg["results_root"])
+    return [evaluate(r, logger) for r in runs][-1]

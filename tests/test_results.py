@@ -6,9 +6,8 @@ import pytest
 from rstitch.errors import ConfigError
 from rstitch.results import SampleStore, find_speedup, find_speedups, load_summaries, pareto_front, summarize_samples
 from rstitch.results.baseline import missing_baseline_note
-from rstitch.results.keys import comparison_key, run_tag
+from rstitch.results.keys import comparison_key, fingerprint, method_weights, run_tag
 from rstitch.results.summary import format_table
-from rstitch.results.weights import fingerprint, method_weights
 
 
 def sample(i, correct=True, latency=1.0, tokens=10):
@@ -189,7 +188,7 @@ def test_summaries_table_and_pareto_front(tmp_path):
 
 
 def test_roc_auc_ranks_with_ties_counting_half():
-    from rstitch.metrics import roc_auc
+    from rstitch.results.uncertainty import roc_auc
 
     assert roc_auc([0.1, 0.4, 0.35, 0.8], [False, False, True, True]) == 0.75
     assert roc_auc([0.5, 0.5], [True, False]) == 0.5
@@ -202,7 +201,7 @@ def test_spearman_matches_scipy_with_ties_and_is_nan_on_constant_input():
 
     from scipy.stats import spearmanr
 
-    from rstitch.metrics import average_ranks, spearman
+    from rstitch.results.uncertainty import average_ranks, spearman
 
     assert average_ranks([0.3, 0.1, 0.3, 0.2]) == [3.5, 1.0, 3.5, 2.0]
     rng = random.Random(1)
@@ -219,7 +218,7 @@ def test_roc_auc_interval_resamples_whole_groups():
     treating every step as independent, and the interval holds the point estimate."""
     import random
 
-    from rstitch.metrics import roc_auc, roc_auc_interval
+    from rstitch.results.uncertainty import roc_auc, roc_auc_interval
 
     rng = random.Random(0)
     scores, labels, problems = [], [], []

@@ -31,7 +31,7 @@ from rstitch.analysis.record_reports import (
 from rstitch.config_groups import compose_config
 from rstitch.data import load_dataset_records
 from rstitch.errors import ConfigError
-from rstitch.results.keys import comparison_dir, comparison_run_dir
+from rstitch.results.keys import comparison_dir, comparison_run_dir, identify
 from rstitch.results.store import iter_samples, write_samples
 from rstitch.runner import decode, plan
 
@@ -111,7 +111,7 @@ def decode_first(cfg: dict[str, Any], problems: int) -> None:
     written and nothing is logged."""
     root = comparison_dir(cfg["results_root"], cfg)
     run_cfg = {k: v for k, v in cfg.items() if k not in ("results_root", "logger")}
-    with plan(run_cfg, comparison_run_dir(root, run_cfg), results_root=root, problems=problems) as planned:
+    with plan(identify(run_cfg, root), problems=problems) as planned:
         decode(planned)
 
 

@@ -105,24 +105,23 @@ def watch_interrupts() -> None:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def app(cfg: DictConfig) -> None:
-    from rstitch.results.baseline import baseline_config, missing_baseline_note, wants_baseline_run
+    from rstitch.results.baseline import missing_baseline_note, planned_runs
     from rstitch.results.measurement import contention_notes
     from rstitch.results.summary import format_table, speedup_legend
-    from rstitch.runner import run, run_baseline
+    from rstitch.runner import evaluate
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    decoding_dir = run_dir  # where the samples of the phase in flight go (the baseline's first, with baseline=auto)
+    decoding_dir = run_dir  # where the samples of the run in flight go (the baseline's first, with baseline=auto)
     interrupted = False
     watch_interrupts()
+    summaries: list[dict] = []
     try:
         resolved = resolved_run_config(cfg)
         logger = instantiate(resolved.pop("logger"))
-        root = keys.comparison_dir(resolved.pop("results_root"), resolved)
-        if wants_baseline_run(resolved):
-            decoding_dir = keys.comparison_run_dir(root, baseline_config(resolved))
-        baseline = run_baseline(resolved, root, logger=logger)  # baseline=auto: run or resume it first
-        decoding_dir = run_dir
-        summary = run(resolved, run_dir, logger=logger, results_root=root)
+        runs = planned_runs(resolved, resolved.pop("results_root"), run_dir)
+        for planned in runs:
+            decoding_dir = planned.run_dir
+            summaries.append(evaluate(planned, logger=logger))
     except ConfigError as err:
         discard_if_empty(run_dir)
         fail(str(err))
@@ -134,10 +133,10 @@ def app(cfg: DictConfig) -> None:
         print(f"\nrstitch-run: {message}", file=sys.stderr)
         exit_run(130, message)
     # Last on the console, after the loggers' output: the table, why a speedup is missing, where the results are.
-    print(format_table(*filter(None, [baseline, summary])))
-    for line in [*speedup_legend(*filter(None, [baseline, summary])), *contention_notes(filter(None, [baseline, summary]))]:
+    print(format_table(*summaries))
+    for line in [*speedup_legend(*summaries), *contention_notes(summaries)]:
         print(line)
-    note = missing_baseline_note(summary, root, HydraConfig.get().overrides.task)
+    note = missing_baseline_note(summaries[-1], runs[-1].comparison_root, HydraConfig.get().overrides.task)
     if note:
         print(note)
     print(f"results: {run_dir}")

@@ -9,7 +9,7 @@ from typing import Any
 
 from rstitch.configs import override_key
 from rstitch.errors import ConfigError
-from rstitch.results.keys import key_differences
+from rstitch.results.keys import RunIdentity, comparison_dir, identify, key_differences
 from rstitch.results.metrics import baseline_method
 from rstitch.results.store import find_summaries
 
@@ -33,6 +33,15 @@ def baseline_config(cfg: dict[str, Any]) -> dict[str, Any]:
 
     method = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "method" / f"{baseline_method()}.yaml"), resolve=True)
     return {**cfg, "method": method}
+
+
+def planned_runs(cfg: dict[str, Any], results_root: str | Path, run_dir: str | Path | None = None) -> list[RunIdentity]:
+    """The runs a composed config (without `results_root` and `logger`) makes, in order: with
+    `baseline=auto`, its baseline run first (run, or resumed: a finished one decodes nothing), so that
+    its speedup is filled; then its own, in `run_dir` (default: its standard directory)."""
+    root = comparison_dir(results_root, cfg)
+    baseline = [identify(baseline_config(cfg), root)] if wants_baseline_run(cfg) else []
+    return [*baseline, identify(cfg, root, run_dir)]
 
 
 def is_method_override(override: str) -> bool:

@@ -1,6 +1,6 @@
 """Run identity, defined here only. The comparison key says which runs are comparable (same pair
 and weights, data, budget, decoding, seed); the run key adds the method and its checkpoints'
-weights, and names the run directory:
+weights (fingerprints, below), and names the run directory:
 
     <results_root>/<pair>/<dataset>/<method>/<params>_<hash>
 
@@ -12,11 +12,77 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from rstitch.configs import CONF_DIR
-from rstitch.results.weights import fingerprint, is_local, method_weights, pair_weights
+
+# --------------------------------------------------------------------------- which weights a run used
+# Paths alone do not identify a model: a checkpoint retrained in place keeps its path, and a run
+# keyed by paths would resume into, and take its speedup from, results of the old weights. The
+# fingerprints of every local checkpoint a config names go into the comparison and run keys, so new
+# weights get their own run directories and their own baselines; hub ids are keyed by name. A
+# fingerprint reads each file's name and size, and its content up to 2 MiB (the first and last MiB of
+# larger files): milliseconds even for sharded 32B checkpoints, while a retrained model changes the
+# bytes of every tensor, and so the head and tail of each shard.
+
+CHUNK = 1 << 20
+PAIR_ROLES = ("slm", "llm")
+
+
+def fingerprint(path: str | os.PathLike) -> str:
+    """A short content hash of the file or directory tree at `path`."""
+    root = Path(path)
+    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+    digest = hashlib.sha1()
+    for file in files:
+        size = file.stat().st_size
+        digest.update(f"{file.relative_to(root) if root.is_dir() else file.name}\0{size}\0".encode())
+        with open(file, "rb") as f:
+            if size <= 2 * CHUNK:
+                digest.update(f.read())
+            else:
+                digest.update(f.read(CHUNK))
+                f.seek(size - CHUNK)
+                digest.update(f.read(CHUNK))
+    return digest.hexdigest()[:12]
+
+
+def is_local(value: Any) -> TypeGuard[str]:
+    """A string that names an existing file or directory as a path (absolute, or with a
+    separator): a bare word such as a method name may match a folder of the working directory."""
+    if not isinstance(value, str) or not value:
+        return False
+    value = os.path.expanduser(value)
+    looks_like_path = os.path.isabs(value) or os.sep in value or value.startswith(".")
+    return looks_like_path and os.path.exists(value)
+
+
+def pair_weights(pair: dict[str, Any]) -> dict[str, str]:
+    """Fingerprints of the pair's local models, by role."""
+    models = {role: (pair.get(role) or {}).get("path") for role in PAIR_ROLES}
+    return {role: fingerprint(os.path.expanduser(path)) for role, path in models.items() if is_local(path)}
+
+
+def method_weights(method: dict[str, Any]) -> dict[str, str]:
+    """Fingerprints of every local path among the method's options (router, PRM, latency
+    models...), by dotted option name."""
+    found: dict[str, str] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key != "name":
+                    walk(value, f"{prefix}{key}.")
+        elif is_local(node):
+            found[prefix.rstrip(".")] = fingerprint(os.path.expanduser(node))
+
+    walk(method, "")
+    return found
+
+
+# --------------------------------------------------------------------------- the keys
 
 SHARD_KEYS = ("shard", "num_shards")
 # The config entries a run's identity is computed from (the run key below reads no others).
@@ -96,8 +162,9 @@ def key_differences(a: Any, b: Any, prefix: str = "") -> list[str]:
     return out
 
 
-def run_key(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {**comparison_key(cfg), "method": portable(cfg["method"]), "method_weights": method_weights(cfg["method"])}
+def run_key(cfg: dict[str, Any], comparison: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The comparison key (`comparison`, where it is known) with the method and its weights."""
+    return {**(comparison or comparison_key(cfg)), "method": portable(cfg["method"]), "method_weights": method_weights(cfg["method"])}
 
 
 def short_hash(obj: Any) -> str:
@@ -107,9 +174,9 @@ def short_hash(obj: Any) -> str:
 MAX_TAG_VALUE_CHARS = 24  # longer settings are left to the hash (and run_key.json)
 
 
-def run_tag(cfg: dict[str, Any]) -> str:
+def run_tag(cfg: dict[str, Any], key_hash: str | None = None) -> str:
     """Readable, short and unique: the method's short parameters (a local path by its name), the
-    shard (`shard=1of4`), then a hash of the whole run key."""
+    shard (`shard=1of4`), then a hash of the whole run key (`key_hash`, where it is known)."""
     method = portable(cfg["method"])
     params = [f"{k}={v}" for k, v in sorted(method.items()) if k != "name" and _short_setting(v)]
     dataset = cfg["dataset"]
@@ -117,10 +184,10 @@ def run_tag(cfg: dict[str, Any]) -> str:
         params.append(f"shard={dataset.get('shard')}of{dataset['num_shards']}")
     if cfg.get("batch_size", 1) != 1:
         params.append(f"batch={cfg['batch_size']}")
-    return "_".join([*params, short_hash(run_key(cfg))])
+    return "_".join([*params, key_hash or short_hash(run_key(cfg))])
 
 
-def settings_tag(cfg: dict[str, Any]) -> str:
+def settings_tag(cfg: dict[str, Any], key_hash: str | None = None) -> str:
     """What the console and the sweep table show of a run: `run_tag` with only the method's settings
     that differ from its defaults (conf/method/<name>.yaml), so RSD's default run reads `f81ca936`
     and a sweep's point `delta=0.9_1c2d3e4f`. The run directory keeps `run_tag`: the runs stored
@@ -129,8 +196,9 @@ def settings_tag(cfg: dict[str, Any]) -> str:
     defaults = method_defaults(str(method.get("name")))
     shown = {k: v for k, v in method.items() if k == "name" or (k in defaults and defaults[k] is not INTERPOLATED
                                                                   and defaults[k] != v) or k not in defaults}
-    tag = run_tag({**cfg, "method": shown})
-    return tag.rsplit("_", 1)[0] + "_" + short_hash(run_key(cfg)) if "_" in tag else short_hash(run_key(cfg))
+    key_hash = key_hash or short_hash(run_key(cfg))
+    tag = run_tag({**cfg, "method": shown}, key_hash)
+    return tag.rsplit("_", 1)[0] + "_" + key_hash if "_" in tag else key_hash
 
 
 INTERPOLATED = object()  # a default set by an interpolation (`prm: ${prm}`, an asset path): left to the hash
@@ -183,3 +251,35 @@ def comparison_run_dir(comparison_root: str | Path, cfg: Mapping[str, Any]) -> P
 def run_name(cfg: Mapping[str, Any]) -> str:
     """The run's name for loggers (W&B): its directory below results_root."""
     return run_subdir(cfg).as_posix()
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """A run's identity, computed once (`identify`: the weights fingerprinted once) and handed on
+    in place of its config: the config itself, its keys, its tags and its directories."""
+
+    config: dict[str, Any]
+    comparison_key: dict[str, Any]
+    run_key: dict[str, Any]
+    run_tag: str  # names the run directory
+    setting_tag: str  # what the console shows
+    comparison_root: Path  # where the runs comparable to it live (its baseline among them)
+    run_dir: Path
+
+    @property
+    def name(self) -> str:
+        """The run's name for loggers: `run_name`."""
+        cfg = self.config
+        return (Path(cfg["pair"]["name"]) / cfg["dataset"]["name"] / cfg["method"]["name"] / self.run_tag).as_posix()
+
+
+def identify(cfg: dict[str, Any], comparison_root: str | Path, run_dir: str | Path | None = None) -> RunIdentity:
+    """The identity of `cfg`'s run below `comparison_root` (`comparison_dir`), in its standard
+    directory there unless `run_dir` is given."""
+    comparison = comparison_key(cfg)
+    key = run_key(cfg, comparison)
+    key_hash = short_hash(key)
+    tag = run_tag(cfg, key_hash)
+    root = Path(comparison_root)
+    where = Path(run_dir) if run_dir is not None else root / cfg["method"]["name"] / tag
+    return RunIdentity(cfg, comparison, key, tag, settings_tag(cfg, key_hash), root, where)

@@ -7,28 +7,31 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rstitch.grading.version import GRADER_VERSION
-from rstitch.results.keys import comparison_key, run_tag, settings_tag
+from rstitch.results.keys import RunIdentity, identify
 from rstitch.results.metrics import COMPARISON_KEYS, compare_with_baseline, self_comparison, summarize_samples
 
 if TYPE_CHECKING:  # results are read without the methods (and their engines) loaded
     from rstitch.methods import Method
 
 
-def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, Any]], results_root: str | Path) -> dict[str, Any]:
+def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, Any]], results_root: str | Path,
+                  identity: RunIdentity | None = None) -> dict[str, Any]:
     """summary.json of a run (or of merged shards): the common metrics, the method's own, and the
     speedup over the LLM-only (`baseline: target`) run with the same comparison key under `results_root`,
     its split into token ratio and per-token latency ratio, and the paired comparison with that run
-    (intervals and the accuracy difference: `results.metrics.compare_with_baseline`)."""
+    (intervals and the accuracy difference: `results.metrics.compare_with_baseline`). `identity`:
+    the run's, where it is known (else computed from `cfg`)."""
+    identity = identity or identify(cfg, results_root)
     common = {
         "method": method.name,
         "pair": cfg["pair"]["name"],
         "dataset": cfg["dataset"]["name"],
-        "run_tag": run_tag(cfg),  # names the run directory
-        "setting_tag": settings_tag(cfg),  # what the console shows: the settings that differ from the method's defaults
+        "run_tag": identity.run_tag,  # names the run directory
+        "setting_tag": identity.setting_tag,  # what the console shows: the settings that differ from the method's defaults
         **summarize_samples(samples),
         "batch_size": cfg.get("batch_size", 1),
         "latency_estimated": any(s.get("latency_estimated") for s in samples),
-        "comparison_key": comparison_key(cfg),
+        "comparison_key": identity.comparison_key,
         "config": cfg,
         **dict.fromkeys(COMPARISON_KEYS),
         "grader_version": GRADER_VERSION,  # rstitch-regrade grades a run of an older grader again
