@@ -251,12 +251,15 @@ def test_results_root_no_directory_can_be_made_in(tmp_path):
 
 
 def test_a_sweep_value_is_told_apart_from_lists_and_quoted_text():
-    from rstitch.cli.preflight import grid_points, is_sweep
+    from rstitch.cli.preflight import check_sweep_needs_multirun, grid_points, is_sweep
 
     assert is_sweep("0.01,0.02") and is_sweep("range(1,3)") and is_sweep("rstitch,llm_only")
     assert not is_sweep("[a,b]") and not is_sweep("'a,b'") and not is_sweep("0.01") and not is_sweep("{a: 1, b: 2}")
     assert grid_points({"method": "rstitch", "method.tau": "0.1,0.2,0.3", "max_new_tokens": "128,256"}) == 6
     assert grid_points(None) == 1
+    assert grid_points({"method.tau": "range(1,4)"}) == 3  # Hydra's own grammar: a sweep function counts its values
+    with pytest.raises(ConfigError, match=r"cannot parse the overrides method.tau=\[0.1: .*\[0.1"):
+        check_sweep_needs_multirun(["method.tau=[0.1"], multirun=False)
 
 
 # --------------------------------------------------------------------------- hub messages

@@ -7,13 +7,15 @@ import math
 import re
 import shutil
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rstitch.configs import CONF_DIR
 from rstitch.errors import ConfigError
 
+if TYPE_CHECKING:
+    from hydra.core.override_parser.types import Override
+
 MULTIRUN_FLAGS = ("-m", "--multirun")
-# Hydra's sweep functions: a value calling one of these is a sweep, as a comma list is.
-SWEEP_FUNCTIONS = re.compile(r"^(range|choice|glob|interval|tag|sort|shuffle)\(")
 SLURM_COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "scancel")
 
 
@@ -29,34 +31,28 @@ def overrides_of(argv: Sequence[str]) -> list[str] | None:
     return [a for a in argv if "=" in a]
 
 
-def top_level_items(value: str) -> list[str]:
-    """`value` split at the commas outside brackets, braces, parentheses and quotes."""
-    items, depth, quote, start = [], 0, "", 0
-    for i, char in enumerate(value):
-        if quote:
-            quote = "" if char == quote else quote
-        elif char in "'\"":
-            quote = char
-        elif char in "([{":
-            depth += 1
-        elif char in ")]}":
-            depth -= 1
-        elif char == "," and depth == 0:
-            items.append(value[start:i])
-            start = i + 1
-    return [*items, value[start:]]
+def parsed_overrides(overrides: Sequence[str]) -> list[Override]:
+    """The overrides parsed by Hydra's own grammar; one that does not parse is one line."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        return OverridesParser.create().parse_overrides(list(overrides))
+    except OverrideParseException as err:
+        raise ConfigError(f"cannot parse the overrides {' '.join(overrides)}: {composition_error(str(err))}") from None
 
 
 def is_sweep(value: str) -> bool:
-    return len(top_level_items(value)) > 1 or bool(SWEEP_FUNCTIONS.match(value.strip()))
+    """Whether Hydra reads `key=<value>` as a sweep: a comma list or a sweep function like range()."""
+    return parsed_overrides([f"key={value}"])[0].is_sweep_override()
 
 
 def check_sweep_needs_multirun(overrides: Sequence[str], multirun: bool) -> None:
     """`method.tau=0.01,0.02` without -m: Hydra's five-line "Ambiguous value" message."""
     if multirun:
         return
-    for override in overrides:
-        if is_sweep(override.split("=", 1)[1]):
+    for override, parsed in zip(overrides, parsed_overrides(overrides)):
+        if parsed.is_sweep_override():
             raise ConfigError(f"'{override}' is a sweep: add -m to run one run per value (rstitch-run -m ... {override}); "
                               "a list is key=[a,b], a text with a comma key='a,b'")
 
@@ -92,7 +88,8 @@ def launcher_settings(overrides: Sequence[str]) -> dict:
 
 def grid_points(sweeper_params: dict | None) -> int:
     """How many runs a preset's `hydra.sweeper.params` stands for."""
-    return math.prod(len(top_level_items(str(v))) for v in (sweeper_params or {}).values())
+    parsed = parsed_overrides([f"{k}={v}" for k, v in (sweeper_params or {}).items()])
+    return math.prod(len(list(o.sweep_iterator())) if o.is_sweep_override() else 1 for o in parsed)
 
 
 def check_composes(overrides: Sequence[str], multirun: bool) -> None:
