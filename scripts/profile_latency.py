@@ -36,8 +36,7 @@ import torch
 from rstitch.config_groups import group_choices, group_config, pair_config, prompt_format
 from rstitch.data.prompts import PromptFormat
 from rstitch.engines import Sampler, load_pair
-from rstitch.methods import DecodeContext, build_method
-from rstitch.metrics.latency_model import (
+from rstitch.latency.model import (
     PROFILE_STATISTICS,
     ForwardTrace,
     LatencyModel,
@@ -47,6 +46,7 @@ from rstitch.metrics.latency_model import (
     profile_runners,
     r_squared,
 )
+from rstitch.methods import DecodeContext, build_method
 from rstitch.testbed import ASSETS_DIR
 
 

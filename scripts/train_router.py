@@ -55,7 +55,7 @@ import torch
 
 from rstitch.config_groups import group_choices, pair_config, prompt_format
 from rstitch.engines import load_pair
-from rstitch.metrics.latency_model import fit_profile, load_pair_latency, profile_runner
+from rstitch.latency.model import fit_profile, load_pair_latency, profile_runner
 from rstitch.scorers.rstitch_router import save_router
 from rstitch.testbed import ASSETS_DIR
 from rstitch.training.dapo import CLIP_HIGHER, PAPER_LAMBDA, TESTBED_LAMBDA, RolloutSettings, rollout_budget

@@ -193,7 +193,7 @@ def test_one_seed_draws_the_same_tokens_on_cuda_and_cpu():
 def test_a_latency_fit_that_extrapolates_below_zero_is_refused_with_one_line(tmp_path):
     from rstitch.engines import load_pair
     from rstitch.errors import ConfigError
-    from rstitch.metrics.latency_model import LatencyModel, latency_file, load_pair_latency, runner_identity
+    from rstitch.latency.model import LatencyModel, latency_file, load_pair_latency, runner_identity
     from rstitch.testbed import ASSETS_DIR, LLM_DIR, SLM_DIR
 
     testbed_pair = load_pair({"path": str(SLM_DIR), "name": "testbed-slm"}, {"path": str(LLM_DIR), "name": "testbed-llm"})

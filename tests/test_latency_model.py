@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rstitch.engines import ModelPair
-from rstitch.metrics.latency_model import (
+from rstitch.latency.model import (
     Forward,
     ForwardTrace,
     LatencyModel,
@@ -152,7 +152,7 @@ def test_each_engine_stores_and_finds_its_profiles_under_its_own_identity(tmp_pa
 
     from rstitch.engines import EngineIdentity, ModelPair
     from rstitch.engines.vllm import vllm_identity  # vLLM itself is imported only when a model loads
-    from rstitch.metrics.latency_model import ProfilePoint, load_pair_latency, runner_identity
+    from rstitch.latency.model import ProfilePoint, load_pair_latency, runner_identity
 
     def pair(engine: str):
         def stand_in(name):
@@ -183,7 +183,7 @@ def test_the_fit_keeps_every_cost_nonnegative_as_scipy_nnls_does():
     cost, so the fit is nonnegative least squares, exactly scipy's."""
     from scipy.optimize import nnls
 
-    from rstitch.metrics.latency_model import check_positive, features, nonnegative_least_squares
+    from rstitch.latency.model import check_positive, features, nonnegative_least_squares
 
     n_inf, n_kv, seconds = synthetic_points()
     bent = seconds - 6e-6 * n_inf**2 + 4e-4 * n_inf  # b = -1e-6: an unconstrained fit follows it below 0
@@ -211,7 +211,7 @@ class SlowingClock:
 
 
 def test_models_are_profiled_interleaved_by_the_given_clock_with_the_minimum_kept(tiny_runners):
-    from rstitch.metrics.latency_model import profile_runners
+    from rstitch.latency.model import profile_runners
 
     runners = {"slm": tiny_runners.slm, "llm": tiny_runners.llm}
     grid = ([1, 4], [0, 8])

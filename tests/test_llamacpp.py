@@ -87,7 +87,7 @@ def test_closed_sequences_free_their_ids_and_cells(setup):
 
 
 def test_latency_profiles_are_named_apart_from_the_hf_engines(setup):
-    from rstitch.metrics.latency_model import latency_file, runner_identity
+    from rstitch.latency.model import latency_file, runner_identity
 
     pair = setup[0]
     for model in pair.models().values():

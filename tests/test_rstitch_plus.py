@@ -5,10 +5,10 @@ import torch
 
 from rstitch.engines import Sampler
 from rstitch.errors import ConfigError
+from rstitch.latency.model import LatencyModel, estimate_latency, latency_file
 from rstitch.methods import DecodeContext, build_method
 from rstitch.methods.base import LLM, SLM
 from rstitch.methods.rstitch_plus import RouterSwitch, routed_decode
-from rstitch.metrics.latency_model import LatencyModel, estimate_latency, latency_file
 from rstitch.scorers.rstitch_router import CONFIG_FILE, WEIGHTS_FILE, RouterConfig, RStitchRouter, load_router, save_router
 
 PROMPT = [5, 6, 7, 8]

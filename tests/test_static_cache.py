@@ -319,7 +319,7 @@ def test_latency_profiles_are_keyed_by_the_decode_path(monkeypatch):
     """A captured or compiled path gets profiles of its own; the eager path (and `static`, its
     uncaptured stand-in on CPU) keeps the files it has."""
     from rstitch.engines import hf
-    from rstitch.metrics.latency_model import latency_file, runner_identity
+    from rstitch.latency.model import latency_file, runner_identity
 
     eager, static = HFModelRunner(str(SLM_DIR)), HFModelRunner(str(SLM_DIR), compile="static")
     monkeypatch.setattr(hf, "resolve_mode", lambda value, device: "inductor")

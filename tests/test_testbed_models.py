@@ -8,7 +8,7 @@ from rstitch.engines import Sampler
 from rstitch.grading import grade
 from rstitch.methods import DecodeContext, build_method
 from rstitch.methods.specreason import digit_ids, digit_score, digit_token_ids, judge_prompt
-from rstitch.metrics import roc_auc
+from rstitch.results.uncertainty import roc_auc
 from rstitch.scorers import load_prm
 from rstitch.testbed import check_steps, generate_problems, split_steps
 

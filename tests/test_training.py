@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rstitch.data.prompts import PromptFormat
-from rstitch.metrics.latency_model import LatencyModel
+from rstitch.latency.model import LatencyModel
 from rstitch.testbed import generate_problems
 from rstitch.training.dapo import RolloutSettings
 from rstitch.training.fit_rstitch_router import TrainSettings, new_router, train_router, training_problems, write_history

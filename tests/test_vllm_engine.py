@@ -22,10 +22,10 @@ from rstitch.engines import Sampler, SwitchRule, load_model, load_pair  # noqa: 
 from rstitch.engines.cache import get_pair  # noqa: E402
 from rstitch.engines.vllm import complete_topk  # noqa: E402
 from rstitch.errors import ConfigError  # noqa: E402
+from rstitch.latency.model import latency_file, runner_identity  # noqa: E402
 from rstitch.methods import METHODS, DecodeContext, DecodeResult, build_method  # noqa: E402
 from rstitch.methods.base import LLM, SLM  # noqa: E402
 from rstitch.methods.rstitch_plus import RouterSwitch, routed_decode  # noqa: E402
-from rstitch.metrics.latency_model import latency_file, runner_identity  # noqa: E402
 from rstitch.testbed import ASSETS_DIR, LLM_DIR, SLM_DIR, generate_problems  # noqa: E402
 
 pytestmark = pytest.mark.slow  # vLLM engines, in their own venv

@@ -8,7 +8,7 @@ import statistics
 from rstitch.data.prompts import PromptFormat
 from rstitch.judge_prompt import judge_prompt
 from rstitch.methods.specreason import digit_score, digit_token_ids
-from rstitch.metrics import roc_auc, roc_auc_interval
+from rstitch.results.uncertainty import roc_auc, roc_auc_interval
 from rstitch.testbed import check_steps, make_problem
 
 

@@ -112,7 +112,7 @@ class CostCounter:
     forward_calls: int = 0
     forward_time_s: float = 0.0
     # (tokens processed, cache size before) of each forward since the last clear: the inputs of
-    # the fitted latency model (metrics/latency_model.py). The runner clears it per sample.
+    # the fitted latency model (rstitch/latency/model.py). The runner clears it per sample.
     forward_shapes: list[tuple[int, int]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:

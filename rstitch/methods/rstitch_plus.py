@@ -27,6 +27,7 @@ import torch
 
 from rstitch.engines import TokenDistribution
 from rstitch.errors import ConfigError
+from rstitch.latency.model import ForwardTrace, LatencyModel, estimate_latency, load_pair_latency
 from rstitch.methods.base import (
     EXTRA_FLOPS,
     LLM,
@@ -40,7 +41,6 @@ from rstitch.methods.base import (
     require_number,
 )
 from rstitch.methods.token_switch import switch_decode
-from rstitch.metrics.latency_model import ForwardTrace, LatencyModel, estimate_latency, load_pair_latency
 from rstitch.scorers.rstitch_router import RStitchRouter, load_router, router_metadata
 
 PAPER_TAU = 0.001

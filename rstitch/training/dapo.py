@@ -14,9 +14,9 @@ import torch
 from rstitch.config_groups import compose_config
 from rstitch.engines import ModelPair, Sampler
 from rstitch.grading import grade
+from rstitch.latency.model import LatencyModel
 from rstitch.methods.base import LLM, DecodeContext
 from rstitch.methods.rstitch_plus import RouterDecision, RouterSwitch, routed_decode
-from rstitch.metrics.latency_model import LatencyModel
 from rstitch.scorers.rstitch_router import RStitchRouter
 
 PAPER_LAMBDA = 5e-6  # per ms, for 7B-32B models on GPU

@@ -21,7 +21,7 @@ from rstitch.engines.base import StopWatcher
 from rstitch.engines.hf import cache_kwargs
 from rstitch.methods.base import LLM, SLM
 from rstitch.methods.steps import step_text
-from rstitch.metrics import spearman
+from rstitch.results.uncertainty import spearman
 from rstitch.scorers.arbitrage_router import encode_router_input
 
 

@@ -19,8 +19,8 @@ import torch
 from rstitch.data import load_dataset_records
 from rstitch.data.prompts import PromptFormat
 from rstitch.engines import ModelPair
+from rstitch.latency.model import LatencyModel
 from rstitch.methods.base import LLM
-from rstitch.metrics.latency_model import LatencyModel
 from rstitch.scorers.rstitch_router import RouterConfig, RStitchRouter, load_router
 from rstitch.training.dapo import (
     CLIP_HIGHER,

@@ -20,7 +20,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 from rstitch.engines.hf import cache_kwargs
 from rstitch.judge_prompt import judge_prompt
 from rstitch.methods.specreason import digit_ids
-from rstitch.metrics import roc_auc
+from rstitch.results.uncertainty import roc_auc
 from rstitch.scorers.likelihood_prm import (
     CheckedLogProbs,
     CheckedValues,
