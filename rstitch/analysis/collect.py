@@ -18,12 +18,12 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from rstitch.analysis.uncertainty import recorded_intervals
 from rstitch.configs import CONF_DIR
 from rstitch.errors import ConfigError
 from rstitch.methods import baseline_method, method_class, method_rank
 from rstitch.results.keys import comparison_key, is_sharded, short_hash
 from rstitch.results.store import RUN_KEY_FILE, SAMPLES_FILE, SUMMARY_FILE, iter_samples
+from rstitch.results.uncertainty import recorded_intervals
 
 # The method every speedup is measured against (`baseline = "target"` on its class: llm_only).
 BASELINE = baseline_method()
@@ -218,17 +218,9 @@ def runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def load_runs(paths: PathsLike) -> pd.DataFrame:
-    """One row per finished run under `paths` (results roots or run directories).
-
-    Columns: pair, dataset, method, setting (the method's knobs), budget (max_new_tokens),
-    comparison, group, run_dir, the run metrics of summary.json (accuracy, latency_s, tokens per
-    model, flops, ...), speedup (Lat(BASELINE) / Lat(run) within the comparison; the recorded
-    value when the LLM-only run is not among `paths`), speedup_cpu (the same of the decodes' CPU
-    times, on a CPU; else NaN), speedup_estimate (the same of the latency model's estimates; NaN
-    without one), acceptance and acceptance_kind, params
-    (a dict) and one `method.<knob>` column per knob. Shard runs are left out: they are parts of
-    a run (`rstitch-merge` combines them).
-    """
+    """One row per finished run under `paths` (results roots or run directories; columns in
+    docs/analysis.md). A speedup is the recorded one where the LLM-only run is not among `paths`;
+    shard runs are left out (`rstitch-merge` combines them)."""
     rows = []
     for run_dir in find_run_dirs(paths):
         summary = read_summary(run_dir)
