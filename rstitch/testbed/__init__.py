@@ -16,20 +16,7 @@ LLM_DIR = ASSETS_DIR / "llm"
 PRM_DIR = ASSETS_DIR / "prm"
 
 __all__ = [
-    "ASSETS_DIR",
-    "TOKENIZER_DIR",
-    "SLM_DIR",
-    "LLM_DIR",
-    "PRM_DIR",
-    "STEP_SEPARATOR",
-    "Difficulty",
-    "TestbedProblem",
-    "check_steps",
-    "corrupt_steps",
-    "extract_boxed",
-    "first_wrong_step",
-    "generate_problems",
-    "is_correct",
-    "make_problem",
-    "split_steps",
+    "ASSETS_DIR", "TOKENIZER_DIR", "SLM_DIR", "LLM_DIR", "PRM_DIR", "STEP_SEPARATOR", "Difficulty", "TestbedProblem",
+    "check_steps", "corrupt_steps", "extract_boxed", "first_wrong_step", "generate_problems", "is_correct",
+    "make_problem", "split_steps",
 ]

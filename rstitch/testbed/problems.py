@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import operator
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ _SPLIT_BUCKETS = {"train": range(0, 80), "validation": range(80, 90), "test": ra
 _OP_WORDS = {"+": "add", "-": "subtract", "*": "multiply by"}
 OP_GERUNDS = {"+": "Adding", "-": "Subtracting", "*": "Multiplying by"}
 INVERSE = {"+": "-", "-": "+", "*": "/"}
+_APPLY = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 
 # --------------------------------------------------------------------------- difficulty
@@ -76,17 +78,13 @@ def _resolve_difficulty(difficulty: Difficulty | str | dict | None) -> Difficult
 
 
 def apply_op(value: int, op: str, operand: int) -> int:
-    if op == "+":
-        return value + operand
-    if op == "-":
-        return value - operand
-    if op == "*":
-        return value * operand
     if op == "/":
         if operand == 0 or value % operand:
             raise ValueError("inexact division")
         return value // operand
-    raise ValueError(f"unknown op {op!r}")
+    if op not in _APPLY:
+        raise ValueError(f"unknown op {op!r}")
+    return _APPLY[op](value, operand)
 
 
 def equation_chain(a: int, op: str, b: int) -> list[str]:
