@@ -286,7 +286,7 @@ def hand_made_samples() -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def test_intervals_paired_comparisons_and_frontier_shares_of_the_runs():
-    from rstitch.analysis.uncertainty import with_intervals
+    from rstitch.results.uncertainty import with_intervals
 
     runs, samples = hand_made_samples()
     marked = with_intervals(mark_frontier(runs), samples)
@@ -321,7 +321,7 @@ def test_intervals_paired_comparisons_and_frontier_shares_of_the_runs():
 
 
 def test_runs_recorded_intervals_from_summary_json_or_wandb():
-    from rstitch.analysis.uncertainty import recorded_intervals
+    from rstitch.results.uncertainty import recorded_intervals
 
     assert recorded_intervals({"speedup_ci": [1.5, 2.5], "accuracy_se": 0.1}) == recorded_intervals(
         {"speedup_ci_low": 1.5, "speedup_ci_high": 2.5, "accuracy_se": 0.1})

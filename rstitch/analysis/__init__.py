@@ -25,7 +25,7 @@ from rstitch.analysis.tables import (
     runs_table,
     token_tables,
 )
-from rstitch.analysis.uncertainty import frontier_stability, with_intervals
+from rstitch.results.uncertainty import frontier_stability, with_intervals
 
 __all__ = [
     "Table", "accuracy_latency_tables", "benchmark_accuracy_tables", "curve_pairs", "detectable_difference",

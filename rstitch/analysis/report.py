@@ -16,10 +16,10 @@ from matplotlib.figure import Figure
 from rstitch.analysis import plots, tables, traces
 from rstitch.analysis.collect import BASELINE, is_baseline, load_samples, paired_with_baseline
 from rstitch.analysis.frontier import curve_pairs, mark_frontier, matched_speedup_summary
-from rstitch.analysis.uncertainty import with_intervals
 from rstitch.errors import ConfigError
 from rstitch.methods import BASELINE_ROLES, METHODS, baseline_method
 from rstitch.results.measurement import CONTENTION_ADVICE, robust_figure
+from rstitch.results.uncertainty import with_intervals
 
 FORMATS = (".html", ".md")
 

@@ -177,8 +177,8 @@ def log_sweep_summary(run_dirs: list[Path], logger: Any, name: str, state_dir: P
     from rstitch.analysis import load_runs, load_samples, mark_frontier
     from rstitch.analysis.plots import accuracy_latency_figure
     from rstitch.analysis.report import ReportFigure, slug, wandb_image
-    from rstitch.analysis.uncertainty import with_intervals
     from rstitch.logging.wandb_charts import accuracy_latency_error_bars
+    from rstitch.results.uncertainty import with_intervals
 
     if not run_dirs:
         raise ConfigError("the multirun finished no run")
