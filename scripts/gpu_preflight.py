@@ -28,10 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # The distributions of pyproject.toml's dependencies that the session's sections import (datasets,
 # W&B, figures and the code sandbox are not used there), and pytest for its tests.
 SESSION_DISTRIBUTIONS = ("torch", "transformers", "tokenizers", "safetensors", "huggingface-hub", "hydra-core", "omegaconf",
-                         "pandas", "numpy", "tqdm", "greenlet", "math-verify", "pyyaml", "pytest")
+                         "pandas", "numpy", "tqdm", "greenlet", "math-verify", "pebble", "pyyaml", "pytest")
 MODULE_NAMES = {"hydra-core": "hydra", "pyyaml": "yaml", "math-verify": "math_verify"}  # else the name with "_" for "-"
 # What the sections import besides their files' own imports: modules rstitch loads inside functions.
-LAZY_MODULES = ("transformers", "math_verify", "greenlet", "hydra", "omegaconf", "rstitch.engines.hf", "rstitch.engines.hf_static",
+LAZY_MODULES = ("transformers", "math_verify", "pebble", "greenlet", "hydra", "omegaconf", "rstitch.engines.hf", "rstitch.engines.hf_static",
                 "rstitch.grading")
 TRANSFORMERS_CLASSES = ("AutoTokenizer", "AutoModelForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", "GenerationConfig")
 # The files the sections run, imported as the session imports them (tests/ on the path for conftest).

@@ -34,8 +34,8 @@ if [ "$cmd" = prepare ]; then
   set -e
   bash ../shared/gpu/bundle.sh "$bundle"
   cp ../shared/gpu/make_shapes.py "$bundle/"
-  # pytest with its own requirements, so that the tests section never depends on the machine's version
-  "$python" -m pip download -q --no-deps --only-binary=:all: -d "$bundle/whl" "pytest>=8,<9" pluggy iniconfig packaging
+  # pytest with its own requirements, so that the tests section never depends on the machine's version; pebble, the grader's pool
+  "$python" -m pip download -q --no-deps --only-binary=:all: -d "$bundle/whl" "pytest>=8,<9" pluggy iniconfig packaging "pebble>=5.2,<6"
   exclude=$(git rev-parse --git-path info/exclude)
   grep -qx "/$bundle/" "$exclude" 2>/dev/null || echo "/$bundle/" >> "$exclude"   # ignored here, so that it is carried explicitly
   du -sh "$bundle"

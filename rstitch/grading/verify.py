@@ -1,34 +1,28 @@
 """Decide whether a response's answer equals the gold answer.
 
 ``grade`` extracts the answer, tries a cheap normalized-string / plain-number comparison, and
-only then asks math-verify. math-verify runs in a persistent worker interpreter because its
+only then asks math-verify. math-verify runs in worker processes of a pebble pool because its
 own timeout relies on ``signal.alarm`` (main thread only) and sympy can hang on answers such
-as ``(10^7)!``: the worker is killed and replaced when one comparison exceeds its time limit,
+as ``(10^7)!``: a worker is killed and replaced when one comparison exceeds its time limit,
 which works from any thread or process and never stalls a run.
 """
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import re
-import selectors
 import signal
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 from rstitch.grading.extract import Extracted, extract_final
 
 logger = logging.getLogger(__name__)
 
-WORKER_STARTUP_TIMEOUT_S = 120.0  # importing sympy on a busy machine can take a while
 WORKER_MEMORY_LIMIT_BYTES = 4 * 1024**3  # a runaway sympy evaluation fails instead of eating RAM
 MAX_ANSWER_CHARS = 2_000  # longer "answers" are extraction noise; don't feed them to sympy
 MAX_EXPONENT_DIGITS = 15  # Decimal cannot hold larger exponents; such strings are not plain numbers
@@ -323,147 +317,56 @@ def _gold_letter(gold: str) -> str:
     return text.upper()
 
 
-# --------------------------------------------------------------------------- worker process
+# --------------------------------------------------------------------------- worker processes
 
 
-class _VerifyWorker:
-    """A child interpreter that answers one math-verify comparison per request line."""
+class _VerifyPool:
+    """math-verify in a pebble process pool. Each comparison is a task with its own time limit,
+    counted from the moment a worker starts it (never while it waits for a free worker); pebble
+    kills the worker of a task past its limit and starts a new one."""
 
-    def __init__(self) -> None:
-        env = dict(os.environ)
-        package_root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-        self._process = subprocess.Popen(
-            [sys.executable, "-c", "from rstitch.grading.verify import serve_worker; serve_worker()"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=env,
-        )
-        assert self._process.stdin is not None and self._process.stdout is not None, "both are pipes"
-        self._stdin, self._stdout = self._process.stdin, self._process.stdout
-        self._pending = b""
-        self._readable = selectors.DefaultSelector()  # poll/epoll: no FD_SETSIZE limit unlike select()
-        self._readable.register(self._stdout, selectors.EVENT_READ)
-        ready = self._read_line(time.monotonic() + WORKER_STARTUP_TIMEOUT_S)
-        if ready != b"ready":
-            self.kill()
-            raise RuntimeError(f"math-verify grading worker failed to start (got {ready!r}); see its stderr above")
+    def __init__(self, workers: int) -> None:
+        import multiprocessing
 
-    @property
-    def alive(self) -> bool:
-        return self._process.poll() is None
+        from pebble import ProcessPool
 
-    def compare(self, gold: str, predicted: str, timeout_s: float) -> bool | None:
-        """The worker's verdict, or None when it took longer than ``timeout_s`` (then it is killed)."""
-        request = json.dumps({"gold": gold, "pred": predicted}).encode() + b"\n"
-        self._stdin.write(request)
-        self._stdin.flush()
-        line = self._read_line(time.monotonic() + timeout_s)
-        if line is None:
-            self.kill()
-            return None
-        return bool(json.loads(line)["equal"])
-
-    def _read_line(self, deadline: float) -> bytes | None:
-        fd = self._stdout.fileno()
-        while b"\n" not in self._pending:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self._readable.select(remaining):
-                return None
-            chunk = os.read(fd, 65536)
-            if not chunk:  # the worker died (e.g. out of memory): treat like a timeout
-                return None
-            self._pending += chunk
-        line, self._pending = self._pending.split(b"\n", 1)
-        return line
-
-    def kill(self) -> None:
-        if self.alive:
-            self._process.kill()
-        self._process.wait()
-        self._readable.close()
-        for stream in (self._stdin, self._stdout):
-            stream.close()
-
-    def close(self) -> None:
-        """Ask the worker to exit (end of input), killing it if it does not."""
-        try:
-            self._stdin.close()
-            self._process.wait(timeout=2)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        self.kill()
-
-
-class _WorkerPool:
-    """Idle workers shared by all threads. Every caller compares on a worker of its own (an idle
-    one, else a new one), so a timeout never includes waiting for another caller's comparison;
-    at most ``max_idle`` workers are kept between comparisons."""
-
-    def __init__(self, max_idle: int) -> None:
-        self._idle: list[_VerifyWorker] = []
+        # spawn: a fresh interpreter, never a fork of a parent that holds threads, locks or a GPU
+        self._pool = ProcessPool(max_workers=workers, initializer=_start_worker,
+                                 context=multiprocessing.get_context("spawn"))
         self._lock = threading.Lock()
-        self._max_idle = max_idle
-        self.timed_out = 0  # comparisons that ran out of time (their worker was replaced)
+        self.timed_out = 0  # comparisons that ran out of time or lost their worker
 
     def compare(self, gold: str, predicted: str, timeout_s: float) -> bool | None:
-        worker = self._take()
+        """The worker's verdict, or None when it took longer than ``timeout_s`` or its worker died."""
+        from pebble import ProcessExpired
+
+        future = self._pool.schedule(_compare_in_worker, args=(gold, predicted), timeout=timeout_s)
         try:
-            result = _ask(worker, gold, predicted, timeout_s)
-        except BrokenPipeError:  # the idle worker died since its last answer: use a new one
-            worker = _VerifyWorker()
-            result = _ask(worker, gold, predicted, timeout_s)
-        if result is None:
+            return bool(future.result())
+        except (FutureTimeout, ProcessExpired):  # past its limit (killed), or died, e.g. out of memory
             with self._lock:
                 self.timed_out += 1
-        else:
-            self._give_back(worker)
-        return result
-
-    def _take(self) -> _VerifyWorker:
-        with self._lock:
-            while self._idle:
-                worker = self._idle.pop()
-                if worker.alive:
-                    return worker
-                worker.kill()
-        return _VerifyWorker()  # started outside the lock: startup takes a second or two
-
-    def _give_back(self, worker: _VerifyWorker) -> None:
-        with self._lock:
-            keep = len(self._idle) < self._max_idle
-            if keep:
-                self._idle.append(worker)
-        if not keep:  # a burst of callers is over: do not keep its extra interpreters
-            worker.close()
+            return None
 
     def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for worker in idle:
-            worker.close()
+        self._pool.stop()
+        self._pool.join()
 
 
-def _ask(worker: _VerifyWorker, gold: str, predicted: str, timeout_s: float) -> bool | None:
-    try:
-        return worker.compare(gold, predicted, timeout_s)
-    except BaseException:  # e.g. KeyboardInterrupt mid-request: the worker's state is unknown
-        worker.kill()
-        raise
-
-
-_POOL: _WorkerPool | None = None
+_POOL: _VerifyPool | None = None
 _POOL_LOCK = threading.Lock()
 
 
-def _get_pool() -> _WorkerPool:
+def _get_pool() -> _VerifyPool:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = _WorkerPool(max_idle=max(1, min(4, os.cpu_count() or 1)))
+            _POOL = _VerifyPool(workers=max(1, min(4, os.cpu_count() or 1)))
         return _POOL
 
 
 def _forget_parent_pool() -> None:
-    """In a forked child: the parent's workers and locks are not ours to use."""
+    """In a forked child: the parent's pool (its threads and pipes) is not ours to use."""
     global _POOL, _POOL_LOCK
     _POOL, _POOL_LOCK = None, threading.Lock()
 
@@ -477,25 +380,23 @@ os.register_at_fork(after_in_child=_forget_parent_pool)
 atexit.register(_close_pool)
 
 
-# --------------------------------------------------------------------------- inside the worker
+# --------------------------------------------------------------------------- inside a worker
 
 
-def serve_worker() -> None:
-    """Worker main loop: one JSON request per stdin line, one JSON verdict per stdout line."""
+def _start_worker() -> None:
+    """A worker's setup: a memory limit, Ctrl-C left to the parent, math-verify imported before the
+    first timed comparison."""
     _limit_memory(WORKER_MEMORY_LIMIT_BYTES)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; we end with its stdin
-    replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=0)
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not corrupt the protocol
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it stops the pool
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    math_verify_equal("1", "1")  # import sympy and build the parsers before saying ready
-    replies.write(b"ready\n")
-    for line in sys.stdin.buffer:
-        try:
-            request = json.loads(line)
-            equal = math_verify_equal(request["gold"], request["pred"])
-        except Exception:  # noqa: BLE001 - a bad request is a wrong answer, not a dead worker
-            equal = False
-        replies.write(json.dumps({"equal": equal}).encode() + b"\n")
+    math_verify_equal("1", "1")  # import sympy and build the parsers
+
+
+def _compare_in_worker(gold_latex: str, predicted_latex: str) -> bool:
+    try:
+        return math_verify_equal(gold_latex, predicted_latex)
+    except Exception:  # noqa: BLE001 - an answer math-verify cannot handle is a wrong answer, not a dead worker
+        return False
 
 
 def math_verify_equal(gold_latex: str, predicted_latex: str) -> bool:
