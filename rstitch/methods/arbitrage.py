@@ -17,7 +17,8 @@ from typing import Any
 
 from rstitch.errors import ConfigError
 from rstitch.methods.base import LLM, SLM, register_method, require_number
-from rstitch.methods.steps import DEFAULT_PRM, DraftVerifyMethod, Step, StepDecoder, StepMethod, StepRun, Verdict
+from rstitch.methods.drafts import Step, Verdict
+from rstitch.methods.steps import DEFAULT_PRM, DraftVerifyMethod, StepDecoder, StepMethod, StepRun
 from rstitch.scorers.arbitrage_router import ArbitrageRouter
 
 

@@ -27,7 +27,8 @@ import torch
 
 from rstitch.errors import ConfigError
 from rstitch.methods.base import DecodeContext, register_method, require_number
-from rstitch.methods.steps import DEFAULT_PRM, DraftVerifyMethod, Step, StepDecoder, StepRun, Verdict, decision_generator
+from rstitch.methods.drafts import Step, Verdict
+from rstitch.methods.steps import DEFAULT_PRM, DraftVerifyMethod, StepDecoder, StepRun, decision_generator
 
 
 def _clip01(x: float) -> float:

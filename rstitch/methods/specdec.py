@@ -25,6 +25,7 @@ from rstitch.engines import Sampler, Sequence, TokenDistribution, require
 from rstitch.engines.base import StopWatcher
 from rstitch.errors import ConfigError
 from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, Method, register_method, require_int
+from rstitch.methods.drafts import Draft
 from rstitch.methods.spec_stats import SpecStats, summarize_spec
 
 
@@ -68,13 +69,6 @@ def verify_draft_token(p: torch.Tensor, q: torch.Tensor, token: int, sampler: Sa
 
 
 # --- the decoding loop --------------------------------------------------------------------
-@dataclass
-class _Draft:
-    tokens: list[int]
-    dists: list[TokenDistribution]  # the draft model's raw distributions
-    probs: list[torch.Tensor]  # the processed distributions the tokens were drawn from
-
-
 @dataclass
 class _Verdict:
     accepted: int  # draft tokens kept
@@ -137,8 +131,8 @@ class SpeculativeDecoder:
         return output, sources, "length"
 
     @staticmethod
-    def _propose(draft: Sequence, n: int, sampler: Sampler, eos: set[int]) -> _Draft:
-        proposal = _Draft([], [], [])
+    def _propose(draft: Sequence, n: int, sampler: Sampler, eos: set[int]) -> Draft:
+        proposal = Draft([], [], [])
         for _ in range(n):
             dist = draft.next_distribution()
             q = sampler.probs_from_logits(dist.logits)
@@ -152,7 +146,7 @@ class SpeculativeDecoder:
         return proposal
 
     def _verify(
-        self, proposal: _Draft, target_dists: list[TokenDistribution], sampler: Sampler, eos: set[int], stats: SpecStats
+        self, proposal: Draft, target_dists: list[TokenDistribution], sampler: Sampler, eos: set[int], stats: SpecStats
     ) -> _Verdict:
         for i, token in enumerate(proposal.tokens):
             target_dist = target_dists[i]
@@ -169,7 +163,7 @@ class SpeculativeDecoder:
         return _Verdict(len(proposal.tokens), bonus, False)
 
     @staticmethod
-    def _advance(draft: Sequence, target: Sequence, proposal: _Draft, verdict: _Verdict) -> list[int]:
+    def _advance(draft: Sequence, target: Sequence, proposal: Draft, verdict: _Verdict) -> list[int]:
         """Drop the rejected draft tokens from both caches and append the target's token."""
         produced = proposal.tokens[: verdict.accepted]
         rejected = len(proposal.tokens) - verdict.accepted

@@ -30,9 +30,10 @@ from rstitch.engines import ModelRunner
 from rstitch.errors import ConfigError
 from rstitch.judge_prompt import JUDGE_INSTRUCTION, JUDGE_PREFIX, judge_prompt  # noqa: F401  (the method's prompt, re-exported)
 from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, register_method, require_int, require_number
+from rstitch.methods.drafts import Step, Verdict
 from rstitch.methods.spec_stats import SpecStats
 from rstitch.methods.specdec import SpeculativeDecoder, check_vocabularies
-from rstitch.methods.steps import DraftVerifyMethod, ModelSequences, Step, StepDecoder, StepRun, Verdict
+from rstitch.methods.steps import DraftVerifyMethod, ModelSequences, StepDecoder, StepRun
 
 SCORE_MODES = ("greedy", "expected")
 JUDGE_CONTEXTS = ("reasoning", "chat")

@@ -32,6 +32,7 @@ import torch
 from rstitch.engines import CostCounter, ModelPair, Sampler, Sequence
 from rstitch.errors import ConfigError
 from rstitch.methods.base import EXTRA_FLOPS, LLM, SLM, DecodeContext, DecodeResult, Method, model_flops, require_int
+from rstitch.methods.drafts import Step, Verdict
 from rstitch.scorers import ProcessRewardModel, check_prm_spec, resolve_prm
 from rstitch.scorers.prefix_cache import common_prefix_length
 
@@ -59,14 +60,6 @@ class StepConfig:
             require_int(method, "max_steps", max_steps),
             require_int(method, "max_repeats", max_repeats, low=0),
         )
-
-
-@dataclass
-class Step:
-    token_ids: list[int]
-    text: str  # without the separator and surrounding whitespace: what PRMs, judges, routers read
-    source: int  # SLM or LLM
-    finish: str  # "separator" | "eos" | "step_cap" | "budget"
 
 
 def step_text(text: str, separator: str) -> str:
@@ -360,12 +353,6 @@ class StepMethod(Method):
 
     def summarize(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
         return summarize_step_stats(samples)
-
-
-@dataclass
-class Verdict:
-    accept: bool
-    score: float | None = None  # what the verifier read (reward, judge score, router y_hat)
 
 
 class DraftVerifyMethod(StepMethod):
