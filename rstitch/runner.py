@@ -38,52 +38,46 @@ WARMUP_TOKENS = 16
 INTERRUPT_REQUESTED = threading.Event()
 
 
-def check_engine_gives(method: Method, pair: ModelPair) -> None:
-    """What the method reads, the engine must give (its declared capabilities, engines/base.py):
-    one line before any sample, not a wrong result."""
+def load_models(cfg: dict[str, Any], method: Method, records: list, prompt: PromptFormat, max_new_tokens: int,
+                batch_size: int) -> tuple[ModelPair, dict | None]:
+    """The run's pair (cached across a sweep's jobs) and its fitted latency models (`latency_dir`;
+    None: not given or none fitted there). The pair is checked by its engine's class: before any model
+    loads, a device torch has, the engine installed, and memory (its `check_memory`, where it has
+    one: the HF engine's static KV slots on CUDA) for the run's batch size and longest sample (a pair
+    already loaded, a sweep's earlier job, was checked when it loaded; another one is dropped first,
+    as loading this one would); once loaded, the engine's default threads (`default_threads`: the HF
+    engine left at `num_threads: null` gets threads that do not oversubscribe the CPUs), and what the
+    method reads given by the engine (its declared capabilities): one line before any sample, not an
+    out-of-memory error in the middle of the run or a wrong result. A batched run reports the batch-1
+    latency model's estimate as latency_s: it needs the latency models."""
+    import torch
+
+    engine = engine_class(cfg["engine"]["name"])
+    engine.check_device(cfg["pair"])
+    check_engine_installed(cfg["engine"]["name"])
+    if not is_loaded(cfg["pair"], cfg["engine"]):
+        clear_pairs()
+        check = getattr(engine, "check_memory", None)
+        if check is not None:
+            def longest_prompt(tokenizer: Any) -> int:
+                return max(len(prompt.encode(tokenizer, r.problem)) for r in records)
+
+            check(cfg["pair"], cfg["engine"], batch_size, longest_prompt, max_new_tokens)
+    pair = get_pair(cfg["pair"], cfg["engine"])
+    largest = max(m.num_parameters for m in pair.models().values())
+    threads = engine.default_threads(cfg["engine"], str(getattr(pair.llm, "device", "cpu")), largest, available_cpus())
+    if threads is not None:
+        torch.set_num_threads(threads)
     if method.reads_hidden_states:
         for model in pair.models().values():
             require(model, "hidden_states", f"method '{method.name}' (it reads the models' last hidden states)")
-
-
-def check_engine_memory(cfg: dict[str, Any], records: list, prompt: PromptFormat, max_new_tokens: int,
-                        batch_size: int) -> None:
-    """The engine's memory check before any model loads (its runner's `check_memory`, where it has
-    one; the HF engine's: static KV slots on CUDA): one line when the run's batch size and longest
-    sample cannot fit, instead of an out-of-memory error in the middle of the run. A pair already
-    loaded (a sweep's earlier job) was checked when it loaded; another one is dropped first, as
-    loading this one would."""
-    engine = cfg["engine"]["name"]
-    engine_class(engine).check_device(cfg["pair"])
-    check_engine_installed(engine)
-    if is_loaded(cfg["pair"], cfg["engine"]):
-        return
-    clear_pairs()
-    check = getattr(engine_class(engine), "check_memory", None)
-    if check is not None:
-        def longest_prompt(tokenizer: Any) -> int:
-            return max(len(prompt.encode(tokenizer, r.problem)) for r in records)
-
-        check(cfg["pair"], cfg["engine"], batch_size, longest_prompt, max_new_tokens)
-
-
-def apply_default_threads(engine_cfg: dict[str, Any], pair: ModelPair) -> None:
-    """The torch threads the engine's class sets for its options (`default_threads`: the HF engine
-    left at `num_threads: null` gets threads that do not oversubscribe the CPUs)."""
-    import torch
-
-    largest = max(m.num_parameters for m in pair.models().values())
-    threads = engine_class(engine_cfg["name"]).default_threads(engine_cfg, pair_device(pair), largest, available_cpus())
-    if threads is not None:
-        torch.set_num_threads(threads)
-
-
-def load_run_pair(cfg: dict[str, Any]) -> ModelPair:
-    """The run's pair (cached across a sweep's jobs), on a device torch has, with its default threads."""
-    engine_class(cfg["engine"]["name"]).check_device(cfg["pair"])
-    pair = get_pair(cfg["pair"], cfg["engine"])
-    apply_default_threads(cfg["engine"], pair)
-    return pair
+    latency_dir = cfg.get("latency_dir")
+    latency_models = load_pair_latency(latency_dir, pair) if latency_dir else None
+    if batch_size > 1 and latency_models is None:
+        where = f"in latency_dir '{latency_dir}'" if latency_dir else "(latency_dir is null)"
+        raise ConfigError(f"batch_size > 1 estimates batch-1 latency from the pair's fitted latency models, and none were found "
+                          f"{where}; fit them with scripts/profile_latency.py or run batch_size=1")
+    return pair, latency_models
 
 
 def engine_threads(pair: ModelPair) -> int:
@@ -94,6 +88,7 @@ def engine_threads(pair: ModelPair) -> int:
 
 
 def pair_device(pair: ModelPair) -> str:
+    """Where the pair's models run (as `load_models` reads it)."""
     return str(getattr(pair.llm, "device", "cpu"))
 
 
@@ -147,14 +142,6 @@ def check_batch_size(cfg: dict[str, Any]) -> int:
     return size
 
 
-def check_latency_models(batch_size: int, latency_models: dict | None, latency_dir: Any) -> None:
-    """A batched run reports the batch-1 latency model's estimate as latency_s: it needs one."""
-    if batch_size > 1 and latency_models is None:
-        where = f"in latency_dir '{latency_dir}'" if latency_dir else "(latency_dir is null)"
-        raise ConfigError(f"batch_size > 1 estimates batch-1 latency from the pair's fitted latency models, and none were found "
-                          f"{where}; fit them with scripts/profile_latency.py or run batch_size=1")
-
-
 def decode_one_by_one(method: Method, ctx: DecodeContext, todo: list, fitted: dict, latency_models: dict | None,
                       batch_size: int = 1) -> Iterator[tuple[Any, int, dict[str, Any]]]:
     """Batch size 1: each sample timed on its own (the papers' latency protocol)."""
@@ -180,7 +167,7 @@ def decode_batched(method: Method, ctx: DecodeContext, todo: list, fitted: dict,
     stays the batch-1 protocol: the fitted batch-1 model's estimate of the sample's forwards plus
     the time of its own work between them (method logic, sampling, unbatched PRM and judge
     forwards); the wall clock it spent in the batch is kept apart."""
-    assert latency_models is not None, "check_latency_models requires them when batch_size > 1"
+    assert latency_models is not None, "load_models requires them when batch_size > 1"
     jobs = [((record, index), batched_job(method, ctx, record, index, fitted[record.id], latency_models))
             for record, index in todo]
     for finished in BatchScheduler(batch_size).run(jobs):
@@ -274,23 +261,18 @@ def plan(run: RunIdentity, logger=None, problems: int | None = None) -> RunPlan:
     if problems is not None:
         count("problems", problems)
     batch_size = check_batch_size(cfg)
-    method = build_method(**cfg["method"])
     records = selected_records(cfg)
+    method = build_method(**cfg["method"])
     prompt = PromptFormat(**cfg["prompt"])
     sampler = Sampler(**cfg["decoding"])
-    check_engine_memory(cfg, records, prompt, budget, batch_size)
-    pair = load_run_pair(cfg)
-    check_engine_gives(method, pair)
-    latency_models = load_pair_latency(cfg["latency_dir"], pair) if cfg.get("latency_dir") else None
-    check_latency_models(batch_size, latency_models, cfg.get("latency_dir"))
+    pair, latency_models = load_models(cfg, method, records, prompt, budget, batch_size)
+    block = records[:problems]
+    check = ContextCheck(pair, budget, cfg.get("on_overflow", "error"))  # every prompt, before any decode
+    prompts = {r.id: check.prompt_ids(r.id, r.problem, lambda p: prompt.encode(pair.tokenizer, p)) for r in block}
+    fitted = {rid: fit for rid, fit in prompts.items() if fit is not None}
     store = SampleStore(run_dir, run.run_key)
     try:
-        block = records[:problems]
-        todo = [(r, k) for r in block for k in range(n_samples) if not store.done(r.id, k)]
-        check = ContextCheck(pair, budget, cfg.get("on_overflow", "error"))  # every prompt, before any decode
-        prompts = {r.id: check.prompt_ids(r.id, r.problem, lambda p: prompt.encode(pair.tokenizer, p)) for r, _ in todo}
-        fitted = {rid: fit for rid, fit in prompts.items() if fit is not None}
-        todo = [(r, k) for r, k in todo if r.id in fitted]
+        todo = [(r, k) for r in block if r.id in fitted for k in range(n_samples) if not store.done(r.id, k)]
         if logger is not None and not todo and logger.logged(run_dir):
             logger = None  # a finished run is logged once, not again by a resume that decodes nothing
     except BaseException:

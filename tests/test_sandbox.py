@@ -509,8 +509,11 @@ def test_a_code_benchmark_run_refuses_the_weaker_mode_before_anything_loads(monk
     from rstitch import runner
 
     monkeypatch.setattr(sandbox, "bubblewrap", lambda: None)
-    cfg = {"method": {"name": "llm_only"}, "n_samples": 1, "max_new_tokens": 4,
-           "dataset": {"name": "humaneval", "path": str(PROJECT / "tests" / "fixtures" / "humaneval.jsonl")}}
+    from rstitch.config_groups import compose_config
+
+    cfg = compose_config(["method=llm_only", "n_samples=1", "max_new_tokens=4", "logger=none", "dataset=humaneval",
+                          f"dataset.path={PROJECT / 'tests' / 'fixtures' / 'humaneval.jsonl'}"])
+    cfg = {k: v for k, v in cfg.items() if k not in ("logger", "results_root")}
     with pytest.raises(ConfigError, match="weak_code_sandbox=true"):
         runner.run(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()
