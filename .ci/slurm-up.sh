@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A one-node Slurm cluster on this machine (localhost, no accounting): munged, slurmctld and slurmd,
-# with the node's real CPUs and memory (`slurmd -C`). For tests/test_slurm_cluster.py and for trying
+# with the node's real CPUs and memory (`slurmd -C`). For tests/cli/test_slurm_cluster.py and for trying
 # the Slurm launchers (docs/scale-out.md) without a cluster. Needs root and Debian's packages:
 #   apt-get install -y slurm-wlm munge      # Debian 12: Slurm 22.05
 # Stop it with .ci/slurm-down.sh. Refuses to replace a slurm.conf it did not write.

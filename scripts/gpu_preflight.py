@@ -35,7 +35,7 @@ LAZY_MODULES = ("transformers", "math_verify", "pebble", "greenlet", "hydra", "o
                 "rstitch.grading")
 TRANSFORMERS_CLASSES = ("AutoTokenizer", "AutoModelForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", "GenerationConfig")
 # The files the sections run, imported as the session imports them (tests/ on the path for conftest).
-ENTRY_FILES = ("scripts/bench_gpu.py", "tests/conftest.py", "tests/test_gpu_paths.py", "tests/test_static_cache.py")
+ENTRY_FILES = ("scripts/bench_gpu.py", "tests/conftest.py", "tests/engines/test_gpu_paths.py", "tests/engines/test_static_cache.py")
 
 
 def canonical(name: str) -> str:

@@ -99,7 +99,7 @@ for section in "${sections[@]}"; do
   if [ "$section" = tests ]; then
     echo "== pytest -m gpu (limit ${TESTS_S} s)"
     timeout "$TESTS_S" "$python" -m pytest -m gpu -p no:cacheprovider -q -rs --durations=5 \
-      tests/test_gpu_paths.py tests/test_static_cache.py > "$out/pytest_gpu.txt" 2>&1
+      tests/engines/test_gpu_paths.py tests/engines/test_static_cache.py > "$out/pytest_gpu.txt" 2>&1
     status=$?
     echo "exit $status" >> "$out/pytest_gpu.txt"
     tail -15 "$out/pytest_gpu.txt"

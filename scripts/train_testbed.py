@@ -22,7 +22,7 @@ The phases are rstitch/training/testbed_family.py's `FamilyTrainer`; this script
 arguments and calls it.
 
 ``--steps-slm/llm`` fix the number of optimizer steps and the learning-rate schedule, so a run is
-exactly reproducible (tests/test_testbed_train_smoke.py trains twice and compares the weights).
+exactly reproducible (tests/training/test_testbed_train_smoke.py trains twice and compares the weights).
 ``--minutes-*`` are safety caps on each phase's wall time, set well above what the default step
 counts take on a 2-core CPU; a phase that hits one stops early, undecayed, and the run then
 depends on the machine's speed (``--schedule-by-time`` decays by the cap instead).

@@ -11,6 +11,10 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+# Tests live in a folder per package and share helpers by module name (`from test_specdec import
+# BigramRunner`): every folder is importable from every other, as pytest imports a test file by its name.
+sys.path[:0] = [str(folder) for folder in sorted(Path(__file__).resolve().parent.iterdir())
+                if folder.is_dir() and folder.name.isidentifier() and not folder.name.startswith("_") and folder.name != "fixtures"]
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `-n auto`: a worker per core, so one torch thread each, not a core's worth
     torch.set_num_threads(1)
 # The real benchmark records (MATH-500, GSM8K, AIME24, AMC23, Minerva as JSONL): ../shared/benchmarks

@@ -34,7 +34,7 @@ RANDOM = "random"
 
 # tab10 without its grey, then eight CSS colours each as far from those before it as any could be
 # (CIE76, lightness 25-75: visible on white): every two methods' colours at least as far apart as
-# tab10's closest two (tests/test_analysis.py), where tab20's light shades put rsd's light blue beside
+# tab10's closest two (tests/analysis/test_analysis.py), where tab20's light shades put rsd's light blue beside
 # llm_only's blue. tab10 is a ListedColormap of RGB triples; the stubs say Colormap / ArrayLike.
 _TAB10 = cast(tuple[tuple[float, float, float], ...], cast(ListedColormap, colormaps["tab10"]).colors)
 PALETTE = tuple(to_hex(c) for i, c in enumerate(_TAB10) if i != 7) + (

@@ -35,7 +35,7 @@ captured once and replayed:
   its invariants). Time spent capturing or compiling is recorded (`capture_spans`) and left out
   of the forward times the runner reports.
 
-Outputs equal the eager path's up to floating-point rounding; tests/test_static_cache.py checks
+Outputs equal the eager path's up to floating-point rounding; tests/engines/test_static_cache.py checks
 tokens on CPU and replays an emulated capture.
 """
 from __future__ import annotations

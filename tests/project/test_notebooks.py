@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow  # runs both notebooks in a kernel
 
 analysis_sweep = test_analysis.analysis_sweep  # the sweep fixture, shared with test_analysis.py
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 KERNEL = "rstitch-test"
 
 

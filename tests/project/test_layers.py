@@ -12,7 +12,7 @@ if sys.version_info >= (3, 11):
 else:  # pytest needs tomli below 3.11, so it is installed
     import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MAX_FUNCTION_LINES = 80
 
 

@@ -295,14 +295,14 @@ def test_report_of_one_root_is_written_into_it_and_named_by_its_absolute_path(tm
 
 
 def test_a_report_written_in_the_repository_is_ignored_by_git():
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     for path in ("report.html", "report_files/frontier.png"):
         assert subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=repo).returncode == 0, path
 
 
 # --------------------------------------------------------------------------- what the README tells a new user
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def readme_table_row(group: str) -> str:

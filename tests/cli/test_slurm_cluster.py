@@ -46,7 +46,7 @@ def slurm_cluster() -> None:
 
 def readme_slurm_command() -> tuple[str, ...]:
     """The README's Slurm command as written (its arguments, without the comment)."""
-    readme = Path(__file__).resolve().parent.parent / "README.md"
+    readme = Path(__file__).resolve().parents[2] / "README.md"
     [line] = [line for line in readme.read_text().splitlines() if line.startswith("rstitch-run -m hydra/launcher=slurm_cpu ")]
     return tuple(shlex.split(line.split("#", 1)[0])[1:])
 

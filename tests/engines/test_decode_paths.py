@@ -1,6 +1,6 @@
 """Runs of tokens (`Sequence.decode_until`): the rule form of a switch policy decodes what its
 per-token form decodes, and baselines and step-level methods take the same engine path, so a
-speedup compares like with like on every engine (on vLLM: tests/test_vllm_engine.py)."""
+speedup compares like with like on every engine (on vLLM: tests/engines/test_vllm_engine.py)."""
 from __future__ import annotations
 
 import pytest

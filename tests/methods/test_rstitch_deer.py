@@ -8,7 +8,7 @@ from rstitch.methods.base import LLM, SLM
 from rstitch.methods.rstitch_deer import closes_box, confidence
 
 PROMPTS = [[5, 6, 7, 8], [20, 21, 9], [30, 40, 50, 60, 70]]
-TAU = 0.35  # mixes both models on the tiny pair (tests/test_methods.py)
+TAU = 0.35  # mixes both models on the tiny pair (tests/methods/test_methods.py)
 ANSWER = "\n**Final Answer**\n\\boxed"
 NEVER = {"exit_threshold": 1.0, "think_ratio": 1.0}  # trials run, no exit can fire
 

@@ -9,7 +9,7 @@ import pytest
 
 from rstitch.methods.steps import CostMeter
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_judge.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_judge.py"
 
 
 def bench_judge():

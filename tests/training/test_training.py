@@ -151,7 +151,7 @@ def test_a_set_number_of_steps_has_no_time_budget_unless_one_is_given(monkeypatc
     import sys
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "train_router.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "train_router.py"
     spec = importlib.util.spec_from_file_location("train_router_script", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

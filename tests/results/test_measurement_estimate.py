@@ -109,7 +109,7 @@ def test_bench_contention_prints_each_speedup_and_its_loaded_over_quiet_ratio(tm
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("bench_contention", Path(__file__).resolve().parent.parent / "scripts" / "bench_contention.py")
+    spec = importlib.util.spec_from_file_location("bench_contention", Path(__file__).resolve().parents[2] / "scripts" / "bench_contention.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)  # defines functions only; main() runs under __main__
     for sitting, (wall, cpu, estimate) in {"quiet": (3.0, 3.0, 2.5), "loaded": (1.5, 2.4, 2.45)}.items():

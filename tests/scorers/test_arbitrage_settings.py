@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "train_arbitrage_router.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_arbitrage_router.py"
 
 
 @pytest.fixture(scope="module")

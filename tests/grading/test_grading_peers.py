@@ -9,7 +9,7 @@ import pytest
 
 from rstitch.grading.peer_check import Agreement, load_cases, our_verdict, report
 
-CASES_FILE = Path(__file__).resolve().parent / "fixtures" / "grading_peers.jsonl"
+CASES_FILE = Path(__file__).resolve().parents[1] / "fixtures" / "grading_peers.jsonl"
 CASES = load_cases(CASES_FILE)
 MIN_AGREEMENT = 0.95
 # The verdict is under test here, not the time: sympy compares a sum like p269's in about a second

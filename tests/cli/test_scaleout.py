@@ -350,10 +350,10 @@ def test_baseline_is_no_part_of_the_run_key(tmp_path, tiny_pair):
 
 PRESETS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 PAPER_PRESETS = [p for p in PRESETS if "_paper" in p]
-FIDELITY = Path(__file__).resolve().parent.parent / "docs" / "fidelity.md"
+FIDELITY = Path(__file__).resolve().parents[2] / "docs" / "fidelity.md"
 CITATION_SECTION = "## Presets: every value and its citation"
 # Where the paper gives a value, its row cites a numbered section, table, figure, algorithm, equation or
-# appendix (tests/test_fidelity.py checks the number and finds the quote in the paper's text); where it
+# appendix (tests/project/test_fidelity.py checks the number and finds the quote in the paper's text); where it
 # does not, the row says so and what we chose.
 CITATION_WORDS = ("§", "Table", "Figure", "Algorithm", "eq.", "appendix", "Definition")
 # Grids without a testbed twin: the testbed has no code or cross-domain task, and one pair (the 7B and

@@ -11,7 +11,7 @@ from rstitch.data import DATASETS, load_dataset_records
 from rstitch.data.datasets import _spec_from_source, dataset_configs
 from rstitch.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 BENCHMARKS = ROOT.parent / "shared" / "benchmarks"
 

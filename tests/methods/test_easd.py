@@ -256,7 +256,7 @@ def test_calibration_prompts_read_limo_through_the_dataset_loader():
         def encode(self, text, add_special_tokens=False):
             return [ord(c) for c in text]
 
-    fixture = Path(__file__).resolve().parent / "fixtures" / "limo.jsonl"
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "limo.jsonl"
     fmt = PromptFormat(name="plain", style="plain", template="Q: {problem}\n")
     prompts = dataset_prompts(Chars(), "limo", 1, fmt, str(fixture))
     assert len(prompts) == 1

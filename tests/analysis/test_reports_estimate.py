@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rstitch.analysis import record_reports as reports
 
-REPORTS = Path(__file__).resolve().parents[1] / "docs" / "reports"
+REPORTS = Path(__file__).resolve().parents[2] / "docs" / "reports"
 ESTIMATED, CPU, WALL = (reports.COLUMNS[c][0] for c in reports.SPEEDUP_COLUMNS)
 
 

@@ -14,7 +14,7 @@ from rstitch.errors import ConfigError
 
 from conftest import benchmark_file
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 REAL_FILES = {
     "math500": ("math500.jsonl", 500),

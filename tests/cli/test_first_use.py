@@ -115,7 +115,7 @@ def pytest_on_real_files(benchmarks: Path, require: bool) -> subprocess.Complete
     env.pop("RSTITCH_REQUIRE_BENCHMARKS", None)
     if require:
         env["RSTITCH_REQUIRE_BENCHMARKS"] = "1"
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfs", "tests/test_datasets.py",
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfs", "tests/data/test_datasets.py",
                "-k", "test_real_files_load_completely_with_unique_ids_and_answers"]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
@@ -360,7 +360,7 @@ def test_notebooks_run_on_one_run_without_a_baseline_and_on_an_empty_root(notebo
 
 
 def _kernel(tmp_path: Path, monkeypatch) -> str:
-    """A kernelspec running ipykernel in this interpreter (as tests/test_notebooks.py registers one)."""
+    """A kernelspec running ipykernel in this interpreter (as tests/project/test_notebooks.py registers one)."""
     spec_dir = tmp_path / "jupyter" / "kernels" / "rstitch-first-use"
     spec_dir.mkdir(parents=True)
     spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"], "display_name": "rstitch", "language": "python"}

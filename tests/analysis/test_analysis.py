@@ -2,7 +2,7 @@
 stored traces, reports, the CLI and the W&B sweep summary.
 
 Exact numbers come from hand-made runs; the rest runs on a small real sweep of the testbed pair
-(`analysis_sweep`, shared with tests/test_notebooks.py), whose accuracies are not asserted."""
+(`analysis_sweep`, shared with tests/project/test_notebooks.py), whose accuracies are not asserted."""
 from __future__ import annotations
 
 import json

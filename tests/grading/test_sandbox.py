@@ -306,7 +306,7 @@ def test_a_v2_hierarchy_without_the_memory_controller_falls_back_to_v1_or_none(t
 # world-readable file (the project's source, /etc/passwd, a user's tokens where it kept their uid)
 # and wrote files that outlived the sample (/run/lock, /var/lock).
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[2]
 needs_bubblewrap = pytest.mark.skipif(sandbox_root.bubblewrap() is None, reason=sandbox_root.MISSING)
 SYSTEM_PYTHON = "/usr/bin/python3"
 

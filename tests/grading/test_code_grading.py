@@ -14,7 +14,7 @@ from rstitch.grading.code import extract_program, grade_code, outputs_match
 from rstitch.grading.structured import extract_literal, grade_grid, literals_equal
 from rstitch.grading.verify import grade_sample
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def records(name: str):

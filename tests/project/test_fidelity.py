@@ -10,7 +10,7 @@ import pytest
 
 from conftest import paper_file
 
-FIDELITY = Path(__file__).resolve().parent.parent / "docs" / "fidelity.md"
+FIDELITY = Path(__file__).resolve().parents[2] / "docs" / "fidelity.md"
 PAPER_FILES = {"R-Stitch": "rstitch.txt", "RSD": "rsd.txt", "SpecReason": "specreason.txt", "Arbitrage": "arbitrage.txt",
                "EASD": "easd.txt"}
 PAPER_NAME = re.compile(r"(?<![\w-])(R-Stitch|RSD|SpecReason|Arbitrage|EASD)(?![\w-])")

@@ -12,7 +12,7 @@ from rstitch.analysis import record_reports as reports
 from rstitch.cli import report_decode
 from rstitch.errors import ConfigError
 
-REPORTS = Path(__file__).resolve().parents[1] / "docs" / "reports"
+REPORTS = Path(__file__).resolve().parents[2] / "docs" / "reports"
 COMMITTED = sorted(p.parent for p in REPORTS.glob(f"*/{reports.MANIFEST}"))
 MAX_REPORT_BYTES = 1 << 20  # records stay small: compacted, gzipped
 ROWS = [("llm_only", {}), ("slm_only", {}), ("rstitch", {"tau": 0.02})]

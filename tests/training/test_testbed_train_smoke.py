@@ -10,7 +10,7 @@ import torch
 
 pytestmark = pytest.mark.slow  # trains a tiny family in subprocesses
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def train_smoke(out: Path, *extra: str) -> subprocess.CompletedProcess:

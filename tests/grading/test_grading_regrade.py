@@ -17,7 +17,7 @@ from rstitch.grading.version import GRADER_VERSION, SUMMARY_KEY
 from rstitch.results.keys import run_key, run_tag
 from rstitch.results.store import SUMMARY_FILE, SampleStore
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _cost() -> dict:
@@ -165,7 +165,7 @@ def test_regrading_code_samples_checks_the_sandbox_as_a_decode_does(monkeypatch)
     from rstitch.grading import sandbox
 
     monkeypatch.setattr(sandbox, "bubblewrap", lambda: None)
-    humaneval = {"name": "humaneval", "path": str(Path(__file__).parent / "fixtures" / "humaneval.jsonl")}
+    humaneval = {"name": "humaneval", "path": str(Path(__file__).parents[1] / "fixtures" / "humaneval.jsonl")}
     with pytest.raises(ConfigError, match="weak_code_sandbox=true"):
         regrade_cli.RecordIndex().records(humaneval)
     assert regrade_cli.RecordIndex(allow_weak_sandbox=True).records(humaneval)

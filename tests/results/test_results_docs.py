@@ -1,5 +1,5 @@
 """The results pages (docs/results-testbed.md, docs/results-real.md) quote no figure: every measured
-number lives in a report's page (docs/reports/<name>/README.md), which tests/test_reports.py
+number lives in a report's page (docs/reports/<name>/README.md), which tests/analysis/test_reports.py
 regenerates from the report's committed records, its readings included. A number typed into a
 results page's prose fails here; so does any source mark (`<!--= -->`, `<!--~ -->`): a figure is
 computed from records or not written.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 PAGES = ("results-testbed.md", "results-real.md")
 
 
