@@ -14,6 +14,7 @@ from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
+from transformers.cache_utils import Cache
 
 from rstitch.engines.base import (
     DTYPES,  # noqa: F401 (re-exported: the one table lives in engines/base.py)
@@ -27,7 +28,7 @@ from rstitch.engines.base import (
     torch_dtype,
     warn_remote_code,
 )
-from rstitch.engines.hf_forward import cache_kwargs, compiled_path, kv_shape, width_groups  # noqa: F401 (cache_kwargs: engines.hf.cache_kwargs is the documented name)
+from rstitch.engines.hf_forward import ViewLayer, attention_implementation, cache_kwargs, compiled_path, kv_shape, width_groups  # noqa: F401 (cache_kwargs: engines.hf.cache_kwargs is the documented name)
 from rstitch.engines.hf_static import StaticDecoder, StaticSequence, check_static_memory, resolve_mode
 from rstitch.engines.loading import (
     eos_token_ids,
@@ -270,7 +271,7 @@ BATCHED_ATTENTION = {"sdpa", "eager"}
 
 def batchable(model: PreTrainedModel) -> bool:
     config = model.config
-    return config.model_type in BATCHED_MODEL_TYPES and config._attn_implementation in BATCHED_ATTENTION
+    return config.model_type in BATCHED_MODEL_TYPES and attention_implementation(config) in BATCHED_ATTENTION
 
 
 class SlotCache:
@@ -321,22 +322,32 @@ class SlotCache:
             self._allocate(self.shape[0], max(length, 2 * self.shape[1]))
 
 
-class _SlotView:
-    """What one batched forward sees: `update` writes each row's new keys after its own cached
+class _SlotView(Cache):
+    """What one batched forward sees: each layer writes each row's new keys after its own cached
     positions and returns every row's keys padded to the longest (the 4D mask hides the rest).
     Rows whose slots form one range are read in place; others are gathered."""
 
     def __init__(self, cache: SlotCache, slots: list[int], starts: list[int], width: int):
-        self.cache = cache
         device = cache.device
-        self.rows = torch.tensor(slots, device=device)
-        self.span = slice(slots[0], slots[-1] + 1) if slots == list(range(slots[0], slots[-1] + 1)) else None
+        rows = torch.tensor(slots, device=device)
+        span = slice(slots[0], slots[-1] + 1) if slots == list(range(slots[0], slots[-1] + 1)) else None
         self.positions = torch.tensor(starts, device=device)[:, None] + torch.arange(width, device=device)
         self.read = max(starts) + width
+        super().__init__(layers=[_SlotLayer(k, v, rows, span, self.positions, self.read)
+                                 for k, v in zip(cache.keys, cache.values)])
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+
+class _SlotLayer(ViewLayer):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor, span: slice | None,
+                 positions: torch.Tensor, read: int):
+        super().__init__(read)
+        self.keys, self.values, self.rows, self.span, self.positions = keys, values, rows, span, positions
+        self.stores = (keys, values)  # typed as given (the mixin declares keys and values optional)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         out = []
-        for store, new in ((self.cache.keys[layer_idx], key_states), (self.cache.values[layer_idx], value_states)):
+        for store, new in zip(self.stores, (key_states, value_states)):
             store[self.rows[:, None], :, self.positions] = new.transpose(1, 2)
             window = store[:, :, : self.read]
             out.append(window[self.span] if self.span is not None else window.index_select(0, self.rows))
@@ -375,7 +386,7 @@ def batched_forward(runner: HFModelRunner, requests: list[ForwardRequest]) -> li
     ids = torch.zeros((len(requests), width), dtype=torch.long, device=runner.device)
     for row, r in enumerate(requests):
         ids[row, : len(r.new_ids)] = torch.tensor(r.new_ids, dtype=torch.long)
-    mask = _row_mask(starts, width, view.read, model.config._attn_implementation, model.dtype, runner.device)
+    mask = _row_mask(starts, width, view.read, attention_implementation(model.config), model.dtype, runner.device)
     want_hidden = any(s.want_hidden for s in seqs)
     base = getattr(model, model.base_model_prefix)
     out = base(input_ids=ids, attention_mask=mask, position_ids=view.positions, use_cache=True,

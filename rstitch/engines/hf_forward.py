@@ -8,6 +8,7 @@ import inspect
 from typing import Any
 
 import torch
+from transformers.cache_utils import CacheLayerMixin
 
 # A forward's fixed cost in padded tokens (testbed LLM on CPU: ~3 ms against ~0.1 ms per padded
 # token): rows of very different widths (a catch-up prefill beside single-token steps) run as
@@ -56,6 +57,34 @@ def cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
 @functools.cache
 def _cache_argument(model_class: type[torch.nn.Module]) -> str:
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+
+
+class ViewLayer(CacheLayerMixin):
+    """One layer of a `Cache` that one forward sees over a runner's own buffers (the slot cache of
+    the eager path, the static cache of the compiled path): the buffers exist before the forward,
+    rows end at different lengths, and attention reads each row's first `read` positions (the 4D
+    mask hides the rest). Subclasses write the new keys in `update`."""
+
+    def __init__(self, read: int):
+        super().__init__()
+        self.read, self.is_initialized = read, True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Nothing to allocate: the runner sized its buffers for this forward."""
+
+    def get_seq_length(self) -> int:
+        return self.read  # the model is always given position ids, so it never offsets by this
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.read, 0
+
+    def get_max_length(self) -> int:
+        return self.read
+
+
+def attention_implementation(config: Any) -> str:
+    """The attention a transformers config selects ("sdpa", "eager", ...)."""
+    return config._attn_implementation  # transformers has no public getter; its models read this property
 
 
 def kv_shape(config: Any) -> tuple[int, int, int]:

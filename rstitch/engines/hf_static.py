@@ -50,9 +50,10 @@ from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Any
 
 import torch
+from transformers.cache_utils import Cache
 
 from rstitch.engines.base import ForwardRequest, Sequence, TokenDistribution
-from rstitch.engines.hf_forward import cache_kwargs, compiled_path, kv_shape, width_groups
+from rstitch.engines.hf_forward import ViewLayer, attention_implementation, cache_kwargs, compiled_path, kv_shape, width_groups
 from rstitch.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -93,8 +94,8 @@ def check_supported(model: Any, mode: str) -> None:
     problem = None
     if config.model_type not in STATIC_MODEL_TYPES:
         problem = f"model type '{config.model_type}' (supported: {', '.join(sorted(STATIC_MODEL_TYPES))})"
-    elif config._attn_implementation not in ("sdpa", "eager"):
-        problem = f"attention '{config._attn_implementation}' (supported: sdpa, eager)"
+    elif attention_implementation(config) not in ("sdpa", "eager"):
+        problem = f"attention '{attention_implementation(config)}' (supported: sdpa, eager)"
     elif any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
         problem = "sliding-window layers"
     if problem:
@@ -320,19 +321,27 @@ class StaticKV:
             store[target, :, :length] = store[source, :, :length]
 
 
-class _RowsView:
-    """What the model's attention sees as its cache in one step: `update` writes the new keys at
+class _RowsView(Cache):
+    """What the model's attention sees as its cache in one step: each layer writes the new keys at
     each row's positions of rows [0, R), then returns the first `read` positions of those rows."""
 
     def __init__(self, kv: StaticKV, rows: int, positions: torch.Tensor, read: int):
-        self.rows, self.positions = rows, positions
-        self.windows = kv.windows(rows, read)
         # batch 1: a copy along the length axis (cheaper than a scattered write)
-        self.first_row = positions[0] if rows == 1 else None
-        self.row_index = torch.arange(rows, device=positions.device)[:, None] if rows > 1 else None
+        first_row = positions[0] if rows == 1 else None
+        row_index = torch.arange(rows, device=positions.device)[:, None] if rows > 1 else None
+        super().__init__(layers=[_RowsLayer(window, positions, first_row, row_index, read)
+                                 for window in kv.windows(rows, read)])
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
-        key_rows, value_rows, key_read, value_read = self.windows[layer_idx]
+
+class _RowsLayer(ViewLayer):
+    def __init__(self, window: tuple[torch.Tensor, ...], positions: torch.Tensor, first_row: torch.Tensor | None,
+                 row_index: torch.Tensor | None, read: int):
+        super().__init__(read)
+        self.window, self.positions, self.first_row, self.row_index = window, positions, first_row, row_index
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        key_rows, value_rows, key_read, value_read = self.window
         for rows, new in ((key_rows, key_states), (value_rows, value_states)):
             if self.first_row is not None:
                 rows.index_copy_(2, self.first_row, new)
@@ -377,6 +386,7 @@ def unowned_alias(tensor: torch.Tensor) -> torch.Tensor:
     """A tensor over `tensor`'s memory that does not keep it alive (what vLLM's weak_ref_tensor
     does): the graph's pool holds the memory, and later captures may reuse it once the step's
     results are copied out."""
+    # torch has no public way to make a tensor that does not own its memory (vLLM has a C++ op of its own)
     storage = torch._C._construct_storage_from_data_pointer(
         tensor.untyped_storage().data_ptr(), tensor.device, tensor.untyped_storage().nbytes())
     alias = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
@@ -400,7 +410,8 @@ class _Step:
         self.compute: Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, ...]] = step
         if capture == "inductor":
             # Fixed addresses: the in-place writes into the buffers would otherwise count as
-            # mutated inputs, for which the compiled step skips its CUDA graph (as HF's StaticCache marks its own).
+            # mutated inputs, for which the compiled step skips its CUDA graph (as HF's StaticCache marks its own:
+            # torch has no public form of this call).
             for buffer in (*decoder.kv.keys, *decoder.kv.values):
                 torch._dynamo.mark_static_address(buffer)
             mode = "reduce-overhead" if device.type == "cuda" else "default"
@@ -454,7 +465,7 @@ class StaticDecoder:
         self.captured = 0  # steps captured or compiled so far (growth recaptures)
         self.capture_spans: list[tuple[float, float]] = []  # (start, seconds) of each capture or compilation
         self._capture_total = [0.0]  # seconds of the first k spans: the runner asks after every forward
-        self.attention = GROUPED_ATTENTION if self.model.config._attn_implementation == "sdpa" else "eager"
+        self.attention = GROUPED_ATTENTION if attention_implementation(self.model.config) == "sdpa" else "eager"
         if self.attention == GROUPED_ATTENTION:
             _register_grouped_attention()
         if mode == "inductor":
@@ -625,7 +636,8 @@ class StaticDecoder:
         view = _RowsView(self.kv, rows, positions, read)
         # The attention modules look their function up by `config._attn_implementation` at every
         # call (or trace): this forward uses the decoder's (set and restored here, not through a
-        # context manager: this runs at every decode step).
+        # context manager: this runs at every decode step). The private field, because the public
+        # `set_attn_implementation` validates at each call and would set it for every user of the shared weights.
         config = self.model.config
         saved, config._attn_implementation_internal = config._attn_implementation_internal, self.attention
         try:

@@ -629,3 +629,48 @@ def test_a_prefill_wider_than_the_buckets_runs_on_the_same_slots(monkeypatch):
     a, b = fast.score([5, 6, 7, 8, 9]), slow.score([5, 6, 7, 8, 9])  # width 5 -> bucket 8: more than 4 positions
     assert [x.argmax for x in a] == [y.argmax for y in b]
     assert all(torch.allclose(x.hidden, y.hidden, atol=1e-4) for x, y in zip(a, b))
+
+
+# --- against transformers' own decoding ---------------------------------------------------------
+def test_every_cache_path_decodes_what_transformers_generate_does(static_llm):
+    """Greedy tokens and per-token logits of transformers' `generate` (its own DynamicCache) from
+    the batch-1 path, the batched slot cache and the static cache, batched and one by one; the
+    model receives every one of these caches as a transformers `Cache`."""
+    from transformers import Cache
+
+    from rstitch.engines.base import ForwardRequest
+
+    eager, steps = HFModelRunner(str(LLM_DIR)), 6
+    prompts = [[5, 9, 3, 17], [8, 2, 11, 4, 6, 13, 7, 21, 10]]
+    base = getattr(eager.model, eager.model.base_model_prefix)
+    assert static_llm.model is eager.model  # one set of weights: the hook below sees both runners
+    caches: list[Any] = []
+    hook = base.register_forward_pre_hook(
+        lambda module, args, kwargs: caches.append(kwargs.get("cache", kwargs.get("past_key_values"))), with_kwargs=True)
+    try:
+        expected = []
+        for prompt in prompts:
+            out = eager.model.generate(torch.tensor([prompt]), max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
+                                       output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+            expected.append(torch.cat(out.logits)[:, : eager.vocab_size])
+        assert all(isinstance(c, Cache) for c in caches) and len(caches) == 2 * steps
+        for runner in (eager, static_llm):
+            alone = [runner.new_sequence(p) for p in prompts]
+            batched = [runner.new_sequence(p) for p in prompts]
+            logits: dict[int, list[torch.Tensor]] = {id(s): [] for s in (*alone, *batched)}
+            for _ in range(steps):
+                results = runner.forward_batch([ForwardRequest(runner, s, s.tokens[s.n_cached:], 1) for s in batched])
+                for seq, (row_logits, _hidden) in zip(batched, results):
+                    seq.n_cached = len(seq.tokens)
+                    logits[id(seq)].append(row_logits[-1])
+                for seq in alone:
+                    logits[id(seq)].append(seq.next_distribution().logits)
+                for seq in (*alone, *batched):
+                    seq.append(int(logits[id(seq)][-1].argmax()))
+            for seq, want in zip([*alone, *batched], expected * 2):
+                assert seq.tokens[-steps:] == want.argmax(-1).tolist()
+                assert torch.allclose(torch.stack(logits[id(seq)]), want, atol=1e-3)
+    finally:
+        hook.remove()
+    assert all(isinstance(c, Cache) for c in caches)
+    assert {type(c).__name__ for c in caches} == {"DynamicCache", "_SlotView", "_RowsView"}
