@@ -57,12 +57,10 @@ def load_models(cfg: dict[str, Any], method: Method, records: list, prompt: Prom
     check_engine_installed(cfg["engine"]["name"])
     if not is_loaded(cfg["pair"], cfg["engine"]):
         clear_pairs()
-        check = getattr(engine, "check_memory", None)
-        if check is not None:
-            def longest_prompt(tokenizer: Any) -> int:
-                return max(len(prompt.encode(tokenizer, r.problem)) for r in records)
+        def longest_prompt(tokenizer: Any) -> int:
+            return max(len(prompt.encode(tokenizer, r.problem)) for r in records)
 
-            check(cfg["pair"], cfg["engine"], batch_size, longest_prompt, max_new_tokens)
+        engine.check_memory(cfg["pair"], cfg["engine"], batch_size, longest_prompt, max_new_tokens)
     pair = get_pair(cfg["pair"], cfg["engine"])
     largest = max(m.num_parameters for m in pair.models().values())
     threads = engine.default_threads(cfg["engine"], str(getattr(pair.llm, "device", "cpu")), largest, available_cpus())

@@ -20,7 +20,7 @@ import os
 import time
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -461,6 +461,12 @@ class ModelRunner(ABC):
     def check_device(cls, pair_cfg: Mapping[str, Any]) -> None:
         """One line, before any model loads, when the pair's device cannot run here (default: the
         engine checks its device as it loads)."""
+
+    @staticmethod  # noqa: B027 (an optional hook)
+    def check_memory(pair_cfg: dict[str, Any], engine_cfg: dict[str, Any], batch_size: int,
+                     longest_prompt: Callable[[Any], int], max_new_tokens: int) -> None:
+        """One line, before the pair loads, when its weights and the KV memory for `batch_size`
+        sequences of the run's longest sample cannot fit (default: nothing to check before loading)."""
 
     @classmethod
     def default_threads(cls, options: Mapping[str, Any], device: str, largest_model_parameters: int,
