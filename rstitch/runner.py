@@ -261,6 +261,8 @@ def plan(run: RunIdentity, logger=None, problems: int | None = None) -> RunPlan:
     batch_size = check_batch_size(cfg)
     records = selected_records(cfg)
     method = build_method(**cfg["method"])
+    if any(r.metadata.get("answer_type") == "code" for r in records):  # before any model loads
+        check_code_sandbox(bool(cfg.get("weak_code_sandbox", False)))
     prompt = PromptFormat(**cfg["prompt"])
     sampler = Sampler(**cfg["decoding"])
     pair, latency_models = load_models(cfg, method, records, prompt, budget, batch_size)
@@ -351,8 +353,6 @@ def selected_records(cfg: dict[str, Any]) -> list[Any]:
     records = load_dataset_records(**cfg["dataset"])
     if not records:
         raise ConfigError(f"dataset '{cfg['dataset']['name']}' selected no records")
-    if any(r.metadata.get("answer_type") == "code" for r in records):
-        check_code_sandbox(bool(cfg.get("weak_code_sandbox", False)))
     return records
 
 

@@ -137,8 +137,7 @@ def load_pair(slm: dict, llm: dict, engine: str = "hf", **shared: Any) -> ModelP
     if unknown:
         raise ConfigError(f"engine.per_model has unknown model keys {unknown}; valid: {', '.join(ROLES)}")
     per_role = {role: dict(per_model.get(role) or {}) for role in ROLES}
-    small = load_model(engine, **{**shared, **per_role["slm"], **slm})
-    large = load_model(engine, **{**shared, **per_role["llm"], **llm})
+    small, large = (load_model(engine, **{**shared, **per_role[role], **spec}) for role, spec in zip(ROLES, (slm, llm)))
     check_same_tokenizer(small, large)
     return ModelPair(small, large)
 
