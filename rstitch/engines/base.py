@@ -86,6 +86,20 @@ class Capabilities:
     }
 
 
+@dataclass(frozen=True)
+class ConformanceEntry:
+    """How the engine contract (tests/engines/test_engine_conformance.py) loads this engine on the
+    embedded testbed, and how close its logits must come to a fresh forward."""
+
+    id: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    path: str | None = None  # None: the testbed's LLM checkpoint
+    needs: tuple[str, ...] = ()  # packages it skips without (an optional backend: the slow tier)
+    reference: bool = True  # entropies against transformers on the testbed LLM (same weights); else its own logits
+    atol: float = 1e-4  # logits: incremental forwards against a fresh one, batched against alone
+    max_kl: float | None = None  # instead of `atol`: KL(fresh || other) of the two distributions, in nats
+
+
 def require(runner: ModelRunner, capability: str, user: str) -> None:
     """The one check of a capability: a one-line `ConfigError` when `runner` lacks it."""
     if not getattr(runner.capabilities, capability):
@@ -446,6 +460,7 @@ class ModelRunner(ABC):
     backend: ClassVar[tuple[str, str] | None] = None  # an optional backend: (package to import, how to install it)
     checkpoint_heads: ClassVar[bool] = False  # loads a checkpoint's own head (`auto_class`, remote code): PRMs, routers
     unnamed_profiles: ClassVar[bool] = False  # latency profiles saved before engines were named are this engine's
+    conformance: ClassVar[tuple[ConformanceEntry, ...]] = ()  # the engine contract's entries: every engine declares one
 
     def __init__(self) -> None:
         self.cost = CostCounter()

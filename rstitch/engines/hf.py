@@ -19,6 +19,7 @@ from transformers.cache_utils import Cache
 from rstitch.engines.base import (
     DTYPES,  # noqa: F401 (re-exported: the one table lives in engines/base.py)
     Capabilities,
+    ConformanceEntry,
     EngineIdentity,
     ForwardRequest,
     ModelRunner,
@@ -102,6 +103,10 @@ class HFSequence(Sequence):
 class HFModelRunner(ModelRunner):
     checkpoint_heads = True  # `auto_class` and remote code: a PRM's value head, a router's classifier
     unnamed_profiles = True  # the one engine before engines were named
+    conformance = (
+        ConformanceEntry("hf-eager-cpu", {"attn_implementation": "eager", "dtype": "float32", "device": "cpu"}),
+        ConformanceEntry("hf-static-cpu", {"attn_implementation": "eager", "dtype": "float32", "device": "cpu", "compile": "static"}),
+    )
 
     @classmethod
     def check_device(cls, pair_cfg: Mapping[str, Any]) -> None:

