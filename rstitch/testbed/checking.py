@@ -29,28 +29,16 @@ def eval_expr(expr: str) -> int | None:
             toks.append(t)
     if not toks or len(toks) % 2 == 0:
         return None
-    try:
-        terms: list[int] = []
-        signs: list[int] = []
-        cur = int(toks[0])
-        sign = 1
-        i = 1
-        while i < len(toks):
-            op, val = toks[i], int(toks[i + 1])
-            if op == "*":
-                cur *= val
-            elif op == "/":
-                cur = apply_op(cur, "/", val)
+    try:  # a sum of signed terms, each a product (or exact quotient) of numbers
+        total, sign, term = 0, 1, int(toks[0])
+        for op, value in zip(toks[1::2], toks[2::2]):
+            if op in ("*", "/"):
+                term = apply_op(term, op, int(value))
             else:
-                terms.append(cur)
-                signs.append(sign)
-                cur, sign = val, (1 if op == "+" else -1)
-            i += 2
-        terms.append(cur)
-        signs.append(sign)
-    except (ValueError, IndexError):
+                total, sign, term = total + sign * term, 1 if op == "+" else -1, int(value)
+    except ValueError:
         return None
-    return sum(s * t for s, t in zip(signs, terms))
+    return total + sign * term
 
 
 def _parse_binary(expr: str) -> tuple[int, str, int] | None:
@@ -83,15 +71,8 @@ def check_steps(problem: TestbedProblem, steps: Sequence[str]) -> list[bool]:
             arith_ok = None not in vals and len(set(vals)) == 1
             first = _parse_binary(exprs[0])
             is_check = "check" in step[max(0, m.start() - 12) : m.start()].lower()
-            if (
-                first is not None
-                and not is_check
-                and k < len(ops)
-                and (first[1], first[2]) == ops[k]
-                and (not attempted or first[0] == true_vals[k])
-            ):
-                attempted = True
-                # attempt at the next operation
+            if first is not None and not is_check and k < len(ops) and first[1:] == ops[k] and (not attempted or first[0] == true_vals[k]):
+                attempted = True  # an attempt at the next operation
                 ok &= arith_ok and first[0] == true_vals[k]
                 k += 1
                 known.add(true_vals[k])
@@ -117,10 +98,7 @@ def check_steps(problem: TestbedProblem, steps: Sequence[str]) -> list[bool]:
 
 def first_wrong_step(problem: TestbedProblem, steps: Sequence[str]) -> int | None:
     """Index of the first wrong step, or None if all steps are correct."""
-    for i, good in enumerate(check_steps(problem, steps)):
-        if not good:
-            return i
-    return None
+    return next((i for i, good in enumerate(check_steps(problem, steps)) if not good), None)
 
 
 def locate_errors(problem: TestbedProblem, steps: Sequence[str]) -> list[tuple[int, int] | None]:

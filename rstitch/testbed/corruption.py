@@ -7,23 +7,19 @@ from __future__ import annotations
 import random
 
 from .checking import eval_expr
-from .problems import INVERSE, MAX_VALUE, OP_GERUNDS, TestbedProblem, apply_op, equation_chain
+from .problems import MAX_VALUE, TestbedProblem, apply_op, equation_chain, render_steps
 
 CORRUPTION_KINDS = ("slip", "carry", "link", "operand", "value", "answer")  # drawn when no kind is given
 
 
-def corrupt_steps(
-    problem: TestbedProblem, style: str, rng: random.Random, kind: str | None = None
-) -> list[str]:
+def corrupt_steps(problem: TestbedProblem, style: str, rng: random.Random, kind: str | None = None) -> list[str]:
     """A solution with one injected error of `kind` (docs/testbed.md, "Step checker"), carried
     forward: later steps compute correctly from the wrong value, as a model that slipped would.
     "misread" is chosen only when asked for by name, so that drawing a random kind stays as it was."""
     kind = kind or rng.choice(CORRUPTION_KINDS)
     if kind not in (known := (*CORRUPTION_KINDS, "misread")):
         raise ValueError(f"unknown corruption kind {kind!r}; choose from {known}")
-    n = len(problem.ops)
-    j = rng.randrange(n)  # operation where the error happens
-    vals = [problem.start]
+    j = rng.randrange(len(problem.ops))  # operation where the error happens
     lines_ops: list[tuple[int, str, int, list[str]]] = []  # (a, op, b, chain) as written
     cur = problem.start
     for i, (op, b) in enumerate(problem.ops):
@@ -47,22 +43,7 @@ def corrupt_steps(
             chain = [f"{a} {op} {bb}", str(c)]
         lines_ops.append((a, op, bb, chain))
         cur = c
-        vals.append(cur)
-    final = cur
-    if kind == "answer":
-        final = _perturb(cur, rng)
-    steps: list[str] = []
-    if style == "verbose":
-        steps.append(f"We start with {problem.start}.")
-    for a, op, b, chain in lines_ops:
-        c = int(chain[-1])
-        if style == "concise":
-            steps.append(" = ".join(chain))
-        else:
-            steps.append(f"{OP_GERUNDS[op]} {b}: {' = '.join(chain)}. Check: {c} {INVERSE[op]} {b} = {a}.")
-    box = f"\\boxed{{{final}}}"
-    steps.append(box if style == "concise" else f"So the answer is {box}.")
-    return steps
+    return render_steps(style, problem.start, lines_ops, _perturb(cur, rng) if kind == "answer" else cur)
 
 
 def _misread(ops: list[tuple[str, int]], i: int, value: int, rng: random.Random) -> tuple[str, int]:

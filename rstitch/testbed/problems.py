@@ -23,18 +23,11 @@ INVERSE = {"+": "-", "-": "+", "*": "/"}
 _APPLY = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 
-# --------------------------------------------------------------------------- difficulty
-
-
 @dataclass(frozen=True)
 class Difficulty:
-    """Difficulty knob of the generator.
-
-    min_ops/max_ops: number of operations (uniform in the range).
-    max_start: largest start value. max_operand: largest add/subtract operand.
-    p_mul: probability of a multiplication when one is possible
-    (running value < 100); the multiplier is uniform in [2, max_multiplier].
-    """
+    """Difficulty knob of the generator: min_ops..max_ops operations (uniform), start <= max_start,
+    add/subtract operands <= max_operand; p_mul is the chance of a multiplication when one is possible
+    (running value < 100), by a multiplier uniform in [2, max_multiplier]."""
 
     min_ops: int = 1
     max_ops: int = 6
@@ -74,9 +67,6 @@ def _resolve_difficulty(difficulty: Difficulty | str | dict | None) -> Difficult
     raise TypeError(f"difficulty must be a Difficulty, a name or a dict, got {type(difficulty)}")
 
 
-# --------------------------------------------------------------------------- arithmetic
-
-
 def apply_op(value: int, op: str, operand: int) -> int:
     if op == "/":
         if operand == 0 or value % operand:
@@ -103,7 +93,14 @@ def equation_chain(a: int, op: str, b: int) -> list[str]:
     return [f"{a} * {b}", f"{tens} * {b} + {ones} * {b}", f"{tens * b} + {ones * b}", str(c)]
 
 
-# --------------------------------------------------------------------------- problems
+def render_steps(style: str, start: int, chains: Sequence[tuple[int, str, int, list[str]]], answer: object) -> list[str]:
+    """A solution's steps in ``style`` from its chains ``(a, op, b, [a op b, ..., c])`` as written."""
+    if style == "concise":
+        return [" = ".join(chain) for *_, chain in chains] + [f"\\boxed{{{answer}}}"]
+    if style == "verbose":
+        lines = [f"{OP_GERUNDS[op]} {b}: {' = '.join(chain)}. Check: {chain[-1]} {INVERSE[op]} {b} = {a}." for a, op, b, chain in chains]
+        return [f"We start with {start}.", *lines, f"So the answer is \\boxed{{{answer}}}."]
+    raise ValueError(f"unknown style {style!r}; choose from {STYLES}")
 
 
 @dataclass
@@ -129,19 +126,8 @@ class TestbedProblem:
         return vals
 
     def steps(self, style: str = "concise") -> list[str]:
-        vals = self.values
-        if style == "concise":
-            out = [" = ".join(equation_chain(vals[i], op, b)) for i, (op, b) in enumerate(self.ops)]
-            return out + [f"\\boxed{{{self.answer}}}"]
-        if style == "verbose":
-            out = [f"We start with {self.start}."]
-            for i, (op, b) in enumerate(self.ops):
-                a, c = vals[i], vals[i + 1]
-                chain = " = ".join(equation_chain(a, op, b))
-                check = f"{c} {INVERSE[op]} {b} = {a}"
-                out.append(f"{OP_GERUNDS[op]} {b}: {chain}. Check: {check}.")
-            return out + [f"So the answer is \\boxed{{{self.answer}}}."]
-        raise ValueError(f"unknown style {style!r}; choose from {STYLES}")
+        chains = [(a, op, b, equation_chain(a, op, b)) for a, (op, b) in zip(self.values, self.ops)]
+        return render_steps(style, self.start, chains, self.answer)
 
     def solution(self, style: str = "concise") -> str:
         return STEP_SEPARATOR.join(self.steps(style))
@@ -172,10 +158,7 @@ def _stable_hash(text: str) -> int:
 
 def split_of(start: int, ops: Sequence[tuple[str, int]]) -> str:
     bucket = _stable_hash(canonical_form(start, ops)) % 100
-    for name, rng in _SPLIT_BUCKETS.items():
-        if bucket in rng:
-            return name
-    raise AssertionError("unreachable")
+    return next(name for name, buckets in _SPLIT_BUCKETS.items() if bucket in buckets)
 
 
 def problem_text(start: int, ops: Sequence[tuple[str, int]]) -> str:
@@ -207,15 +190,10 @@ def _sample_ops(rng: random.Random, d: Difficulty) -> tuple[int, list[tuple[str,
     n = rng.randint(d.min_ops, d.max_ops)
     value, ops = start, []
     for _ in range(n):
-        choices = []
         if value < 100 and rng.random() < d.p_mul:
             op, b = "*", rng.randint(2, d.max_multiplier)
         else:
-            if value + 1 <= MAX_VALUE:
-                choices.append("+")
-            if value >= 1:
-                choices.append("-")
-            op = rng.choice(choices)
+            op = rng.choice([sign for sign, possible in (("+", value + 1 <= MAX_VALUE), ("-", value >= 1)) if possible])
             hi = min(d.max_operand, MAX_VALUE - value) if op == "+" else min(d.max_operand, value)
             b = rng.randint(1, hi)
         ops.append((op, b))
@@ -223,17 +201,9 @@ def _sample_ops(rng: random.Random, d: Difficulty) -> tuple[int, list[tuple[str,
     return start, ops
 
 
-def generate_problems(
-    split: str,
-    n: int,
-    seed: int = 0,
-    difficulty: Difficulty | str | dict | None = None,
-) -> list[TestbedProblem]:
-    """``n`` distinct problems of ``split`` ("train" | "validation" | "test").
-
-    Deterministic in (split, n, seed, difficulty); the first k problems of a call
-    with n >= k equal those of a call with n = k.
-    """
+def generate_problems(split: str, n: int, seed: int = 0, difficulty: Difficulty | str | dict | None = None) -> list[TestbedProblem]:
+    """``n`` distinct problems of ``split`` ("train" | "validation" | "test"), deterministic in
+    (split, n, seed, difficulty); the first k problems of a call with n >= k are those of n = k."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose from {SPLITS}")
     d = _resolve_difficulty(difficulty)

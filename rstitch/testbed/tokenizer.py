@@ -12,6 +12,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from rstitch.judge_prompt import JUDGE_INSTRUCTION, JUDGE_PREFIX
 
+from . import TOKENIZER_DIR
 from .corruption import corrupt_steps
 from .problems import STEP_SEPARATOR, STYLES, generate_problems
 
@@ -48,9 +49,7 @@ def tokenizer_corpus(n_problems: int = 3000, seed: int = 0) -> list[str]:
     return texts
 
 
-def train_tokenizer(
-    texts: Iterable[str] | None = None, vocab_size: int = DEFAULT_VOCAB_SIZE
-) -> PreTrainedTokenizerFast:
+def train_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = DEFAULT_VOCAB_SIZE) -> PreTrainedTokenizerFast:
     """Train the byte-level BPE and wrap it as a ``PreTrainedTokenizerFast``."""
     texts = list(texts) if texts is not None else tokenizer_corpus()
     tok = Tokenizer(models.BPE())
@@ -64,22 +63,12 @@ def train_tokenizer(
         ]
     )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        pad_token=PAD_TOKEN,
-        additional_special_tokens=[USER_TOKEN, ASSISTANT_TOKEN, SYSTEM_TOKEN],
-        clean_up_tokenization_spaces=False,
-        model_max_length=1024,
-    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS_TOKEN, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN,
+                                   additional_special_tokens=[USER_TOKEN, ASSISTANT_TOKEN, SYSTEM_TOKEN],
+                                   clean_up_tokenization_spaces=False, model_max_length=1024)
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
@@ -94,20 +83,9 @@ def build_tokenizer(out_dir: str | Path | None = None, vocab_size: int = DEFAULT
 
 def load_tokenizer(path: str | Path | None = None):
     """Load the shared tokenizer (default: the shipped ``assets/tokenizer``)."""
-    if path is None:
-        from . import ASSETS_DIR
-
-        path = ASSETS_DIR / "tokenizer"
-    return AutoTokenizer.from_pretrained(str(path))
+    return AutoTokenizer.from_pretrained(str(TOKENIZER_DIR if path is None else path))
 
 
 def render_prompt(tokenizer, problem: str) -> str:
     """The generation prompt of a problem (chat template, generation prompt added)."""
-    return tokenizer.apply_chat_template(
-        [{"role": "user", "content": problem}], add_generation_prompt=True, tokenize=False
-    )
-
-
-def prm_text(problem: str, steps: list[str]) -> str:
-    """PRM input (Skywork-PRM / RSD convention): problem, newline, each step followed by "\\n\\n"."""
-    return problem + "\n" + "".join(step + "\n\n" for step in steps)
+    return tokenizer.apply_chat_template([{"role": "user", "content": problem}], add_generation_prompt=True, tokenize=False)
