@@ -1,17 +1,11 @@
-"""Runs of the results store as pandas frames: one row per run, or one row per sample.
-
-A run is a directory holding `summary.json` (and `samples.jsonl`). Runs are comparable when they
-share the comparison key (pair, engine, dataset options, prompt, budget, decoding, samples); the
-`comparison` column is a short hash of it, and `group` a readable label of the comparison: pair,
-dataset and budget, plus the settings that tell it apart from the other comparisons of that pair,
-dataset and budget (e.g. `dataset.limit=20`).
-"""
+"""Runs of the results store (directories with summary.json and samples.jsonl) as pandas frames: one
+row per run, or one per sample. Columns, `comparison` and `group`: docs/analysis.md."""
 from __future__ import annotations
 
 import functools
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,26 +37,30 @@ def _as_paths(paths: PathsLike) -> list[Path]:
     return [Path(paths)] if isinstance(paths, (str, os.PathLike)) else [Path(p) for p in paths]
 
 
+def _dirs_holding(paths: PathsLike, name: str) -> Iterator[Path]:
+    """The resolved directories holding a file `name` under each root that exists, root by root."""
+    for root in _as_paths(paths):
+        if root.is_dir():
+            yield from (found.parent.resolve() for found in sorted(root.rglob(name)))
+
+
 def find_run_dirs(paths: PathsLike) -> list[Path]:
     """Every finished run (a directory with summary.json) under `paths`, each once."""
-    found: dict[Path, None] = {}
     roots = _as_paths(paths)
     if not roots:
         raise ConfigError("no results directory given")
     for root in roots:
         if not root.is_dir():
             raise ConfigError(f"no such results directory: {root}")
-        for summary in sorted(root.rglob(SUMMARY_FILE)):
-            found.setdefault(summary.parent.resolve(), None)
+    found = list(dict.fromkeys(_dirs_holding(roots, SUMMARY_FILE)))
     if not found:
         raise ConfigError(f"no finished runs ({SUMMARY_FILE}) under {', '.join(map(str, roots))}")
-    return distinct_runs(list(found))
+    return distinct_runs(found)
 
 
 def distinct_runs(run_dirs: list[Path]) -> list[Path]:
-    """Each run once: directories holding the same run (the same run key: a copy, one run reached
-    through two roots, or the same configuration measured again elsewhere) count as one, the first
-    found (the first root given wins; `repeated_runs` lists the others)."""
+    """Each run key once (a copy, or the configuration measured again elsewhere), the first found:
+    the first root given wins; `repeated_runs` lists the others."""
     kept: dict[str, Path] = {}
     for run_dir in run_dirs:
         kept.setdefault(run_identity(run_dir), run_dir)
@@ -74,12 +72,10 @@ def repeated_runs(paths: PathsLike) -> list[tuple[Path, Path]]:
     elsewhere with other samples (the same configuration measured twice); copies are not listed."""
     kept: dict[str, Path] = {}
     repeated = []
-    for root in _as_paths(paths):
-        for summary in sorted(root.rglob(SUMMARY_FILE)) if root.is_dir() else []:
-            run_dir = summary.parent.resolve()
-            first = kept.setdefault(run_identity(run_dir), run_dir)
-            if first != run_dir and not same_samples(first, run_dir):
-                repeated.append((run_dir, first))
+    for run_dir in _dirs_holding(paths, SUMMARY_FILE):
+        first = kept.setdefault(run_identity(run_dir), run_dir)
+        if first != run_dir and not same_samples(first, run_dir):
+            repeated.append((run_dir, first))
     return repeated
 
 
@@ -104,8 +100,7 @@ def same_samples(a: Path, b: Path) -> bool:
 
 def unfinished_run_dirs(paths: PathsLike) -> list[Path]:
     """Run directories with samples but no summary (killed or still running)."""
-    return sorted({p.parent.resolve() for root in _as_paths(paths) if root.is_dir()
-                   for p in root.rglob(SAMPLES_FILE) if not (p.parent / SUMMARY_FILE).exists()})
+    return sorted({d for d in _dirs_holding(paths, SAMPLES_FILE) if not (d / SUMMARY_FILE).exists()})
 
 
 def older_grader_run_dirs(paths: PathsLike) -> list[Path]:
@@ -165,9 +160,8 @@ def shown_knobs(method: str, params: Mapping[str, Any], varying: set[str]) -> li
 
 
 def acceptance_of(method: str, summary: Mapping[str, Any]) -> tuple[float | None, str | None]:
-    """The share of the small model's proposals that were kept, and what was counted: drafted
-    steps (step-level methods), draft tokens (speculative decoding), or the SLM's share of the
-    output tokens (token-level hybrids, whose SLM proposes every position it holds)."""
+    """The share of the SLM's proposals kept, and what was counted: drafted steps, draft tokens, or (token-level
+    hybrids, whose SLM proposes every position it holds) the SLM's share of the output tokens."""
     if summary.get("acceptance_rate") is not None:
         return float(summary["acceptance_rate"]), "steps"
     if summary.get("spec_acceptance_rate") is not None:
@@ -177,23 +171,18 @@ def acceptance_of(method: str, summary: Mapping[str, Any]) -> tuple[float | None
     return None, None
 
 
-def recorded_comparison_key(summary: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-    """The key the run recorded (with the fingerprints of the weights it ran); computing it now
-    would fingerprint whatever the paths hold today."""
-    return summary.get("comparison_key") or comparison_key(config)
-
-
 def run_row(summary: Mapping[str, Any], config: Mapping[str, Any], run_dir: str | None = None) -> dict[str, Any]:
     """One run as a frame row, from its summary metrics and its resolved config."""
     method = config["method"]["name"]
     params = method_params(config["method"])
     acceptance, kind = acceptance_of(method, summary)
+    # The key the run recorded, with the fingerprints of the weights it ran (not what the paths hold today).
+    key = summary.get("comparison_key") or comparison_key(config)
     row = {
         "pair": config["pair"]["name"], "dataset": config["dataset"]["name"], "method": method,
         "setting_full": setting_label(params), "method_id": short_hash(config["method"]),
         "budget": config.get("max_new_tokens"),
-        "comparison": short_hash(recorded_comparison_key(summary, config)),
-        "comparison_key": recorded_comparison_key(summary, config), "run_dir": run_dir,
+        "comparison": short_hash(key), "comparison_key": key, "run_dir": run_dir,
         **{k: summary.get(k) for k in RUN_METRICS},
         "speedup_recorded": summary.get("speedup"), "speedup_cpu_recorded": summary.get("speedup_cpu"),
         "speedup_estimate_recorded": summary.get("speedup_estimate"),
@@ -218,9 +207,8 @@ def runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def load_runs(paths: PathsLike) -> pd.DataFrame:
-    """One row per finished run under `paths` (results roots or run directories; columns in
-    docs/analysis.md). A speedup is the recorded one where the LLM-only run is not among `paths`;
-    shard runs are left out (`rstitch-merge` combines them)."""
+    """One row per finished run under `paths`, but shard runs (`rstitch-merge` combines them). A speedup is
+    the recorded one where the LLM-only run is not among `paths`."""
     rows = []
     for run_dir in find_run_dirs(paths):
         summary = read_summary(run_dir)
@@ -262,24 +250,23 @@ _UNSET = "default"  # a key a comparison does not record (e.g. batch_size 1, on_
 
 
 def _group_labels(frame: pd.DataFrame) -> pd.Series:
-    """`pair / dataset / budget N`, plus the settings that tell its comparison apart where one
-    pair, dataset and budget hold several comparisons (e.g. `dataset.limit=20`)."""
-    base = frame["pair"] + " / " + frame["dataset"] + " / budget " + frame["budget"].astype(str)
-    settings = comparison_settings(frame)
-    return base.where(settings == "", base + ", " + settings)
+    """`pair / dataset / budget N`, plus the settings that tell its comparison apart (`comparison_settings`)."""
+    return _with_settings(frame["pair"] + " / " + frame["dataset"] + " / budget " + frame["budget"].astype(str), frame, ", ")
 
 
 def dataset_labels(runs: pd.DataFrame) -> pd.Series:
-    """Dataset names as table columns: with the settings that tell the comparisons apart when a
-    (pair, dataset, budget) holds several."""
-    settings = comparison_settings(runs)
-    return runs["dataset"].where(settings == "", runs["dataset"] + " " + settings)
+    """Dataset names as table columns, with the settings that tell their comparisons apart."""
+    return _with_settings(runs["dataset"], runs, " ")
+
+
+def _with_settings(labels: pd.Series, frame: pd.DataFrame, separator: str) -> pd.Series:
+    settings = comparison_settings(frame)
+    return labels.where(settings == "", labels + separator + settings)
 
 
 def comparison_settings(frame: pd.DataFrame) -> pd.Series:
-    """Per run, the comparison-key settings whose values differ among the comparisons of its
-    pair, dataset and budget, as `key=value` (dotted paths into the key); empty where there is
-    one comparison."""
+    """Per run, `key=value` (dotted paths) for each comparison-key setting that differs among the
+    comparisons of its pair, dataset and budget; empty where there is one comparison."""
     out = pd.Series("", index=frame.index, dtype=object)
     for _, block in frame.groupby(LABEL_BASE, sort=False, dropna=False):
         keys = {c: flat_key(k) for c, k in zip(block["comparison"], block["comparison_key"])}
@@ -311,8 +298,7 @@ def _label_value(value: Any) -> str:
 
 
 def load_samples(runs: pd.DataFrame, traces: bool = False) -> pd.DataFrame:
-    """One row per (run, problem, sample) of the runs in `runs`, with the run's identifying columns.
-    `traces` adds the output token ids and the model that wrote each (0 SLM, 1 LLM), and `stats`."""
+    """One row per (run, problem, sample) of `runs`; `traces` adds token ids, token sources and `stats`."""
     run_columns = ["run_dir", "pair", "dataset", "method", "setting", "budget", "comparison", "group"]
     wanted = list(SAMPLE_COLUMNS) + (list(TRACE_COLUMNS) + ["stats"] if traces else [])
     rows = []
@@ -330,9 +316,8 @@ def read_samples(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def paired_with_baseline(samples: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
-    """Each sample of a non-baseline run next to the baseline's sample of the same problem in the
-    same comparison: per-sample `speedup` (baseline latency / latency), `token_reduction`
-    (1 - tokens / baseline tokens) and `outcome` (both correct, both wrong, or which one is)."""
+    """Each sample of a non-baseline run beside the baseline's of the same problem and comparison, with
+    `speedup`, `token_reduction` (1 - tokens / baseline tokens) and `outcome` (who was correct)."""
     base = samples[samples["method"] == baseline]
     keys = ["comparison", "id", "sample_index"]
     base = base[keys + ["latency_s", "tokens", "correct"]].rename(
@@ -360,10 +345,8 @@ def outcome(correct: bool, baseline_correct: bool, baseline: str = BASELINE) -> 
 
 
 def runs_from_wandb(wandb_runs: Iterable[Any]) -> pd.DataFrame:
-    """The runs frame from W&B runs (objects with `.config`, `.summary` and `.url`, as
-    `wandb.Api().runs(...)` returns): `WandbLogger` stores the resolved config and the run metrics.
-    Runs without a method config (e.g. sweep summaries) and shard runs are left out; run_dir holds
-    the run's URL."""
+    """The runs frame from `wandb.Api().runs(...)` (WandbLogger stores the resolved config and metrics);
+    runs without a method config (sweep summaries) and shard runs are left out; run_dir holds the URL."""
     rows = []
     for run in wandb_runs:
         config, summary = dict(run.config), dict(run.summary)

@@ -1,6 +1,5 @@
-"""Pareto frontiers on (latency, accuracy) and the speedup of one method over another at matched
-accuracy (how Arbitrage compares curves: at an accuracy both reach, the ratio of the latencies
-each needs to reach it)."""
+"""Pareto frontiers on (latency, accuracy), and speedups at matched accuracy: as Arbitrage compares curves,
+the ratio of the latencies two methods need to reach an accuracy both reach."""
 from __future__ import annotations
 
 import pandas as pd
@@ -23,8 +22,7 @@ def check_latency_column(runs: pd.DataFrame, latency: str) -> None:
 
 
 def mark_frontier(runs: pd.DataFrame, latency: str = "latency_s") -> pd.DataFrame:
-    """`runs` with `on_frontier`: no run of the same comparison group (all methods) is at least as
-    accurate and faster, or more accurate and as fast."""
+    """`runs` with `on_frontier`: no run of its comparison (all methods) is as accurate and faster, or better."""
     check_latency_column(runs, latency)
     marked = runs.copy()
     marked["on_frontier"] = False
@@ -40,13 +38,8 @@ def latency_to_reach(points: pd.DataFrame, accuracy: float, latency: str = "late
 
 
 def speedup_at_matched_accuracy(runs: pd.DataFrame, method: str, baseline: str, latency: str = "latency_s") -> pd.DataFrame:
-    """Per comparison group holding both methods, one row per accuracy level both reach (the
-    accuracies of either method's points up to the lower of their best): the latency each
-    method needs to reach it, and `speedup` = baseline latency / method latency.
-
-    Latency as a function of accuracy is the step function of the measured points (no
-    interpolation between runs), so every number is a measured run's latency.
-    """
+    """Per comparison holding both methods, one row per accuracy level both reach: the latency each needs
+    (a measured run's: no interpolation between runs) and `speedup` = baseline latency / method latency."""
     check_latency_column(runs, latency)
     rows = []
     for comparison, group in runs.groupby("comparison", sort=False):
@@ -65,8 +58,7 @@ def speedup_at_matched_accuracy(runs: pd.DataFrame, method: str, baseline: str, 
 
 
 def curve_pairs(runs: pd.DataFrame) -> list[tuple[str, str]]:
-    """The comparisons worth reporting: every method against LLM-only, and every two methods that
-    both have a curve (two or more runs) in some group."""
+    """Every method against LLM-only, and every two methods that both have a curve (2+ runs) in some group."""
     present = list(dict.fromkeys(runs["method"]))
     pairs = [(m, BASELINE) for m in present if not is_baseline(m) and BASELINE in present]
     curves = runs.groupby(["comparison", "method"]).size()
@@ -80,9 +72,8 @@ def curve_pairs(runs: pd.DataFrame) -> list[tuple[str, str]]:
 
 def matched_speedup_summary(runs: pd.DataFrame, pairs: list[tuple[str, str]] | None = None,
                             latency: str = "latency_s") -> pd.DataFrame:
-    """For each group and (method, baseline) pair present in it: the speedup at the highest
-    accuracy both reach (`top_accuracy`, `speedup_at_top`) and the largest speedup over all
-    matched levels (`max_speedup` at `max_speedup_accuracy`). `pairs` defaults to `curve_pairs`."""
+    """Per group and (method, baseline) of `pairs` (default `curve_pairs`): the speedup at the highest accuracy
+    both reach, and the largest over all matched levels (`max_speedup` at `max_speedup_accuracy`)."""
     rows = []
     for method, baseline in pairs if pairs is not None else curve_pairs(runs):
         if method == baseline:

@@ -1,10 +1,10 @@
-"""The papers' figures from our runs, as matplotlib Figures (no pyplot state, so they render the
-same in scripts, reports and notebooks; a notebook displays a returned Figure)."""
+"""The papers' figures from our runs, as matplotlib Figures: no pyplot state, so they render the same in
+scripts, reports and notebooks."""
 from __future__ import annotations
 
 import io
 from collections.abc import Iterable
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -32,10 +32,9 @@ OUTCOME_COLORS = {"both correct": "#2ca02c", "only this method correct": "#1f77b
 RANDOM = "random"
 
 
-# tab10 without its grey, then eight CSS colours each as far from those before it as any could be
-# (CIE76, lightness 25-75: visible on white): every two methods' colours at least as far apart as
-# tab10's closest two (tests/analysis/test_analysis.py), where tab20's light shades put rsd's light blue beside
-# llm_only's blue. tab10 is a ListedColormap of RGB triples; the stubs say Colormap / ArrayLike.
+# tab10 without its grey, then eight CSS colours each as far (CIE76, lightness 25-75) from those before
+# it as any could be: every two methods at least as far apart as tab10's closest two (tab20's light
+# shades put rsd beside llm_only). tab10 is a ListedColormap of RGB triples; the stubs say otherwise.
 _TAB10 = cast(tuple[tuple[float, float, float], ...], cast(ListedColormap, colormaps["tab10"]).colors)
 PALETTE = tuple(to_hex(c) for i, c in enumerate(_TAB10) if i != 7) + (
     "#0000ff", "#ff00ff", "#556b2f", "#ffa07a", "#a9a9a9", "#ff1493", "#9932cc", "#2f4f4f")
@@ -43,15 +42,22 @@ MARKERS = "osD^vP*XphH<>d8"
 
 
 def method_style(method: str) -> tuple[str, str]:
-    """The (colour, marker) of `method`, by its place among all registered methods, so that it
-    looks the same in every figure and report whichever other methods are plotted; markers are
-    drawn hollow, so that two methods' coinciding points stay visible."""
+    """The (colour, marker) of `method` by its place among all registered methods: the same in every figure."""
     index = sorted(METHODS, key=method_rank).index(method_class(method).name)
     return PALETTE[index % len(PALETTE)], MARKERS[index % len(MARKERS)]
 
 
 def _marker_kwargs(color: str, marker: str, size: float = 7.0) -> dict:
+    """Hollow markers: two methods' coinciding points stay visible."""
     return {"marker": marker, "color": color, "ms": size, "mfc": "none", "mew": 1.6}
+
+
+def _by_method(points: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    return sorted(points.groupby("method"), key=lambda item: method_rank(item[0]))
+
+
+def _legend_right(ax: Axes, *args: Any) -> None:
+    ax.legend(*args, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
 
 
 def _figure(width: float = 7.0, height: float = 4.2) -> tuple[Figure, Axes]:
@@ -75,11 +81,11 @@ def _log_x_if_wide(ax, values: pd.Series) -> None:
 MIN_ACCURACY_SPAN = 10.0  # percentage points the accuracy axis shows at least
 
 
-def _accuracy_axis(ax, accuracies: pd.Series) -> None:
-    """Fitted to the accuracies given (points and interval ends), with a tenth of their span (at
-    least MIN_ACCURACY_SPAN) as margin on each side, inside [0, 100] but for that margin."""
+def _accuracy_axis(ax, points: pd.DataFrame) -> None:
+    """Fitted to the accuracies and interval ends, a tenth of their span (at least MIN_ACCURACY_SPAN) as margin."""
     ax.set_ylabel("accuracy (%)")
-    known = accuracies.dropna() * 100
+    ends = [c for c in ("accuracy", "accuracy_ci_low", "accuracy_ci_high") if c in points]
+    known = points[ends].stack().dropna() * 100
     low, high = (float(known.min()), float(known.max())) if len(known) else (0.0, 100.0)
     if high - low < MIN_ACCURACY_SPAN:
         middle = min(max((low + high) / 2, MIN_ACCURACY_SPAN / 2), 100 - MIN_ACCURACY_SPAN / 2)
@@ -90,14 +96,13 @@ def _accuracy_axis(ax, accuracies: pd.Series) -> None:
 
 
 def accuracy_latency_figure(runs: pd.DataFrame, group: str, latency: str = "latency_s") -> Figure:
-    """One comparison group: a line per method through its runs (by latency), random routing as
-    crosses, and the frontier over all methods as a dashed step line with ringed points."""
+    """One group: a line per method through its runs, random routing as crosses, the frontier ringed."""
     points = runs[runs["group"] == group]
     if "on_frontier" not in points:
         points = mark_frontier(points, latency)
     check_latency_column(points, latency)
     fig, ax = _figure()
-    for method, mine in sorted(points.groupby("method"), key=lambda item: method_rank(item[0])):
+    for method, mine in _by_method(points):
         mine = mine.sort_values(latency)
         if method == RANDOM:
             ax.scatter(mine[latency], mine["accuracy"] * 100, marker="x", s=40, color="grey", label="random routing", zorder=3)
@@ -117,10 +122,9 @@ def accuracy_latency_figure(runs: pd.DataFrame, group: str, latency: str = "late
                                       xytext=(6, 6), fontsize=7, color="black" if run["on_frontier"] else "dimgrey"))
     _log_x_if_wide(ax, points[latency])
     ax.set_xlabel(LATENCY_LABELS[latency])
-    ends = [c for c in ("accuracy", "accuracy_ci_low", "accuracy_ci_high") if c in points]
-    _accuracy_axis(ax, points[ends].stack())  # room for the error bars too
+    _accuracy_axis(ax, points)
     ax.set_title(group, fontsize=10)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
+    _legend_right(ax)
     separate_labels(fig, labels)
     return fig
 
@@ -144,15 +148,13 @@ def separate_labels(fig: Figure, labels: list[Annotation], gap_px: float = 2.0) 
 
 
 def _extents(runs: pd.DataFrame, value: str, interval: str, scale: float = 1.0) -> list[pd.Series]:
-    """Distances from `value` down to `<interval>_ci_low` and up to `<interval>_ci_high` (errorbar's form)."""
+    """Distances from `value` to `<interval>_ci_low` and `_ci_high`, as errorbar takes them."""
     point = runs[value] * scale
     return [(point - runs[f"{interval}_ci_low"] * scale).clip(lower=0), (runs[f"{interval}_ci_high"] * scale - point).clip(lower=0)]
 
 
 def _error_bars(ax, runs: pd.DataFrame, x: str, color: str, x_interval: str | None = None, x_scale: float = 1.0) -> None:
-    """95% intervals of accuracy (vertical) and, with `x_interval`, of the x coordinate (the
-    `<x_interval>_ci_low/high` columns: `with_intervals`, or what the summaries recorded); only the
-    runs that have them."""
+    """95% intervals of accuracy and, with `x_interval`, of x (`<x_interval>_ci_low/high`), of the runs that have them."""
     columns = ["accuracy_ci_low", "accuracy_ci_high"] + ([f"{x_interval}_ci_low", f"{x_interval}_ci_high"] if x_interval else [])
     if not all(c in runs for c in columns):
         return
@@ -165,8 +167,7 @@ def _error_bars(ax, runs: pd.DataFrame, x: str, color: str, x_interval: str | No
 
 
 def _frontier_annotation(run: pd.Series) -> str:
-    """Frontier points: their setting and, where known, the share of bootstrap resamples of the
-    problems in which they stay on the frontier; other points only that share, when 20% or more."""
+    """Frontier points: their setting and their frontier share (if known); other points that share if >= 20%."""
     share = run.get("frontier_share")
     known = share is not None and not pd.isna(share)
     if run["on_frontier"]:
@@ -175,40 +176,36 @@ def _frontier_annotation(run: pd.Series) -> str:
 
 
 def accuracy_acceptance_figure(runs: pd.DataFrame, group: str) -> Figure:
-    """Accuracy vs the share of the small model's proposals kept, one line per method (the legend
-    says what each counts: drafted steps, draft tokens, or the SLM's token share), with accuracy's
-    95% interval where the runs frame has it (the acceptance rate is a pooled count: no interval)."""
+    """Accuracy vs acceptance (the legend says what each method counts), one line per method; the acceptance
+    rate is a pooled count, so only accuracy has an interval."""
     points = runs[(runs["group"] == group) & runs["acceptance"].notna()]
     fig, ax = _figure()
-    for method, mine in sorted(points.groupby("method"), key=lambda item: method_rank(item[0])):
+    for method, mine in _by_method(points):
         mine = mine.sort_values("acceptance")
         ax.plot(mine["acceptance"] * 100, mine["accuracy"] * 100, ls="-" if len(mine) > 1 else "",
                 label=f"{method} ({mine['acceptance_kind'].iloc[0]})", alpha=0.85, zorder=3, **_marker_kwargs(*method_style(method)))
         _error_bars(ax, mine, "acceptance", method_style(method)[0], x_scale=100)
     ax.set_xlabel("acceptance rate (%): small-model proposals kept")
     ax.set_xlim(-3, 103)
-    _accuracy_axis(ax, points[[c for c in ("accuracy", "accuracy_ci_low", "accuracy_ci_high") if c in points]].stack())
+    _accuracy_axis(ax, points)
     ax.set_title(group, fontsize=10)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
+    _legend_right(ax)
     return fig
 
 
-# In the order the console table leads with them (results/summary.py): what other jobs on the
-# cores move least first; wall clock, the papers' and a GPU's figure, last.
+# In the order the console table leads with them (results/summary.py): what other jobs move least first.
 SPEEDUP_LABELS = {"speedup_estimate": "latency model's estimate", "speedup_cpu": "CPU time of the decodes",
                   "speedup": "wall clock"}
 
 
 def leading_speedup(runs: pd.DataFrame) -> str:
-    """The speedup the console table leads with: the latency model's estimate where the runs have
-    one, else on a CPU the decodes' CPU time, else (GPU, batched) the wall-clock one."""
+    """The first of SPEEDUP_LABELS the runs have, as the console table leads."""
     return next((k for k in SPEEDUP_LABELS if k in runs and runs[k].notna().any()), "speedup")
 
 
 def speedup_figure(runs: pd.DataFrame, group: str) -> Figure:
-    """Each hybrid run's speedup over the baseline with its 95% interval, the one the console table
-    leads with (`leading_speedup`; the wall-clock one as a grey cross beside it when that is another);
-    a run whose latency was measured under contention is labelled so."""
+    """Each hybrid run's leading speedup with its 95% interval (the wall-clock one a grey cross when another
+    leads); a run measured under contention is labelled so."""
     points = runs[(runs["group"] == group) & (runs["method"] != BASELINE)]
     points = points.assign(_rank=points["method"].map(method_rank)).sort_values(["_rank", "setting"])
     lead = leading_speedup(points)
@@ -231,16 +228,14 @@ def speedup_figure(runs: pd.DataFrame, group: str) -> Figure:
     ax.set_ylim(-0.7, len(points) - 0.3)
     ax.set_xlabel(f"speedup over {BASELINE} (×), {SPEEDUP_LABELS[lead]}, with its 95% interval")
     if lead != "speedup":
-        ax.legend([Line2D([], [], ls="", marker="x", color="grey")], ["wall-clock speedup"],
-                  loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
+        _legend_right(ax, [Line2D([], [], ls="", marker="x", color="grey")], ["wall-clock speedup"])
     ax.grid(alpha=0.3, axis="x")
     ax.set_title(group, fontsize=10)
     return fig
 
 
 def sample_speedup_figure(paired: pd.DataFrame, title: str) -> Figure:
-    """One run's problems (from `paired_with_baseline`), sorted by speedup: bars of the speedup
-    over the baseline coloured by who was correct, and the token reduction on the right axis."""
+    """One run's problems (`paired_with_baseline`) by speedup, coloured by who was correct; token reduction right."""
     ordered = paired.sort_values("speedup", ascending=False).reset_index(drop=True)
     fig, ax = _figure(7.5, 4.4)
     x = np.arange(len(ordered))
@@ -284,9 +279,8 @@ def _violin(ax, values: list[np.ndarray], labels: list[str], colors: list[str]) 
 
 
 def entropy_figure(tokens: pd.DataFrame, title: str, thresholds: Iterable[float] = ()) -> Figure:
-    """From `traces.token_scores`: left, the mean normalized entropy per trace, correct vs
-    incorrect; right, the histogram of token entropies (log count) by trace outcome, with the
-    R-Stitch thresholds `thresholds` as dotted lines."""
+    """From `traces.token_scores`: mean entropy per trace by outcome (left), token entropies by trace outcome with
+    the R-Stitch thresholds dotted (right)."""
     from rstitch.analysis.traces import trace_entropy
 
     traces = trace_entropy(tokens)
@@ -316,13 +310,12 @@ def entropy_figure(tokens: pd.DataFrame, title: str, thresholds: Iterable[float]
 
 
 def speedup_consistency_figure(points: pd.DataFrame, runs: pd.DataFrame) -> Figure:
-    """From `speedup_vs_consistency`: each problem as a small dot, each run (pooled consistency,
-    run speedup) as a large hollow marker, per speculative method."""
+    """From `speedup_vs_consistency`: each problem a dot, each run (pooled) a large hollow marker."""
     fig, ax = _figure()
-    for method, mine in sorted(points.groupby("method"), key=lambda item: method_rank(item[0])):
+    for method, mine in _by_method(points):
         color, marker = method_style(method)
         ax.scatter(mine["consistency"] * 100, mine["speedup"], s=14, alpha=0.5, color=color, marker=marker)
-    for method, mine in sorted(runs.groupby("method"), key=lambda item: method_rank(item[0])):
+    for method, mine in _by_method(runs):
         color, marker = method_style(method)
         ax.scatter(mine["consistency"] * 100, mine["speedup"], s=110, facecolors="none", edgecolors=color, marker=marker,
                    linewidths=1.8, label=f"{method} (run)", zorder=3)
@@ -334,6 +327,6 @@ def speedup_consistency_figure(points: pd.DataFrame, runs: pd.DataFrame) -> Figu
     handles, labels = ax.get_legend_handles_labels()
     handles.append(Line2D([], [], ls="", marker="o", ms=4, color="grey", alpha=0.5))
     labels.append("one problem")
-    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
+    _legend_right(ax, handles, labels)
     ax.set_title(", ".join(sorted(set(points["group"]))), fontsize=10)
     return fig

@@ -1,10 +1,5 @@
-"""How many problems a comparison needs: size `dataset.limit` before spending GPU hours.
-
-Two accuracies measured on n problems differ by chance by about (z_{1-alpha/2} + z_{power}) times
-the standard error of their difference; a comparison can only tell apart differences larger than
-that. For two methods on the same problems the difference's variance is set by the problems on
-which they disagree (McNemar), which is usually far less than two independent samples would give.
-"""
+"""How many problems a comparison needs (size `dataset.limit` before spending GPU hours); on the same problems
+the problems two methods disagree on set the variance (McNemar), usually far less than independent samples'."""
 from __future__ import annotations
 
 import math
@@ -57,8 +52,7 @@ def problems_needed(accuracy: float, baseline_accuracy: float, difference: float
 
 def detectable_difference(n_problems: int, accuracy: float, baseline_accuracy: float,
                           alpha: float = ALPHA, power: float = POWER) -> float:
-    """The smallest accuracy difference that `n_problems` independent problems detect at `alpha`
-    with `power`, for methods near these accuracies: (z_a + z_b) sqrt((p1 q1 + p2 q2) / n)."""
+    """The smallest difference `n_problems` independent problems detect: (z_a + z_b) sqrt((p1 q1 + p2 q2) / n)."""
     if n_problems < 1:
         raise ConfigError(f"n_problems must be at least 1, got {n_problems}")
     _check_share("accuracy", accuracy)
@@ -68,8 +62,7 @@ def detectable_difference(n_problems: int, accuracy: float, baseline_accuracy: f
 
 
 def discordant_share(paired: pd.DataFrame) -> float:
-    """From `paired_with_baseline` (one run's samples against the baseline's): the share of samples
-    on which exactly one of the two was right, the `discordant` input of `problems_needed`."""
+    """The share of paired samples (`paired_with_baseline`) exactly one of the two got right (`problems_needed`)."""
     if paired.empty:
         raise ConfigError("no paired samples: the run and its baseline share no problem")
     return float((paired["correct"].astype(bool) != paired["baseline_correct"].astype(bool)).mean())

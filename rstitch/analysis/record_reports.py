@@ -1,18 +1,8 @@
-"""A results report is a folder regenerated from the records it keeps (docs/reports/<name>/):
-
-- `report.json`: the exact command, the runs (method and its composed settings), the tables and
-  their columns, the problems in decode order, and the sittings that decoded them (machine, build,
-  threads, CPU-seconds per wall second, load);
-- `records/<run>.jsonl.gz`: every sample of every run, compacted (the token ids dropped, the text
-  of each output kept so it can be graded again), each naming the sitting that decoded it;
-- `readings.md`: the prose, in which every figure is an expression over the runs' summaries
-  (`{{ rstitch[tau=0.02].speedup :.2f }}`); a digit outside `{{ }}` is an unchecked figure;
-- `README.md`: the page, generated from the three above alone (`render_page`).
-
-Each run's summary is computed from its records as `rstitch-run` computes it from samples.jsonl:
-the common metrics, the method's own, and the comparison with the report's `llm_only` run on the
-same problems (the speedup, its split and intervals, the paired accuracy difference).
-"""
+"""A results report: a folder (docs/reports/<name>/) whose page, README.md, is generated from what it keeps alone:
+`report.json` (command, runs, tables, problems, sittings), `records/<run>.jsonl.gz` (every sample, token ids
+dropped, text kept for regrading) and `readings.md` (prose whose every figure is an expression over the runs'
+summaries, `{{ rstitch[tau=0.02].speedup :.2f }}`). A run's summary is computed from its records as
+`rstitch-run` computes it, paired with the report's `llm_only` run on the same problems."""
 from __future__ import annotations
 
 import ast
@@ -109,7 +99,7 @@ def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
 
 def summarize_records(method_cfg: dict[str, Any], samples: list[dict[str, Any]],
                       baseline_samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """A run's summary from its records and its baseline's, both over the same problems."""
+    """A run's summary from its records and its baseline's over the same problems."""
     method = build_method(**method_cfg)
     summary: dict[str, Any] = {"method": method.name, **summarize_samples(samples), **dict.fromkeys(COMPARISON_KEYS)}
     summary.update(method.summarize(samples))
@@ -145,8 +135,7 @@ def report_summaries(manifest: dict[str, Any], folder: Path) -> dict[str, dict[s
 
 
 def sitting_measures(manifest: dict[str, Any], folder: Path) -> dict[int, dict[str, float]]:
-    """Per sitting, from its samples' measurements: CPU-seconds per wall second of the decodes, the
-    mean 1-minute load average, and the number of problems it decoded."""
+    """Per sitting, from its samples: CPU-seconds per wall second, mean 1-minute load, problems decoded."""
     rows = [r for run in manifest["runs"] for r in read_records(folder, run)]
     out = {}
     for sitting in sorted({r["sitting"] for r in rows}):
@@ -284,9 +273,8 @@ ESTIMATE_NOTE = ("The estimated speedup is `llm_only`'s `latency_estimate_s` ove
 
 
 def table_columns(columns: list[str]) -> list[str]:
-    """The report's columns with its speedups led by the estimated one: where the report lists a
-    speedup, every speedup goes there in the order of SPEEDUP_COLUMNS (a column no run has a value
-    in is dropped later, so a report without a latency model shows no estimate)."""
+    """The report's columns with every speedup, in SPEEDUP_COLUMNS order, where it lists its first (a column
+    without values is dropped later, so a report without a latency model shows no estimate)."""
     first = next((i for i, c in enumerate(columns) if c in SPEEDUP_COLUMNS), None)
     if first is None:
         return list(columns)
@@ -303,7 +291,7 @@ def shown_columns(manifest: dict[str, Any], summaries: dict[str, dict[str, Any]]
 
 
 def run_table(manifest: dict[str, Any], summaries: dict[str, dict[str, Any]], runs: list[str]) -> list[str]:
-    """The runs' rows, in the report's columns, less the columns no run of this table has a value in."""
+    """The runs' rows in the columns `shown_columns` keeps."""
     columns = shown_columns(manifest, summaries, runs)
     rows = [[manifest["runs"][run]["method"], setting_text(manifest["runs"][run]["params"]),
              *(COLUMNS[c][1](summaries[run]) for c in columns)] for run in runs]
@@ -324,16 +312,11 @@ def sittings_table(manifest: dict[str, Any], folder: Path) -> list[str]:
 SITTING_FIELDS = ("machine", "commit", "threads")
 
 
-def sittings_differ(manifest: dict[str, Any]) -> list[str]:
-    """The sitting labels that differ between the report's sittings."""
-    return [f for f in SITTING_FIELDS if len({str(s[f]) for s in manifest["sittings"]}) > 1]
-
-
-def sittings_note(manifest: dict[str, Any], folder: Path) -> str:
+def sittings_note(manifest: dict[str, Any]) -> str:
     """Where the sittings differ (a speedup pairs a problem's rows, decoded in one sitting)."""
     if len(manifest["sittings"]) < 2:
         return "One sitting decoded every row."
-    differ = sittings_differ(manifest)
+    differ = [f for f in SITTING_FIELDS if len({str(s[f]) for s in manifest["sittings"]}) > 1]
     which = f"they differ in {', '.join(differ)}" if differ else "they share machine, build and threads"
     return (f"{len(manifest['sittings'])} sittings decoded these rows ({which}, and in CPU-seconds per wall second "
             "and load, above); each problem's rows were decoded in one sitting, so a speedup pairs timings taken together.")
@@ -351,7 +334,7 @@ def render_page(folder: Path) -> str:
              manifest["command"], "```", "",
              f"{len(done)} of {len(manifest['problems'])} planned problems are decoded for every row. "
              + manifest["description"], "", "## Sittings", "", *sittings_table(manifest, folder), "",
-             sittings_note(manifest, folder)]
+             sittings_note(manifest)]
     for table in manifest["tables"]:
         lines += ["", f"## {table['title']}", "", *run_table(manifest, summaries, table["runs"])]
     if any("estimate_speedup" in shown_columns(manifest, summaries, t["runs"]) for t in manifest["tables"]):

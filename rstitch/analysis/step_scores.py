@@ -1,6 +1,5 @@
-"""Step-level scores of a run's traces on the testbed, where every step has an exact label (the
-step checker): the PRM's and SpecReason's judge's ROC-AUC on step correctness, and the SLM's
-token entropies (scripts/measure_testbed.py, docs/testbed.md "Measured properties")."""
+"""Step-level scores of testbed traces, whose every step the step checker labels exactly: ROC-AUCs of the PRM
+and SpecReason's judge, and SLM entropies (scripts/measure_testbed.py, docs/testbed.md "Measured properties")."""
 from __future__ import annotations
 
 import statistics
@@ -53,8 +52,7 @@ def judge_scores(pair, steps: list[tuple[str, list[str], bool]]) -> list[float]:
 
 
 def slm_entropies(pair, cfg: dict, samples: list[dict], problems: dict[str, str]) -> dict:
-    """The SLM's token entropies over its own traces (teacher-forced): the mean per trace on
-    traces ending correct and incorrect, and the share of tokens with normalized entropy > 0.01."""
+    """The SLM's entropies over its own traces: mean per trace by outcome, share of tokens above 0.01 (normalized)."""
     prompt = PromptFormat(**cfg["prompt"])
     per_trace: dict[bool, list[float]] = {True: [], False: []}
     all_norm: list[float] = []

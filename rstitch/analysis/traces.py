@@ -1,11 +1,6 @@
-"""Token-level quantities of stored traces, computed by scoring them with a model of the run's pair.
-
-Samples store the output token ids but not per-token entropies, so these are recomputed: the
-run's prompt is rebuilt from its config (dataset record and prompt format), and one model of the
-pair scores prompt + output in forwards of `CHUNK` tokens (`Sequence.score`). That gives, at every
-output position, the scorer's entropy and whether its greedy token equals the stored one (token
-consistency, R-Stitch figure 1a, when the scorer is the SLM and the trace the LLM's).
-"""
+"""Token-level quantities of stored traces: samples keep token ids, not entropies, so a model of the run's
+pair scores the rebuilt prompt + output again, giving at each position its entropy and whether its greedy
+token is the stored one (token consistency, R-Stitch figure 1a, when the SLM scores the LLM's trace)."""
 from __future__ import annotations
 
 import warnings
@@ -26,7 +21,7 @@ TOKEN_COLUMNS = ("run_dir", "method", "setting", "group", "comparison", "id", "s
 
 
 def _run_inputs(run: pd.Series) -> tuple[Any, dict[str, list[int]]]:
-    """The run's model pair (loaded once per configuration) and the prompt ids of its problems."""
+    """The run's model pair (loaded once per configuration) and its problems' prompt ids."""
     from rstitch.data import load_dataset_records
     from rstitch.data.prompts import PromptFormat
     from rstitch.engines.cache import get_pair
@@ -41,8 +36,8 @@ def _run_inputs(run: pd.Series) -> tuple[Any, dict[str, list[int]]]:
 
 
 def warn_if_models_changed(pair_cfg: dict[str, Any], run_dir: Path) -> None:
-    """Scores are only the run's if the models are the ones that decoded it: warn when a local
-    model directory was written after the run's samples (e.g. retrained in place)."""
+    """Warn when a local model directory was written after the run's samples (retrained in place): its
+    scores would not be those of the weights that decoded the run."""
     recorded = (run_dir / SAMPLES_FILE).stat().st_mtime
     for key in ("slm", "llm"):
         path = Path(str(pair_cfg[key].get("path", "")))
@@ -61,9 +56,8 @@ def score_trace(runner: Any, prompt_ids: list[int], output_ids: list[int]) -> It
 
 
 def run_token_scores(run: pd.Series, scorer: str = "slm", max_samples: int | None = None) -> pd.DataFrame:
-    """One row per output token of the run's samples (the first `max_samples`), scored by the
-    run's `scorer` model: entropy (nats), normalized_entropy (H / log V, R-Stitch's tau scale),
-    scorer_agrees (its greedy token is the stored one), and which model wrote the token."""
+    """One row per output token of the run's first `max_samples` samples, scored by its `scorer` model:
+    entropy (nats), normalized_entropy (H / log V, R-Stitch's tau scale), scorer_agrees, source."""
     if scorer not in SCORERS:
         raise ConfigError(f"unknown scorer '{scorer}'; valid: {', '.join(SCORERS)}")
     pair, prompts = _run_inputs(run)
@@ -97,9 +91,8 @@ def trace_entropy(tokens: pd.DataFrame) -> pd.DataFrame:
 
 
 def token_consistency(runs: pd.DataFrame, max_samples: int | None = None) -> pd.DataFrame:
-    """Per sample of each LLM-only run: the share of positions of its trace at which the SLM's
-    greedy token (same prefix) equals the LLM's (R-Stitch's token consistency). Under greedy
-    decoding the stored trace is the LLM's greedy trace."""
+    """Per sample of each LLM-only run (greedy: its trace is the LLM's greedy one), the share of positions
+    at which the SLM's greedy token equals the LLM's: R-Stitch's token consistency."""
     baseline = runs[runs["method"] == BASELINE]
     if baseline.empty:
         raise ConfigError(f"token consistency needs an {BASELINE} run")
@@ -110,9 +103,8 @@ def token_consistency(runs: pd.DataFrame, max_samples: int | None = None) -> pd.
 
 def speedup_vs_consistency(runs: pd.DataFrame, paired: pd.DataFrame, consistency: pd.DataFrame,
                            methods: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per problem and per run of the speculative methods (default: those whose acceptance counts
-    draft tokens): the speedup over LLM-only against the token consistency of that problem's
-    LLM trace. Run points pool consistency over positions and take the run's speedup."""
+    """Per problem, and per run (consistency pooled over positions), of the speculative `methods`: the speedup
+    over LLM-only against the token consistency of the problem's LLM trace."""
     if methods is None:
         methods = sorted(set(runs.loc[runs["acceptance_kind"] == "draft tokens", "method"]))
     keys = ["comparison", "id", "sample_index"]

@@ -1,17 +1,8 @@
-"""`rstitch-run -m ... hydra/launcher=slurm_cpu|slurm_gpu|local`: the submitit launchers made to
-end. Hydra loads launchers only from its plugin package, so the stock ones run and this module
-sets them up around them:
-
-- in a job, an error or an interrupt of the run is a `JobError` (a bare `SystemExit` would leave
-  submitit no result, and its submitter waiting); `scancel` stops the decode after the sample in
-  flight (SIGTERM, which submitit ignores so that a preempted job can be requeued);
-- in the submitter, the state of the Slurm jobs comes from `squeue` and `scontrol` (submitit asks
-  only `sacct`, which a cluster without accounting does not answer: it would wait forever), the
-  array's id is printed when it is submitted, Ctrl-C cancels it, and a job that fails is one
-  error line (exit 2) once the array's other jobs have ended;
-- before anything is submitted, the requests (`hydra.launcher.*`) are checked against the
-  partition's nodes (`sinfo`) and by `sbatch --test-only`.
-"""
+"""`rstitch-run -m ... hydra/launcher=slurm_cpu|slurm_gpu|local`: Hydra loads launchers only from its plugin
+package, so the stock submitit ones run, set up here to end: in a job, a failed run is a `JobError` (a bare
+SystemExit leaves submitit no result and its submitter waiting) and scancel stops after the sample in flight;
+the submitter reads job states from squeue/scontrol (submitit asks only sacct, which a cluster without
+accounting never answers), and checks the requests against sinfo and `sbatch --test-only` first."""
 from __future__ import annotations
 
 import contextlib
@@ -43,14 +34,9 @@ class JobError(CompactHydraException):
 # --------------------------------------------------------------------------- inside a job
 
 
-def in_submitit_job() -> bool:
-    return bool(os.environ.get("SUBMITIT_EXECUTOR"))
-
-
 def exit_run(code: int, message: str) -> NoReturn:
-    """End `rstitch-run` with `code`, its message already printed: in a submitit job, raise it as a
-    `JobError` naming the sweep point, the job and its log, which submitit returns to the submitter."""
-    if not in_submitit_job():
+    """End `rstitch-run` with `code`, its message printed; in a submitit job, a `JobError` naming point, job and log."""
+    if not os.environ.get("SUBMITIT_EXECUTOR"):
         sys.exit(code)
     import submitit
     from hydra.core.hydra_config import HydraConfig
@@ -61,8 +47,7 @@ def exit_run(code: int, message: str) -> NoReturn:
 
 
 def slurm_job_preempted() -> bool:
-    """True when this Slurm job is being preempted or requeued (it will run again), False when it
-    is being cancelled (scancel: its state reads COMPLETING or CANCELLED) or ends otherwise."""
+    """This Slurm job is being preempted or requeued (it runs again), not cancelled (COMPLETING, CANCELLED)."""
     job_id = os.environ.get("SLURM_JOB_ID")
     if not job_id:
         return False
@@ -73,23 +58,11 @@ def slurm_job_preempted() -> bool:
     return any(f"JobState={state}" in out for state in ("PREEMPTED", "REQUEUE"))
 
 
-def on_sigterm(interrupt: Callable[[int, Any], None]) -> Callable[[int, Any], None]:
-    """A SIGTERM handler: `interrupt` (stop after the sample in flight), except in a Slurm job that is
-    not being cancelled (preemption: submitit's handlers requeue it, and it resumes)."""
-    def handler(signum: int, frame: Any) -> None:
-        if os.environ.get("SUBMITIT_EXECUTOR") == "slurm" and slurm_job_preempted():
-            return
-        interrupt(signum, frame)
-
-    return handler
-
-
 # --------------------------------------------------------------------------- job states without sacct
 
 
 def job_states(array_ids: Sequence[str]) -> dict[str, dict[str, str]]:
-    """{job id ('12_3', or '12' for a single job): {'State', 'Reason'}} from squeue (each array task
-    listed) and scontrol (also the jobs that ended within its MinJobAge)."""
+    """{job id ('12_3', '12'): {'State', 'Reason'}} from squeue and scontrol (which also knows jobs ended lately)."""
     ids = ",".join(array_ids)
     info: dict[str, dict[str, str]] = {}
     squeue = subprocess.run(["squeue", "-h", "-r", "-j", ids, "-o", "%i|%T|%r"], capture_output=True, text=True)
@@ -106,13 +79,12 @@ def job_states(array_ids: Sequence[str]) -> dict[str, dict[str, str]]:
     return info
 
 
-def slurm_watcher_class() -> type:
-    from submitit.slurm.slurm import SlurmInfoWatcher
+def install_slurm_watcher() -> Any:
+    """submitit's Slurm jobs watched from now on by a fresh watcher that reads squeue and scontrol instead of
+    sacct, prints each submitted array's id and cancels a job that will never start."""
+    from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
     class SqueueWatcher(SlurmInfoWatcher):
-        """submitit's Slurm watcher, reading squeue and scontrol instead of sacct; it prints each
-        submitted array's id and cancels a job that will never start."""
-
         def __init__(self, delay_s: int = 5) -> None:
             super().__init__(delay_s=delay_s)
             self.arrays: list[str] = []
@@ -148,14 +120,7 @@ def slurm_watcher_class() -> type:
                 if self.is_done(job_id, mode="cache"):
                     self._finished.add(job_id)
 
-    return SqueueWatcher
-
-
-def install_slurm_watcher() -> Any:
-    """submitit's Slurm jobs watched through squeue/scontrol from now on (a fresh watcher)."""
-    from submitit.slurm.slurm import SlurmJob
-
-    SlurmJob.watcher = slurm_watcher_class()()
+    SlurmJob.watcher = SqueueWatcher()
     return SlurmJob.watcher
 
 
@@ -185,8 +150,7 @@ def failure_line(err: BaseException, states: Mapping[str, Mapping[str, str]]) ->
 
 
 def wait_for_the_rest(watcher: Any) -> dict[str, dict[str, str]]:
-    """Wait until every job the watcher knows has ended (the array's other points go on after one
-    failed); Ctrl-C cancels them."""
+    """Wait until every job the watcher knows has ended (the others go on after one failed)."""
     if watcher is None:
         return {}
     polls = 0
@@ -203,8 +167,7 @@ def wait_for_the_rest(watcher: Any) -> dict[str, dict[str, str]]:
 
 @contextlib.contextmanager
 def submitting(argv: Sequence[str]) -> Iterator[None]:
-    """Around `rstitch-run -m ... hydra/launcher=<submitit launcher>` in the submitter; other
-    command lines run unchanged."""
+    """Around `rstitch-run -m ... hydra/launcher=<submitit launcher>` in the submitter; other command lines as they are."""
     launcher = launcher_of(argv)
     if not any(a in ("-m", "--multirun") for a in argv) or launcher not in SUBMITIT_LAUNCHERS:
         yield
@@ -253,8 +216,7 @@ def minutes(limit: str) -> float:
 
 
 def partition_nodes(partition: str | None) -> tuple[str, list[dict[str, Any]]]:
-    """The partition's name (the default one when None) and its nodes' CPUs, memory (MB), GPUs and
-    time limit (min), from sinfo."""
+    """The partition's name (None: the default) and its nodes' CPUs, memory (MB), GPUs, time limit (min), from sinfo."""
     out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N|%P|%c|%m|%G|%l"], capture_output=True, text=True)
     if out.returncode != 0:
         raise ConfigError(f"sinfo failed: {out.stderr.strip() or out.returncode}; is the Slurm controller up?")
@@ -273,8 +235,7 @@ def partition_nodes(partition: str | None) -> tuple[str, list[dict[str, Any]]]:
 
 
 def check_requests(launcher: Mapping[str, Any]) -> None:
-    """The launcher's requests against the partition's nodes, then `sbatch --test-only`: one line
-    naming what does not fit, before anything is submitted."""
+    """The launcher's requests against the partition's nodes, then `sbatch --test-only`: one line for what does not fit."""
     partition, nodes = partition_nodes(launcher.get("partition"))
     cpus = int(launcher.get("cpus_per_task") or 1) * int(launcher.get("tasks_per_node") or 1)
     wanted = {"gpus_per_node": (int(launcher.get("gpus_per_node") or 0), "gpus", "GPUs"), "cpus_per_task": (cpus, "cpus", "CPUs"),
@@ -302,19 +263,20 @@ def sbatch_flags(launcher: Mapping[str, Any], partition: str) -> list[str]:
     """The sbatch options submitit derives from the launcher's settings (those Slurm checks)."""
     flags = [f"--partition={partition}", f"--cpus-per-task={launcher.get('cpus_per_task') or 1}",
              f"--ntasks-per-node={launcher.get('tasks_per_node') or 1}", f"--nodes={launcher.get('nodes') or 1}"]
-    if launcher.get("mem_gb"):
-        flags.append(f"--mem={int(float(launcher['mem_gb']) * 1024)}M")
-    if launcher.get("gpus_per_node"):
-        flags.append(f"--gpus-per-node={launcher['gpus_per_node']}")
-    if launcher.get("timeout_min"):
-        flags.append(f"--time={int(launcher['timeout_min'])}")
-    for key in ("account", "qos", "constraint"):
-        if launcher.get(key):
-            flags.append(f"--{key}={launcher[key]}")
-    for key, value in (launcher.get("additional_parameters") or {}).items():
-        flags.append(f"--{key.replace('_', '-')}={value}")
+    optional = {"mem": launcher.get("mem_gb") and f"{int(float(launcher['mem_gb']) * 1024)}M",
+                "gpus-per-node": launcher.get("gpus_per_node"),
+                "time": launcher.get("timeout_min") and f"{int(launcher['timeout_min'])}",
+                **{key: launcher.get(key) for key in ("account", "qos", "constraint")}}
+    flags += [f"--{key}={value}" for key, value in optional.items() if value]
+    flags += [f"--{key.replace('_', '-')}={value}" for key, value in (launcher.get("additional_parameters") or {}).items()]
     return flags
 
 
 def install_sigterm_handler(interrupt: Callable[[int, Any], None]) -> None:
-    signal.signal(signal.SIGTERM, on_sigterm(interrupt))
+    """On SIGTERM, `interrupt` (stop after the sample in flight), but in a Slurm job being preempted, whose
+    requeue submitit's handlers do (and it resumes)."""
+    def handler(signum: int, frame: Any) -> None:
+        if not (os.environ.get("SUBMITIT_EXECUTOR") == "slurm" and slurm_job_preempted()):
+            interrupt(signum, frame)
+
+    signal.signal(signal.SIGTERM, handler)

@@ -1,11 +1,8 @@
 """`rstitch-merge`: combine the shard runs of one configuration into one run.
 
-A sharded job (`dataset.shard=i dataset.num_shards=n`) writes its own run directory
-(`<params>_shard=iofn_<hash>`). Merging checks that the shards are the n shards of one
-configuration, that together they hold every (problem, sample) of the selection exactly once, and
-writes samples.jsonl and summary.json to the directory an unsharded run of that configuration
-uses, so that speedups, tables and a later unsharded run (which resumes there) all see one run.
-"""
+The n shards (`dataset.shard=i dataset.num_shards=n`, each its own run directory) must together hold every
+(problem, sample) of the selection once; the merge is written where an unsharded run of that configuration
+goes, so that speedups, tables and a later unsharded run (which resumes there) all see one run."""
 from __future__ import annotations
 
 import argparse
@@ -167,15 +164,13 @@ def find_shard_groups(roots: Sequence[str | Path]) -> list[list[Shard]]:
 
 
 def merge(groups: list[list[Shard]]) -> list[tuple[MergePlan, dict[str, Any]]]:
-    """Check every group, then write them, the LLM-only baseline first so that the others find it
-    for speedups."""
+    """Check every group, then write them, the LLM-only baseline first so that the others find it for speedups."""
     plans = sorted((plan_merge(g) for g in groups), key=lambda p: (p.method != baseline_method(), str(p.target)))
     return [(plan, write_merge(plan)) for plan in plans]
 
 
 def shard_overrides(shard: Shard) -> list[str]:
-    """The command-line overrides the shard was run with (Hydra's record), without the shard
-    selection: the overrides of the unsharded run. Empty when Hydra wrote no record."""
+    """The overrides the shard ran with (Hydra's record, if any) less the shard selection: the unsharded run's."""
     record = shard.dir / ".hydra" / "overrides.yaml"
     if not record.is_file():
         return []

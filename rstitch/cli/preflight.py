@@ -1,6 +1,5 @@
-"""Checks of an `rstitch-run` command line before Hydra sees it: what Hydra (or a launcher) would
-report as a multi-line error or a traceback, or silently do otherwise, becomes one `ConfigError`
-line (`rstitch-run: error: ...`, exit 2), before any run directory exists."""
+"""Checks of an `rstitch-run` command line before Hydra sees it: what Hydra or a launcher would report in many
+lines, or silently do, becomes one `ConfigError` line before any run directory exists."""
 from __future__ import annotations
 
 import math
@@ -24,8 +23,7 @@ def is_multirun(argv: Sequence[str]) -> bool:
 
 
 def overrides_of(argv: Sequence[str]) -> list[str] | None:
-    """The `key=value` overrides of the command line, or None when it holds a Hydra flag other
-    than -m (`--cfg`, `--config-dir`, ...), whose meaning these checks leave to Hydra."""
+    """The `key=value` overrides, or None when a Hydra flag other than -m (`--cfg`, ...) leaves them to Hydra."""
     if any(a.startswith("-") and a not in MULTIRUN_FLAGS for a in argv):
         return None
     return [a for a in argv if "=" in a]
@@ -42,11 +40,6 @@ def parsed_overrides(overrides: Sequence[str]) -> list[Override]:
         raise ConfigError(f"cannot parse the overrides {' '.join(overrides)}: {composition_error(str(err))}") from None
 
 
-def is_sweep(value: str) -> bool:
-    """Whether Hydra reads `key=<value>` as a sweep: a comma list or a sweep function like range()."""
-    return parsed_overrides([f"key={value}"])[0].is_sweep_override()
-
-
 def check_sweep_needs_multirun(overrides: Sequence[str], multirun: bool) -> None:
     """`method.tau=0.01,0.02` without -m: Hydra's five-line "Ambiguous value" message."""
     if multirun:
@@ -58,8 +51,7 @@ def check_sweep_needs_multirun(overrides: Sequence[str], multirun: bool) -> None
 
 
 def check_slurm(overrides: Sequence[str]) -> None:
-    """A Slurm launcher on a machine without Slurm (submitit's traceback after composing), or with
-    requests that no node of the partition meets (a job pending forever): one line each."""
+    """A Slurm launcher without Slurm (submitit's traceback) or with requests no node meets (pending forever)."""
     from rstitch.cli.cluster import SLURM_LAUNCHERS, check_requests, launcher_of
 
     launcher = launcher_of(overrides)
@@ -93,11 +85,8 @@ def grid_points(sweeper_params: dict | None) -> int:
 
 
 def check_composes(overrides: Sequence[str], multirun: bool) -> None:
-    """Compose every point of the command as Hydra will, and check what a job would find wrong in
-    it before decoding (a shard index out of range, a bad `baseline`): a misspelt key or a bad
-    later point is one line before anything runs or is submitted (not Hydra's multi-line message,
-    nor a failed job). A grid preset (`experiment=...` with sweeper params) run without -m, which
-    would silently run a single point, is refused."""
+    """Compose every point as Hydra will and check what its job would find wrong (a misspelt key, a shard index
+    out of range, a bad `baseline`) before anything runs; a grid preset without -m (one point, silently) is refused."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf

@@ -5,12 +5,9 @@
     rstitch-regrade runs/testbed --force  # also runs already graded by the current grader
     rstitch-regrade runs/ --weak-code-sandbox  # code samples without bubblewrap (docs/sandbox.md)
 
-Nothing is decoded: each sample's saved response is graded against its saved gold, with the
-grading metadata (multiple choice, tolerance, answer type) of its dataset record. A run's
-samples.jsonl and then its summary.json (which records the grader version) are each replaced
-whole, so a crash leaves each file old or new, never a mix; a run whose samples were rewritten
-but whose summary was not still records the old version and is simply graded again next time.
-The run directory's lock is held throughout, so a run being decoded is waited for.
+Nothing is decoded: each saved response is graded against its saved gold with its dataset record's grading
+metadata. samples.jsonl, then summary.json (which records the grader version), are each replaced whole under
+the run's lock: a crash between them leaves the old version recorded, so the run is graded again next time.
 """
 from __future__ import annotations
 
@@ -50,9 +47,8 @@ class Regraded:
 
 
 def find_runs(roots: Sequence[str | Path]) -> tuple[list[Path], list[Path]]:
-    """(finished run directories, unfinished ones) under ``roots``. An unfinished run (samples, no
-    summary) has no resolved config to load its records with, and its resume grades only the
-    samples still to come: it is regraded with --force once finished."""
+    """(finished run directories, unfinished ones) under `roots`; an unfinished run has no resolved config to
+    load its records with (it is regraded with --force once finished)."""
     finished: dict[Path, None] = {}
     unfinished: dict[Path, None] = {}
     for root in map(Path, roots):
@@ -69,9 +65,8 @@ def find_runs(roots: Sequence[str | Path]) -> tuple[list[Path], list[Path]]:
 
 
 class RecordIndex:
-    """The dataset records of each run's selection, by id, loaded once per dataset config. Code
-    records are graded by running model-written programs: the first such selection checks the
-    sandbox as a decode of a code benchmark does (no empty root: refused unless ``allow_weak``)."""
+    """The records of each run's selection by id, loaded once per dataset config; the first selection of code
+    records checks the sandbox, as a decode of a code benchmark does."""
 
     def __init__(self, allow_weak_sandbox: bool = False) -> None:
         self._cache: dict[str, dict[str, Any]] = {}

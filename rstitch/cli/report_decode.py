@@ -1,10 +1,6 @@
-"""Decode a report (rstitch/analysis/record_reports.py) in resumable chunks: problem by problem,
-every row of a problem one after the other, for at most a given number of minutes; each finished
-problem's records are written into the report folder at once, so a later call (on any machine, from
-a fresh clone of the folder) goes on from the first problem some row lacks. Each call that decodes
-something is a sitting, labelled with its machine, build, threads, and (from its samples) its
-CPU-seconds per wall second and load.
-"""
+"""Decode a report (analysis/record_reports.py) problem by problem, every row of a problem in turn, for at most
+some minutes; each problem's records are written at once, so a later call (any machine, a fresh clone) goes on
+from the first problem a row lacks. Each call that decodes is a sitting, labelled with machine, build, threads."""
 from __future__ import annotations
 
 import os
@@ -41,8 +37,7 @@ clock = time.monotonic  # the minutes a decode may take are counted on it
 
 @dataclass
 class ReportSpec:
-    """What a report decodes: its rows (method, settings), the overrides they share, its tables
-    (title -> methods) and columns, and the words of its page."""
+    """What a report decodes: rows (method, settings), shared overrides, tables (title -> rows), columns, words."""
 
     title: str
     description: str
@@ -84,8 +79,7 @@ def new_manifest(spec: ReportSpec, cfgs: dict[str, dict[str, Any]], problems: li
 
 
 def checked_manifest(folder: Path, spec: ReportSpec, cfgs: dict[str, dict[str, Any]], problems: list[str]) -> dict[str, Any]:
-    """The folder's manifest (a new one for a new folder); one error line when its records were
-    decoded with other settings, which a resume must not mix in."""
+    """The folder's manifest (new for a new folder); one error line when its records were decoded otherwise."""
     fresh = new_manifest(spec, cfgs, problems)
     if not (folder / "report.json").is_file():
         return fresh
@@ -97,8 +91,7 @@ def checked_manifest(folder: Path, spec: ReportSpec, cfgs: dict[str, dict[str, A
 
 
 def seeded_run(cfg: dict[str, Any], rows: list[dict[str, Any]]) -> Path:
-    """The scratch run directory of `cfg`, holding the report's records of it, so that the runner
-    decodes only what they lack."""
+    """The scratch run directory of `cfg` holding its records, so that the runner decodes only what they lack."""
     run_dir = comparison_run_dir(comparison_dir(cfg["results_root"], cfg), cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_samples(run_dir, rows)
@@ -106,9 +99,8 @@ def seeded_run(cfg: dict[str, Any], rows: list[dict[str, Any]]) -> Path:
 
 
 def decode_first(cfg: dict[str, Any], problems: int) -> None:
-    """Decode what the run of a composed config lacks among its first `problems` problems, into its
-    run directory under its `results_root`; a report's rows are not whole runs, so no summary is
-    written and nothing is logged."""
+    """Decode what `cfg`'s run lacks of its first `problems` problems; a report's rows are not whole runs, so no
+    summary is written and nothing is logged."""
     root = comparison_dir(cfg["results_root"], cfg)
     run_cfg = {k: v for k, v in cfg.items() if k not in ("results_root", "logger")}
     with plan(identify(run_cfg, root), problems=problems) as planned:
@@ -128,8 +120,7 @@ def decode_problem(folder: Path, cfgs: dict[str, dict[str, Any]], index: int, pr
 
 
 def prepared(folder: Path, spec: ReportSpec, scratch: str) -> tuple[dict[str, dict[str, Any]], list[str], dict[str, Any]]:
-    """The rows' composed configs (run directories under `scratch`), the problems in decode order,
-    and the folder's manifest, checked against the spec and written with its words."""
+    """The rows' configs (runs under `scratch`), the problems in order, and the folder's manifest, checked and written."""
     cfgs = {run_id(m, p): compose_config([*spec.overrides, f"results_root={scratch}", "logger=none", f"method={m}",
                                           *(f"method.{k}={v}" for k, v in p.items())]) for m, p in spec.rows}
     problems = [str(r.id) for r in load_dataset_records(**next(iter(cfgs.values()))["dataset"])]
@@ -139,8 +130,7 @@ def prepared(folder: Path, spec: ReportSpec, scratch: str) -> tuple[dict[str, di
 
 
 def refresh_page(folder: Path, spec: ReportSpec) -> None:
-    """Rewrite a report's words (title, description, tables) from `spec` and its page from
-    its records, decoding nothing; one error line when the records were decoded with other settings."""
+    """Rewrite a report's words from `spec` and its page from its records, decoding nothing."""
     if not (folder / "report.json").is_file():
         raise ConfigError(f"{folder} is not a report yet: decode it first")
     kept = replace(spec, command=load_manifest(folder)["command"])  # the command that decoded the records
@@ -150,9 +140,8 @@ def refresh_page(folder: Path, spec: ReportSpec) -> None:
 
 
 def decode_report(folder: Path, spec: ReportSpec, minutes: float) -> int:
-    """Decode the problems the report lacks, in order, for at most `minutes` (a problem is started
-    only while the longest one of this sitting still fits); rewrite its page. Returns the number of
-    problems decoded."""
+    """Decode the problems the report lacks, in order, while the longest of this sitting still fits in `minutes`;
+    rewrite the page. Returns the number of problems decoded."""
     if minutes <= 0:
         raise ConfigError(f"--minutes must be > 0, got {minutes}")
     with tempfile.TemporaryDirectory(prefix="report-") as scratch:

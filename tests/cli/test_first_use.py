@@ -251,7 +251,10 @@ def test_results_root_no_directory_can_be_made_in(tmp_path):
 
 
 def test_a_sweep_value_is_told_apart_from_lists_and_quoted_text():
-    from rstitch.cli.preflight import check_sweep_needs_multirun, grid_points, is_sweep
+    from rstitch.cli.preflight import check_sweep_needs_multirun, grid_points, parsed_overrides
+
+    def is_sweep(value: str) -> bool:  # as Hydra reads `key=<value>`: a comma list or a sweep function
+        return parsed_overrides([f"key={value}"])[0].is_sweep_override()
 
     assert is_sweep("0.01,0.02") and is_sweep("range(1,3)") and is_sweep("rstitch,llm_only")
     assert not is_sweep("[a,b]") and not is_sweep("'a,b'") and not is_sweep("0.01") and not is_sweep("{a: 1, b: 2}")
