@@ -1,7 +1,5 @@
-"""The testbed's model family trained from scratch (scripts/train_testbed.py parses the arguments
-and calls `FamilyTrainer(args).run()`; docs/testbed.md, "Training"): the shared tokenizer, the SLM
-(concise solutions), the LLM (verbose solutions, plus SpecReason's judge), and the PRM's head on
-the LLM, each phase resumable from saved checkpoints (`--only`), and the validation report."""
+"""The testbed's model family trained from scratch: `FamilyTrainer(args).run()`, called by
+scripts/train_testbed.py (docs/testbed.md, "Training")."""
 from __future__ import annotations
 
 import json
@@ -9,6 +7,7 @@ import math
 import random
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -127,14 +126,10 @@ def lr_at(step: int, total: int, base: float, time_frac: float = 0.0, warmup: in
 
 
 class FamilyTrainer:
-    """One training run of the testbed family (tokenizer, SLM, LLM with the judge, PRM head), with
-    its options (scripts/train_testbed.py's arguments), output directory and report."""
-
-    # ------------------------------------------------------------------ setup
+    """One training run of the testbed family, with its options (scripts/train_testbed.py's
+    arguments), output directory and report; the tokenizer is built (or loaded) at once."""
 
     def __init__(self, args: Any) -> None:
-        """`args`: scripts/train_testbed.py's options (out, only, seed, sizes, steps, ...). The
-        tokenizer is built here (or loaded from `args.tokenizer`, keeping its token ids)."""
         self.args = args
         self.out: Path = args.out
         self.out.mkdir(parents=True, exist_ok=True)
@@ -155,8 +150,6 @@ class FamilyTrainer:
 
     def log(self, msg: str) -> None:
         print(f"[{time.time() - self.t0:7.1f}s] {msg}", flush=True)
-
-    # ------------------------------------------------------------------ examples, training, sampling
 
     def lm_example(self, prob: TestbedProblem, style: str) -> tuple[list[int], list[int]]:
         """prompt + solution + eos; loss on the solution and eos only."""
@@ -203,23 +196,13 @@ class FamilyTrainer:
         digit = self.digit_ids[9] if labels[t] else self.digit_ids[0]
         return prompt + [digit], [-100] * len(prompt) + [digit]
 
-    def llama_config(self, layers: int, hidden: int, **kw) -> LlamaConfig:
+    def llama_config(self, layers: int, hidden: int) -> LlamaConfig:
         return LlamaConfig(  # type: ignore[call-arg]
-            vocab_size=len(self.tok),
-            hidden_size=hidden,
-            intermediate_size=3 * hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=4,
-            num_key_value_heads=4,
+            vocab_size=len(self.tok), hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
+            num_attention_heads=4, num_key_value_heads=4,
             head_dim=32,  # vLLM's CPU attention takes head sizes 32, 64, 80, ... (not hidden / 4)
-            max_position_embeddings=1024,
-            rms_norm_eps=1e-5,
-            rope_theta=10000.0,
-            tie_word_embeddings=True,
-            bos_token_id=self.tok.bos_token_id,
-            eos_token_id=self.eos,
-            pad_token_id=self.pad,
-            **kw,
+            max_position_embeddings=1024, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
+            bos_token_id=self.tok.bos_token_id, eos_token_id=self.eos, pad_token_id=self.pad,
         )
 
     def train_loop(self, model, batches, steps: int, minutes: float, name: str, loss_fn, eval_fn=None, lr: float | None = None) -> dict:
@@ -255,17 +238,14 @@ class FamilyTrainer:
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), lab[:, 1:].reshape(-1), ignore_index=-100)
 
     @torch.no_grad()
-    def generate(self, model, problems: list[TestbedProblem], max_new: int, temperature: float = 0.0, seed: int = 0, bs: int = 64,
-                 prefixes: list[str] | None = None):
-        """Greedy (or sampled) decoding with the KV cache; returns decoded completions (each
-        continuing its `prefixes` entry, the solution text already written, if given)."""
+    def generate(self, model, problems: list[TestbedProblem], max_new: int, temperature: float = 0.0, seed: int = 0, bs: int = 64):
+        """Greedy (or sampled) decoding with the KV cache; returns decoded completions."""
         self.tok.padding_side = "left"
         outs = []
         g = torch.Generator().manual_seed(seed)
-        prefixes = prefixes or [""] * len(problems)
         for i in range(0, len(problems), bs):
             chunk = problems[i : i + bs]
-            prompts = [render_prompt(self.tok, q.problem) + pre for q, pre in zip(chunk, prefixes[i : i + bs])]
+            prompts = [render_prompt(self.tok, q.problem) for q in chunk]
             enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
             ids, att = enc["input_ids"], enc["attention_mask"]
             pos = (att.cumsum(-1) - 1).clamp(min=0)
@@ -318,22 +298,17 @@ class FamilyTrainer:
         self.report.setdefault("samples", {})[what] = {"solutions": len(samples), "steps": len(labels), "wrong_step_frac": wrong}
         return samples
 
-    def sample_model(self, model, n: int, max_new: int, seed: int, name: str) -> list[tuple[TestbedProblem, list[str]]]:
-        """Sampled (temperature 1) and greedy solutions of n training problems (none if n is 0)."""
+    def sample_model(self, model, n: int, max_new: int, seed: int, what: str, stretch: bool = False) -> list[tuple[TestbedProblem, list[str]]]:
+        """Solutions of n training problems (none if n is 0), half greedy and half sampled at
+        temperature 1; with `stretch`, all greedy on operands a little past the training range,
+        where the model errs often, and greedily, the way it errs on test problems."""
         if not n:
             return []
-        probs = generate_problems("train", n, seed=10_000 + seed, difficulty=TRAIN_DIFFICULTY)
-        half = n // 2
-        texts = self.generate(model, probs[:half], max_new) + self.generate(model, probs[half:], max_new, temperature=1.0, seed=seed)
-        return self.labelled(probs, texts, f"{name} samples")
-
-    def stretch_samples(self, model, n: int, max_new: int, seed: int, name: str) -> list[tuple[TestbedProblem, list[str]]]:
-        """Greedy solutions of n training problems whose operands run a little past the training
-        range: the model errs there often, and greedily, the way it errs on test problems."""
-        if not n:
-            return []
-        probs = generate_problems("train", n, seed=30_000 + seed, difficulty=STRETCH_DIFFICULTY)
-        return self.labelled(probs, self.generate(model, probs, max_new), f"{name} stretch")
+        base, difficulty = (30_000, STRETCH_DIFFICULTY) if stretch else (10_000, TRAIN_DIFFICULTY)
+        probs = generate_problems("train", n, seed=base + seed, difficulty=difficulty)
+        greedy = n if stretch else n // 2
+        texts = self.generate(model, probs[:greedy], max_new) + self.generate(model, probs[greedy:], max_new, temperature=1.0, seed=seed)
+        return self.labelled(probs, texts, what)
 
     def causal_lm(self, name: str, init: Path | None, layers: int, hidden: int) -> LlamaForCausalLM:
         """A fresh model of the given shape, or the checkpoint `init` to continue from."""
@@ -362,59 +337,46 @@ class FamilyTrainer:
                 labels += check_steps(q, steps)
         return torch.cat(feats), torch.tensor(labels, dtype=torch.float32)
 
-    # ------------------------------------------------------------------ phases
+    def train_lm(self, name: str, style: str, example: Callable[[TestbedProblem], tuple], seeds: tuple[int, int]) -> LlamaForCausalLM:
+        """Model `name` (its sizes and budgets are the options named after it) trained on
+        `example`s of its phase's problem stream; loaded when its phase is skipped."""
+        args = self.args
+        if name not in self.phases:
+            return LlamaForCausalLM.from_pretrained(self.out / name).eval()
+        torch.manual_seed(args.seed + seeds[0])
+        model = self.causal_lm(name.upper(), getattr(args, f"init_{name}"), getattr(args, f"{name}_layers"), getattr(args, f"{name}_hidden"))
+        stream = problem_stream(self.data_seed, name)
+        batches = bucketed(lambda: example(next(stream)), args.batch_size, random.Random(args.seed + seeds[1]))
+        max_new = getattr(args, f"max_new_{style}")
+        self.report[f"{name}_train"] = self.train_loop(
+            model, batches, getattr(args, f"steps_{name}"), getattr(args, f"minutes_{name}"), name, self.lm_loss,
+            eval_fn=lambda m: self.log(f"  {name} quick val acc {self.accuracy(m, self.quick_val, max_new)['accuracy']:.3f}"),
+        )
+        self.report[f"{name}_train"]["params"] = n_params(model)
+        self.save(model, name)
+        return model.eval()
 
     def train_slm(self) -> LlamaForCausalLM:
-        """The SLM: concise solutions (and continuations of the LLM's text); loaded when its phase is skipped."""
-        args = self.args
-        if "slm" not in self.phases:
-            return LlamaForCausalLM.from_pretrained(self.out / "slm").eval()
-        torch.manual_seed(args.seed + 1)
-        slm = self.causal_lm("SLM", args.init_slm, args.slm_layers, args.slm_hidden)
-        srng = random.Random(args.seed + 6)
-        slm_stream = problem_stream(self.data_seed, "slm")
+        """The SLM: concise solutions (and continuations of the LLM's text)."""
+        rng = random.Random(self.args.seed + 6)
 
-        def slm_example():
-            q = next(slm_stream)
-            return self.stitched_example(q, "concise", srng) if srng.random() < args.stitch_frac else self.lm_example(q, "concise")
+        def example(q: TestbedProblem) -> tuple[list[int], list[int]]:
+            return self.stitched_example(q, "concise", rng) if rng.random() < self.args.stitch_frac else self.lm_example(q, "concise")
 
-        batches = bucketed(slm_example, args.batch_size, random.Random(args.seed + 10))
-        self.report["slm_train"] = self.train_loop(
-            slm, batches, args.steps_slm, args.minutes_slm, "slm", self.lm_loss,
-            eval_fn=lambda m: self.log(f"  slm quick val acc {self.accuracy(m, self.quick_val, args.max_new_concise)['accuracy']:.3f}"),
-        )
-        self.report["slm_train"]["params"] = n_params(slm)
-        self.save(slm, "slm")
-        return slm.eval()
+        return self.train_lm("slm", "concise", example, seeds=(1, 10))
 
     def train_llm(self, slm_samples: list) -> LlamaForCausalLM:
         """The LLM: verbose solutions, continuations of the SLM's text, and SpecReason's judge on
-        the SLM's sampled steps; loaded when its phase is skipped."""
-        args = self.args
-        if "llm" not in self.phases:
-            return LlamaForCausalLM.from_pretrained(self.out / "llm").eval()
-        torch.manual_seed(args.seed + 2)
-        llm = self.causal_lm("LLM", args.init_llm, args.llm_layers, args.llm_hidden)
-        jrng = random.Random(args.seed + 3)
-        llm_stream = problem_stream(self.data_seed, "llm")
+        the SLM's sampled steps."""
+        rng, judge_frac = random.Random(self.args.seed + 3), self.args.judge_frac
 
-        def llm_example():
-            q = next(llm_stream)
-            draw = jrng.random()
-            if draw < args.judge_frac:
-                return self.judge_example(q, jrng, slm_samples)
-            if draw < args.judge_frac + args.stitch_frac:
-                return self.stitched_example(q, "verbose", jrng)
-            return self.lm_example(q, "verbose")
+        def example(q: TestbedProblem) -> tuple[list[int], list[int]]:
+            draw = rng.random()
+            if draw < judge_frac:
+                return self.judge_example(q, rng, slm_samples)
+            return self.stitched_example(q, "verbose", rng) if draw < judge_frac + self.args.stitch_frac else self.lm_example(q, "verbose")
 
-        batches = bucketed(llm_example, args.batch_size, random.Random(args.seed + 11))
-        self.report["llm_train"] = self.train_loop(
-            llm, batches, args.steps_llm, args.minutes_llm, "llm", self.lm_loss,
-            eval_fn=lambda m: self.log(f"  llm quick val acc {self.accuracy(m, self.quick_val, args.max_new_verbose)['accuracy']:.3f}"),
-        )
-        self.report["llm_train"]["params"] = n_params(llm)
-        self.save(llm, "llm")
-        return llm.eval()
+        return self.train_lm("llm", "verbose", example, seeds=(2, 11))
 
     def fit_prm(self, llm: LlamaForCausalLM, pools: list[list]) -> LikelihoodHead:
         """The PRM's head on the LLM's features of labelled steps (templates and the models' own
@@ -443,23 +405,18 @@ class FamilyTrainer:
     def validate(self, slm: LlamaForCausalLM, llm: LlamaForCausalLM, prm_head: LikelihoodHead) -> None:
         """Accuracy and output length of both models, the PRM's ROC-AUC on each one's steps, and
         the judge's on the SLM's, on the validation split: report["val"]."""
-        args = self.args
         self.log("evaluating on validation")
-        slm_eval = self.accuracy(slm, self.val, args.max_new_concise)
-        llm_eval = self.accuracy(llm, self.val, args.max_new_verbose)
-        self.log(f"SLM val acc {slm_eval['accuracy']:.3f}, mean tokens {slm_eval['mean_output_tokens']:.1f} ({slm_eval['seconds']}s)")
-        self.log(f"LLM val acc {llm_eval['accuracy']:.3f}, mean tokens {llm_eval['mean_output_tokens']:.1f} ({llm_eval['seconds']}s)")
-        self.report["val"] = {
-            "slm": {k: v for k, v in slm_eval.items() if k != "texts"},
-            "llm": {k: v for k, v in llm_eval.items() if k != "texts"},
-            "token_ratio_slm_over_llm": slm_eval["mean_output_tokens"] / max(1e-9, llm_eval["mean_output_tokens"]),
-        }
-        for name, ev in (("slm", slm_eval), ("llm", llm_eval)):
+        evals = {"slm": self.accuracy(slm, self.val, self.args.max_new_concise), "llm": self.accuracy(llm, self.val, self.args.max_new_verbose)}
+        for name, ev in evals.items():
+            self.log(f"{name.upper()} val acc {ev['accuracy']:.3f}, mean tokens {ev['mean_output_tokens']:.1f} ({ev['seconds']}s)")
+        self.report["val"] = {name: {k: v for k, v in ev.items() if k != "texts"} for name, ev in evals.items()}
+        self.report["val"]["token_ratio_slm_over_llm"] = evals["slm"]["mean_output_tokens"] / max(1e-9, evals["llm"]["mean_output_tokens"])
+        for name, ev in evals.items():
             items = [(q, split_steps(t)) for q, t in zip(self.val, ev["texts"]) if split_steps(t)]
             x, lab = self.prm_features(llm, prm_head, items) if items else (torch.zeros(0, 2), torch.zeros(0))
             self.report["val"][f"prm_auc_{name}_steps"] = roc_auc(prm_head.score(x).tolist(), lab.bool().tolist())
             self.report["val"][f"{name}_wrong_step_frac"] = float(1 - lab.mean()) if len(lab) else float("nan")
-        self.report["val"]["judge_auc_slm_steps"] = self.judge_auc(llm, slm_eval["texts"])
+        self.report["val"]["judge_auc_slm_steps"] = self.judge_auc(llm, evals["slm"]["texts"])
 
     @torch.no_grad()
     def judge_auc(self, llm: LlamaForCausalLM, slm_texts: list[str]) -> float:
@@ -484,10 +441,11 @@ class FamilyTrainer:
         (train_report.json in the output directory)."""
         args = self.args
         slm = self.train_slm()
-        slm_samples = self.sample_model(slm, args.sample_slm, args.max_new_concise, seed=1, name="SLM")
+        slm_samples = self.sample_model(slm, args.sample_slm, args.max_new_concise, seed=1, what="SLM samples")
         llm = self.train_llm(slm_samples)
-        llm_samples = self.sample_model(llm, args.sample_llm, args.max_new_verbose, seed=2, name="LLM")
-        llm_stretch = self.stretch_samples(llm, args.stretch_llm, args.max_new_verbose, seed=4, name="LLM") if "prm" in self.phases else []
+        llm_samples = self.sample_model(llm, args.sample_llm, args.max_new_verbose, seed=2, what="LLM samples")
+        stretch_n = args.stretch_llm if "prm" in self.phases else 0
+        llm_stretch = self.sample_model(llm, stretch_n, args.max_new_verbose, seed=4, what="LLM stretch", stretch=True)
         prm_head = self.fit_prm(llm, [slm_samples, llm_samples, llm_stretch])
         self.validate(slm, llm, prm_head)
         self.report["total_minutes"] = round((time.time() - self.t0) / 60, 2)
