@@ -8,8 +8,7 @@ _PACKAGE = Path(__file__).resolve().parent
 
 
 def find_conf_dir() -> Path:
-    """The packaged copy first: beside an installed package, `../conf` would be site-packages/conf,
-    which is not ours."""
+    """The packaged copy first: beside an installed package, `../conf` is site-packages/conf."""
     for candidate in (_PACKAGE / "conf", _PACKAGE.parent / "conf"):
         if (candidate / "config.yaml").is_file():
             return candidate
@@ -21,7 +20,6 @@ CONF_DIR = find_conf_dir()
 
 
 def override_key(override: str) -> str:
-    """The config key a Hydra command-line override sets: `dataset.limit` for `dataset.limit=6`,
-    `+x=1`, `~x` or `++x=1`."""
+    """The key a Hydra override sets: `x` for `x=1`, `+x=1`, `~x` or `++x=1`."""
     return override.lstrip("+~").split("=", 1)[0]
 

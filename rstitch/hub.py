@@ -1,9 +1,6 @@
-"""The one place that probes and reads the Hugging Face hub, for models and datasets alike.
-
-Each probe is one request with a short timeout, made before a client starts its own retries (five,
-with backoff, each warning logged twice under Hydra): without network a run stops with one error
-line at once.
-"""
+"""The one place that probes and reads the Hugging Face hub. Each probe is one short request before a
+client's own retries (five, each warning logged twice under Hydra), so without network a run stops
+with one error line at once."""
 from __future__ import annotations
 
 from typing import Any
@@ -31,8 +28,7 @@ def dataset_hint(is_offline: bool) -> str:
 
 
 def check_hub_model(repo_id: str, revision: str | None = None) -> None:
-    """One line, before any download starts, when a hub model can be neither found in the cache
-    nor reached (instead of retries and dozens of warning lines)."""
+    """One error line, before any download, when a hub model is neither cached nor reachable."""
     import huggingface_hub
     from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
@@ -50,8 +46,7 @@ def check_hub_model(repo_id: str, revision: str | None = None) -> None:
 
 
 def read_dataset(name: str, hub_id: str, config: str | None, split: str, revision: str | None) -> list[dict[str, Any]]:
-    """The rows of one hub dataset config and split at `revision`; one error line (naming dataset
-    `name` and what to do) when the hub is unreachable or refuses."""
+    """The rows of one hub dataset config and split; one error line when the hub is unreachable or refuses."""
     import datasets
 
     where = f"{hub_id}" + (f" ({config})" if config else "") + f" split {split} @ {revision}"

@@ -1,27 +1,8 @@
-"""A per-forward latency model, fitted on the current machine, and trajectory estimates from it.
-
-One forward of a model processes `n_inf` new tokens on top of `n_kv` cached ones. Its time is
-modelled as
-
-    T(n_inf, n_kv) = a * n_inf * n_kv + b * n_inf^2 + c * n_inf + d
-
-(attention over the cache, attention among the new tokens, per-token MLP/projection work, fixed
-launch overhead). A decode step is n_inf = 1. The coefficients are fitted per runner identity
-(engine, model, device, dtype or weight format: `ModelRunner.identity`) by
-`scripts/profile_latency.py` and stored as JSON; a trajectory's latency is estimated as
-the sum of T over its forwards. R-Stitch+'s reward uses this estimate, so training does not
-depend on timing noise of the machine it runs on.
-
-The formula is smooth in n_inf; CPU matrix kernels are not at small n_inf (on the real pair's
-1.5B in fp32 a 2-token forward costs twice a decode step and a 4-token one less than a 3-token
-one), so a fit that serves the prefills misses decode steps by tens of percent. A fit can
-therefore carry `scale_by_inf`: measured / formula at each profiled n_inf (median over n_kv),
-multiplied into the prediction (linear between profiled n_inf, the end values beyond them).
-Without it (the shipped testbed models) the prediction is the formula alone.
-
-Forwards are recorded with `ForwardTrace`, which wraps a pair's runners so that every forward of
-every sequence they open is logged as (model, n_inf, n_kv, measured seconds).
-"""
+"""R-Stitch's per-forward latency model (eq. 5), T(n_inf, n_kv) = a*n_inf*n_kv + b*n_inf^2 + c*n_inf + d
+(attention over the cache, among the new tokens, per-token work, fixed overhead), fitted per runner
+identity (`ModelRunner.identity`), optionally times `scale_by_inf` (measured / formula per profiled
+n_inf, interpolated: CPU kernels are not smooth at small n_inf); trajectory estimates sum it over
+the forwards `ForwardTrace` records. docs/rstitch-plus.md, "Latency model"."""
 from __future__ import annotations
 
 import itertools
@@ -37,8 +18,6 @@ import numpy as np
 
 from rstitch.engines import ModelPair, ModelRunner, Sequence, unnamed_profiles_engine
 
-FEATURE_NAMES = ("n_inf*n_kv", "n_inf^2", "n_inf", "1")
-
 
 def features(n_inf: Any, n_kv: Any) -> np.ndarray:
     """Design matrix [N, 4] (or [4] for scalars) of the latency formula."""
@@ -49,8 +28,7 @@ def features(n_inf: Any, n_kv: Any) -> np.ndarray:
 
 def nonnegative_least_squares(design: np.ndarray, target: np.ndarray) -> np.ndarray:
     """argmin ||design @ x - target|| over x >= 0, exactly: the optimum is the plain least-squares
-    solution on its own support (the KKT conditions), so with 4 columns every support is tried and
-    the best solution with no negative coefficient kept."""
+    solution on its own support (KKT), so every support of the 4 columns is tried (no scipy at run time)."""
     columns = design.shape[1]
     best, best_residual = np.zeros(columns), float(np.sum(target**2))
     for support in itertools.chain.from_iterable(itertools.combinations(range(columns), k) for k in range(1, columns + 1)):
@@ -99,17 +77,13 @@ class LatencyModel:
     @classmethod
     def fit(cls, n_inf: Iterable[int], n_kv: Iterable[int], seconds: Iterable[float],
             relative: bool = True, scale_by_inf: bool = False, **identity: Any) -> LatencyModel:
-        """Least squares on the profiling points, each coefficient at least 0 (every term is a cost:
-        a negative one, fitted to the noise of a small grid, extrapolates to negative times beyond
-        it). `relative=True` weights each point by 1/T, i.e.
-        minimizes relative error: decode steps (the bulk of a trajectory) take milliseconds while
-        long prefills take far longer, and an unweighted fit would serve only the prefills.
-        `scale_by_inf=True` then stores the formula's remaining error per profiled n_inf."""
+        """Nonnegative least squares (a negative cost extrapolates to negative times); `relative=True`
+        weights each point by 1/T, so the millisecond decode steps count as much as long prefills."""
         n_inf, n_kv = np.asarray(list(n_inf)), np.asarray(list(n_kv))
         y = np.asarray(list(seconds), dtype=np.float64)
         weights = 1.0 / y if relative else np.ones_like(y)
         coef = nonnegative_least_squares(features(n_inf, n_kv) * weights[:, None], y * weights)
-        a, b, c, d = map(float, coef)  # one coefficient per FEATURE_NAMES column
+        a, b, c, d = map(float, coef)
         fitted = cls(a, b, c, d, **identity)
         if scale_by_inf:
             ratio = y / fitted.formula(n_inf, n_kv)
@@ -155,10 +129,8 @@ class LatencyModel:
 
 def latency_file(directory: str | Path, model: str, device: str = "cpu", dtype: str = "float32",
                  engine: str | None = None) -> Path:
-    """Where the coefficients of one runner identity live: `<model>.<device>.<dtype>.json` for
-    the engine whose profiles predate engine names (`unnamed_profiles`: HF's eager path; None: that
-    engine), `<model>.<engine>.<device>.<dtype>.json` for every other engine, so no engine ever
-    reads another's profile."""
+    """`<model>.<engine>.<device>.<dtype>.json`, so no engine reads another's profile; without the
+    engine for the one whose profiles predate engine names (`unnamed_profiles_engine`, also None)."""
     unnamed = unnamed_profiles_engine()
     engine = engine or unnamed
     parts = [model, device, dtype] if engine == unnamed else [model, engine, device, dtype]
@@ -166,8 +138,7 @@ def latency_file(directory: str | Path, model: str, device: str = "cpu", dtype: 
 
 
 def runner_identity(runner: ModelRunner) -> tuple[str, str, str, str]:
-    """(model, device, dtype or weight format, engine): `latency_file`'s arguments, read from the
-    identity the runner declares (`ModelRunner.identity`)."""
+    """`latency_file`'s arguments from `ModelRunner.identity`."""
     identity = runner.identity
     return identity.model, identity.device, identity.precision, identity.engine
 
@@ -179,9 +150,7 @@ USE_MAX_INF, USE_MAX_KV = 4096, 32768
 
 def load_pair_latency(directory: str | Path, pair: ModelPair, max_inf: int = USE_MAX_INF,
                       max_kv: int = USE_MAX_KV) -> dict[str, LatencyModel] | None:
-    """Latency models of both models of `pair` ({"slm": ..., "llm": ...}), or None if either
-    was not profiled for this device and dtype. A model that does not predict a positive time
-    over the forwards it will serve is refused (`check_positive`)."""
+    """{"slm": ..., "llm": ...} of `pair`, each `check_positive`, or None if either was not profiled."""
     found = {}
     for key, runner in pair.models().items():
         path = latency_file(directory, *runner_identity(runner))
@@ -194,9 +163,7 @@ def load_pair_latency(directory: str | Path, pair: ModelPair, max_inf: int = USE
 
 def check_positive(model: LatencyModel, source: str | Path, max_inf: int = USE_MAX_INF, max_kv: int = USE_MAX_KV) -> None:
     """One error line unless `model` predicts a positive, finite time for every forward of 1..max_inf
-    new tokens over 0..max_kv cached ones. A fit on a few profiled points can extrapolate below
-    zero (a GPU profile of 4 points gave a run a latency of -4.07 s). Exact: for a fixed n_inf the
-    prediction is linear in n_kv, so both ends of the n_kv range are checked for every n_inf."""
+    new tokens over 0..max_kv cached ones (a 4-point GPU fit gave -4.07 s). Linear in n_kv: both ends suffice."""
     from rstitch.errors import ConfigError
 
     n_inf = np.arange(1, max_inf + 1)
@@ -213,8 +180,6 @@ def check_positive(model: LatencyModel, source: str | Path, max_inf: int = USE_M
                 "(with the run's --pair/--device/--dtype), or set latency_dir=null")
 
 
-# --- profiling ---------------------------------------------------------------------------
-
 @dataclass(frozen=True)
 class ProfilePoint:
     n_inf: int
@@ -229,29 +194,17 @@ PROFILE_STATISTICS: dict[str, Callable[..., Any]] = {"min": np.min, "median": np
 def profile_runner(runner: ModelRunner, n_inf_grid: Iterable[int], n_kv_grid: Iterable[int],
                    repeats: int = 3, seed: int = 0, statistic: str = "median",
                    clock: Callable[[], float] | None = None) -> list[ProfilePoint]:
-    """Time forwards of `n_inf` appended tokens over an `n_kv`-token cache, through the engine's
-    own Sequence (append, then ask for a distribution; roll back and repeat): `profile_runners`
-    for one runner."""
+    """`profile_runners` for one runner."""
     return profile_runners({"model": runner}, n_inf_grid, n_kv_grid, repeats, seed, statistic, clock)["model"]
 
 
 def profile_runners(runners: Mapping[str, ModelRunner], n_inf_grid: Iterable[int], n_kv_grid: Iterable[int],
                     repeats: int = 3, seed: int = 0, statistic: str = "median",
                     clock: Callable[[], float] | None = None) -> dict[str, list[ProfilePoint]]:
-    """Profile points of each runner (by its key), interleaved: every forward shape is timed on one
-    runner, then at once on the next (in shuffled order), so a change in the machine's speed
-    during the profile (another job starting, the clock of busy cores) falls on all the pair's models
-    alike and their ratio, which the speedup estimate is made of, stays.
-
-    Each forward is timed by the engine (its wall-clock forward time), or by `clock` around it: on a
-    CPU the computing thread's CPU clock (`time.thread_time`), which leaves out the time other jobs
-    hold the core (a forward longer than the scheduler's slice is preempted on a loaded machine in
-    every repeat, so no minimum of wall-clock times escapes it).
-    `statistic="min"` keeps each shape's fastest repeat: other jobs on the cores only ever add to
-    a forward's time (preemption, a cold cache), so the minimum is the model's own cost
-    (docs/analysis.md, "Timings on a shared machine"). `"median"` is robust to occasional stalls
-    but not to a machine busy throughout; `"mean"` keeps the stalls in, which is what sums of
-    many forwards on a loaded machine see."""
+    """Profile points of each runner, interleaved (each shape timed on every runner in turn), so a
+    drift of the machine's speed falls on the pair alike and their ratio stays. Timed by the engine,
+    or by `clock` (on a CPU `time.thread_time`, which leaves out the time other jobs hold the core);
+    repeats reduced by `statistic` (docs/analysis.md, "Timings on a shared machine")."""
     if statistic not in PROFILE_STATISTICS:
         raise ValueError(f"statistic must be one of {', '.join(PROFILE_STATISTICS)}, not {statistic!r}")
     reduce = PROFILE_STATISTICS[statistic]
@@ -267,8 +220,7 @@ def profile_runners(runners: Mapping[str, ModelRunner], n_inf_grid: Iterable[int
 
 def time_forwards(runners: Mapping[str, ModelRunner], n_kv: int, n_inf_order: list[int], rng: np.random.Generator,
                   times: dict[str, dict[tuple[int, int], list[float]]], clock: Callable[[], float] | None = None) -> None:
-    """One pass over a cache of `n_kv` random tokens per runner: each `n_inf` appended, timed (by the
-    engine, or by `clock`) on one runner, then on the next (in shuffled order), and rolled back."""
+    """One pass over an `n_kv`-token cache per runner: each `n_inf` appended, timed and rolled back."""
     sequences = {}
     for key, runner in runners.items():
         sequences[key] = runner.new_sequence(rng.integers(0, runner.vocab_size, n_kv).tolist())
@@ -287,8 +239,8 @@ def time_forwards(runners: Mapping[str, ModelRunner], n_kv: int, n_inf_order: li
 
 def fit_profile(points: list[ProfilePoint], runner: ModelRunner | None = None, relative: bool = True,
                 scale_by_inf: bool = True, identity: tuple[str, ...] | None = None) -> LatencyModel:
-    """Fit on profiled points; the model's identity is the runner's (or given, when refitting
-    saved points: (model, device, dtype) of the HF engine, or (model, device, dtype, engine))."""
+    """Fit on profiled points, identified by the runner or (refitting saved points) by
+    `identity`: (model, device, dtype[, engine])."""
     if identity is None:
         if runner is None:
             raise ValueError("fit_profile needs a runner or an identity (model, device, dtype[, engine])")
@@ -300,8 +252,6 @@ def fit_profile(points: list[ProfilePoint], runner: ModelRunner | None = None, r
     fitted.info["n_points"] = len(points)
     return fitted
 
-
-# --- trajectories ------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Forward:
@@ -323,12 +273,8 @@ def estimate_latency(forwards: Iterable[Forward], models: Mapping[str, LatencyMo
 
 
 class ForwardTrace:
-    """Logs every forward of the sequences opened through `wrap(pair)`.
-
-    The engine's `CostCounter` counts tokens but not the cache size each forward ran over; this
-    wrapper recovers (n_inf, n_kv) per forward from outside the engine: it wraps each opened
-    sequence's processing step and reads the counter before and after.
-    """
+    """Logs every forward of the sequences opened through `wrap(pair)`, recovering (n_inf, n_kv) from
+    the `CostCounter` around each sequence's processing step."""
 
     def __init__(self) -> None:
         self.forwards: list[Forward] = []
@@ -356,8 +302,7 @@ class ForwardTrace:
 
 
 class _TracedRunner:
-    """A runner stand-in: everything is the wrapped runner's, except that the sequences it opens
-    are watched by the trace."""
+    """The wrapped runner, except that the sequences it opens are watched by the trace."""
 
     def __init__(self, runner: ModelRunner, key: str, trace: ForwardTrace):
         self._runner, self._key, self._trace = runner, key, trace

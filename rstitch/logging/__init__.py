@@ -20,8 +20,7 @@ PARETO_KEYS = ("accuracy", "accuracy_se", "latency_s", "tokens", "speedup_estima
 
 
 def wandb_summary(summary: dict[str, Any]) -> dict[str, Any]:
-    """The run's numbers as W&B summary scalars: the Pareto point first, then every number, and
-    each interval (`accuracy_ci`, `speedup_ci`, ... as [low, high]) as `<name>_low` and `<name>_high`."""
+    """The run's numbers as W&B scalars: the Pareto point first, each `[low, high]` interval as `<name>_low`, `_high`."""
     point = {k: summary[k] for k in PARETO_KEYS if summary.get(k) is not None}
     numbers = {k: v for k, v in summary.items() if isinstance(v, (int, float))}
     intervals = {f"{k}_{end}": bound for k, v in summary.items() if k.endswith("_ci") and isinstance(v, (list, tuple))
@@ -33,8 +32,7 @@ LOGGED_FILE = "wandb_run.json"  # in a run directory: the W&B run that holds it,
 
 
 def wandb_run_id(run_id: str, run_dir: Path | None) -> str:
-    """A W&B run's id: from the run directory's absolute path where there is one (the results root
-    is part of it), else from `run_id`."""
+    """A W&B run's id: from the run directory's absolute path where there is one, else from `run_id`."""
     identity = str(run_dir.resolve()) if run_dir is not None else run_id
     return hashlib.sha1(identity.encode()).hexdigest()[:16]
 
@@ -50,8 +48,7 @@ class NullLogger:
         pass
 
     def logged(self, run_dir: str | os.PathLike) -> bool:
-        """Whether this logger already holds the finished run of `run_dir` (a resume with nothing
-        to decode then logs nothing)."""
+        """Whether this logger already holds the finished run of `run_dir`."""
         return False
 
     def log_sample(self, record: dict[str, Any]) -> None:
@@ -62,16 +59,9 @@ class NullLogger:
 
 
 class WandbLogger(NullLogger):
-    """One W&B run per configuration: its summary holds the Pareto point; a table holds samples.
-
-    The run id derives from the run directory's absolute path (its results root included: the same
-    run measured in two roots is two W&B runs, which a sync does not merge), so a resumed run
-    continues the same W&B run, and says so; a finished run (`wandb_run.json` in its directory
-    names the W&B run) resumed with nothing to decode is not logged again: one W&B run per run
-    directory. Without an API key (and no explicit
-    mode) it logs offline. `quiet` silences W&B's console output (its banners, run history and
-    summary would bury the result table); one line of ours says where the run went.
-    """
+    """One W&B run per run directory (its id from the absolute path, so a resume continues it; not
+    logged again once `wandb_run.json` names it): the Pareto point in its summary, a table of
+    samples. Offline without an API key; `quiet` keeps W&B's output from burying the result table."""
 
     TABLE_COLUMNS = ("id", "sample_index", "correct", "latency_s", "tokens", "tokens_slm", "tokens_llm", "switches", "answer", "gold")
 

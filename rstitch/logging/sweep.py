@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +17,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from rstitch.errors import ConfigError
-from rstitch.results.store import SUMMARY_FILE
+from rstitch.results.store import SUMMARY_FILE, atomic_write
 
 POINT_COLUMNS = ("group", "method", "setting", "accuracy", "accuracy_se", "accuracy_ci_low", "accuracy_ci_high",
                  "accuracy_diff", "accuracy_diff_se", "accuracy_diff_p", "latency_s", "latency_ci_low", "latency_ci_high",
@@ -71,8 +68,7 @@ class SweepSummary(Callback):
 
 
 def sweep_points(overrides: Sequence[str], params: Mapping[Any, Any] | None = None) -> list[list[str]]:
-    """The points of `rstitch-run -m <overrides>` (with a preset's `hydra.sweeper.params` for the
-    keys the command line leaves), each as its list of overrides, expanded by Hydra's own sweeper."""
+    """The points of `rstitch-run -m <overrides>` (and a preset's `hydra.sweeper.params`), by Hydra's own sweeper."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -103,9 +99,8 @@ def point_run_dirs(cfg: Mapping[str, Any]) -> list[Path]:
 
 
 def fill_speedups(run_dirs: Sequence[Path]) -> list[Path]:
-    """A point that finished before its baseline (parallel jobs of one sweep) stored no speedup:
-    compute it now from the baseline's finished run and rewrite its summary.json. Returns the runs
-    filled in."""
+    """Rewrite the summary of a point that finished before its baseline (parallel jobs) with its
+    comparison; returns the runs filled in."""
     from rstitch.results.metrics import baseline_method, compare_with_baseline
     from rstitch.results.store import iter_samples
 
@@ -118,25 +113,9 @@ def fill_speedups(run_dirs: Sequence[Path]) -> list[Path]:
         comparison = compare_with_baseline(summary, samples, run_dir.parent.parent)
         if comparison.get("speedup") is None:
             continue
-        write_atomically(run_dir / SUMMARY_FILE, json.dumps({**summary, **comparison}, indent=2))
+        atomic_write(run_dir / SUMMARY_FILE, json.dumps({**summary, **comparison}, indent=2))
         filled.append(run_dir)
     return filled
-
-
-def write_atomically(path: Path, text: str) -> None:
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
-        tmp.write(text)
-    if path.exists():
-        shutil.copymode(path, tmp.name)  # not the temporary file's 0600
-    else:
-        os.chmod(tmp.name, 0o666 & ~current_umask())
-    os.replace(tmp.name, path)
-
-
-def current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def sweep_table(run_dirs: list[Path], sweep_dir: Path) -> str:
@@ -157,8 +136,7 @@ def sweep_table(run_dirs: list[Path], sweep_dir: Path) -> str:
 
 
 def samples_fingerprint(run_dirs: Sequence[Path]) -> str:
-    """What a sweep summary shows, as a hash: the runs and their samples (a rerun that decoded
-    nothing leaves it unchanged, though it rewrites the summaries' timing fields)."""
+    """A hash of what a sweep summary shows (runs, samples, speedups), not the summaries' timing fields."""
     digest = hashlib.sha1()
     for run_dir in sorted(run_dirs):
         digest.update(str(run_dir).encode())
@@ -170,8 +148,7 @@ def samples_fingerprint(run_dirs: Sequence[Path]) -> str:
 
 
 def log_sweep_summary(run_dirs: list[Path], logger: Any, name: str, state_dir: Path | None = None) -> str | None:
-    """Log the runs in `run_dirs` as one W&B run of `logger`'s project; returns the run's id, or
-    None when `state_dir` records that this run was logged with the same samples already."""
+    """Log `run_dirs` as one W&B run of `logger`'s project; its id, or None when `state_dir` has it up to date."""
     import wandb
 
     from rstitch.analysis import load_runs, load_samples, mark_frontier
@@ -209,5 +186,5 @@ def log_sweep_summary(run_dirs: list[Path], logger: Any, name: str, state_dir: P
     run.finish()
     if state is not None:
         state.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(state, fingerprint)
+        atomic_write(state, fingerprint)
     return run_id

@@ -13,8 +13,7 @@ INTERVAL_ENDS = ("accuracy_ci_low", "accuracy_ci_high", "latency_ci_low", "laten
 
 
 def interval_segments(points: pd.DataFrame) -> pd.DataFrame:
-    """Two rows per end of each run's two intervals (accuracy vertical, latency horizontal), one
-    stroke label per interval; runs without both intervals are left out."""
+    """Two rows per interval of each run (accuracy vertical, latency horizontal); runs lacking one left out."""
     rows: list[tuple[str, float, float]] = []
     known = points.dropna(subset=["accuracy", "latency_s", *INTERVAL_ENDS]) if set(INTERVAL_ENDS) <= set(points) else points.iloc[:0]
     for run in known.itertuples():

@@ -1,15 +1,5 @@
-"""What a latency was measured under, and whether that was contention.
-
-Latency is wall clock, so it is only as good as the machine's quietness: a CPU run whose threads
-share the cores with another job measures the other job too (a testbed sweep on two busy cores
-reported speedups of 0.13 where a quiet one gave 2.2). Every sample records its threads, device,
-the CPUs this process may use, the 1-minute load average, and the CPU time the process's threads
-used during the decode (`cpu_s`); the run's summary aggregates them, names any contention, and
-points to what still holds under it: on a CPU the estimated speedup (`speedup_estimate`,
-results/metrics.py: the forwards counted, each at its cost in the latency model), else the speedup
-in CPU time (`speedup_cpu`), which other jobs move far less than wall clock but not at all (a busy
-machine's clock and caches slow every thread down).
-"""
+"""What a latency was measured under, whether that was contention, and what of it still holds
+(docs/analysis.md, "Timings on a shared machine")."""
 from __future__ import annotations
 
 import os
@@ -41,19 +31,10 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def load_average() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):  # not available on this platform
-        return None
-
-
 def sample_measurement(threads: int, device: str, wall_s: float, cpu_s: float | None,
                        cpu_clock: str | None = None) -> dict[str, Any]:
-    """What one sample's decode ran under (`cpu_s`: the CPU time of the decoding thread(s) during it,
-    read from `cpu_clock`: "thread", the one compute thread's, or "process", the sum over the
-    process's threads; None in a batched run, where samples share the decode loop)."""
-    return {"threads": threads, "device": device, "cpus": available_cpus(), "load_1m": load_average(),
+    """What one sample's decode ran under; `cpu_s` read from `cpu_clock` ("thread" or "process"), None when batched."""
+    return {"threads": threads, "device": device, "cpus": available_cpus(), "load_1m": os.getloadavg()[0],
             "cpu_s": cpu_s, "cpu_clock": cpu_clock if cpu_s is not None else None,
             "cpu_per_wall": cpu_s / wall_s if cpu_s is not None and wall_s > 0 else None}
 
@@ -71,8 +52,7 @@ def contention(device: str, cpus: int, threads: int, load_1m: float | None, cpu_
 
 
 def summarize_measurement(samples: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """summary.json's `measurement` (threads, device, cpus, mean load, CPU time per wall second
-    over the samples that record it) and `contention`: the reason its latency is suspect, or None."""
+    """summary.json's `measurement`, aggregated over the samples that record one, and `contention`."""
     measured = [s["measurement"] for s in samples if s.get("measurement")]
     if not measured:
         return {"measurement": None, "contention": None}
@@ -94,8 +74,7 @@ def summarize_measurement(samples: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 
 def robust_figure(summary: dict[str, Any]) -> str:
-    """What of a contended run still holds: on a CPU its estimated speedup, else its CPU-time one,
-    where it has them (a GPU run's figure stays wall clock)."""
+    """What of a contended run still holds: on a CPU its estimated speedup, else its CPU-time one."""
     if summary.get("speedup_estimate") is not None and summary.get("latency_cpu_s") is not None:
         return (f"; its estimated speedup {summary['speedup_estimate']:.2f}x (forwards counted at fitted costs) holds, "
                 "its wall-clock one does not")

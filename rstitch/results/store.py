@@ -4,7 +4,9 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,10 +43,8 @@ class SampleStore:
             self.records.setdefault(sample_key(record), record)
 
     def _acquire(self):
-        """One process per run directory: sweep points that share a baseline (or two scripts
-        started together) would otherwise decode it twice and append every sample twice. A
-        second process waits, then resumes and finds the samples done. The OS drops the lock
-        when its holder dies, so a killed run never blocks its resume."""
+        """One process per run directory (sweep points sharing a baseline would decode it twice); a
+        second waits, then resumes. The OS drops the lock of a killed holder."""
         key = str(self.dir.resolve())
         if key in _HELD:  # waiting on our own lock would never end
             raise RuntimeError(f"{self.dir} is already open in this process; close that store first")
@@ -83,7 +83,7 @@ class SampleStore:
                 changed = sorted(k for k in set(existing) | set(run_key) if existing.get(k) != run_key.get(k))
                 raise ConfigError(f"{self.dir} holds results of another configuration (differs in: {', '.join(changed)})")
         else:
-            _atomic_write(key_path, json.dumps(run_key, indent=1, sort_keys=True))
+            atomic_write(key_path, json.dumps(run_key, indent=1, sort_keys=True))
 
     def _repair_tail(self) -> None:
         """Drop a line cut short by a kill mid-write, so the file stays valid JSONL."""
@@ -113,7 +113,7 @@ class SampleStore:
 
     def write_summary(self, summary: dict[str, Any]) -> Path:
         path = self.dir / SUMMARY_FILE
-        _atomic_write(path, json.dumps(summary, indent=1, sort_keys=True, default=str))
+        atomic_write(path, json.dumps(summary, indent=1, sort_keys=True, default=str))
         return path
 
 
@@ -130,20 +130,25 @@ def iter_samples(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
 
 
 def write_samples(run_dir: str | os.PathLike, samples: list[dict[str, Any]]) -> Path:
-    """Replace a run's samples.jsonl at once (a merge of shards): readers see the old file or the
-    whole new one, never a part."""
+    """Replace a run's samples.jsonl at once (a merge of shards)."""
     path = Path(run_dir) / SAMPLES_FILE
-    _atomic_write(path, "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))
+    atomic_write(path, "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))
     return path
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def atomic_write(path: Path, text: str) -> None:
+    """Readers see the old file or the whole new one, with the old one's mode (else the umask's)."""
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
+        tmp.write(text)
+        tmp.flush()
+        os.fsync(tmp.fileno())
+    if path.exists():
+        shutil.copymode(path, tmp.name)  # not the temporary file's 0600
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp.name, 0o666 & ~umask)
+    os.replace(tmp.name, path)
 
 
 def find_summaries(root: str | os.PathLike) -> Iterator[dict[str, Any]]:

@@ -16,11 +16,8 @@ if TYPE_CHECKING:  # results are read without the methods (and their engines) lo
 
 def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, Any]], results_root: str | Path,
                   identity: RunIdentity | None = None) -> dict[str, Any]:
-    """summary.json of a run (or of merged shards): the common metrics, the method's own, and the
-    speedup over the LLM-only (`baseline: target`) run with the same comparison key under `results_root`,
-    its split into token ratio and per-token latency ratio, and the paired comparison with that run
-    (intervals and the accuracy difference: `results.metrics.compare_with_baseline`). `identity`:
-    the run's, where it is known (else computed from `cfg`)."""
+    """summary.json of a run (or merged shards): the common metrics, the method's own, and the
+    comparison with the LLM-only run under `results_root` (`metrics.compare_with_baseline`)."""
     identity = identity or identify(cfg, results_root)
     common = {
         "method": method.name,
@@ -49,8 +46,7 @@ def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, A
 
 
 def shown_tag(summary: dict[str, Any]) -> str | None:
-    """A run's tag on the console: its settings apart from the method's defaults (`setting_tag`),
-    or, in a summary written before it existed, the run directory's tag."""
+    """A run's tag on the console: `setting_tag`, or in an older summary the run directory's tag."""
     return summary.get("setting_tag") or summary.get("run_tag")
 
 
@@ -80,11 +76,8 @@ def with_interval(key: str, fmt: str) -> Callable[[dict[str, Any]], str | None]:
     return render
 
 
-# (header, cell of a summary; None shows "-"). The speedup split: speedup = per_tok_x / tok_ratio.
-# The table leads with the estimated speedup (`speedup_estimate`: the forwards each decode ran, each
-# at its cost in the latency model of `latency_dir`), which other jobs on the cores do not
-# move, then the one in the decodes' CPU time (CPU runs), then wall clock: the papers' figure and a
-# GPU's (docs/analysis.md, "Timings on a shared machine"; SPEEDUP_LEGEND under the table).
+# (header, cell of a summary; None shows "-"). The speedups lead with the one other jobs on the cores move
+# least (docs/analysis.md, "Timings on a shared machine"; SPEEDUP_LEGEND under the table).
 TABLE_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str | None]], ...] = (
     ("method", _number("method", "{}")), ("tag", shown_tag), ("n", _number("n_samples", "{}")),
     ("accuracy +/- se", plus_minus("accuracy", "{:.3f}")), ("acc_diff +/- se", plus_minus("accuracy_diff", "{:+.3f}")),
@@ -100,9 +93,7 @@ TABLE_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str | None]], ...] = 
 
 
 def format_table(*summaries: dict[str, Any]) -> str:
-    """One row per run summary, right-aligned; a missing value is "-". Accuracy with its standard
-    error, the paired difference from the baseline (its p-value), the speedups with their intervals,
-    and the speedup split into the token ratio and the per-token latency ratio."""
+    """One row per run summary (TABLE_COLUMNS), right-aligned; a missing value is "-"."""
     rows = [[render(s) or "-" for _, render in TABLE_COLUMNS] for s in summaries]
     headers = [header for header, _ in TABLE_COLUMNS]
     widths = [max(len(cell) for cell in column) for column in zip(headers, *rows)]
@@ -115,5 +106,5 @@ SPEEDUP_LEGEND = ("est_speedup: the forwards each decode ran, each at its cost i
 
 
 def speedup_legend(*summaries: dict[str, Any]) -> list[str]:
-    """The line under the console table that says which speedup to read, where a run has an estimated one."""
+    """The legend under the console table, where a run has an estimated speedup."""
     return [SPEEDUP_LEGEND] if any(s.get("speedup_estimate") is not None for s in summaries) else []

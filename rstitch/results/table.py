@@ -36,14 +36,12 @@ def pareto_front(frame: pd.DataFrame, accuracy: str = "accuracy", latency: str =
 
 
 def pareto_mask(accuracy: np.ndarray, latency: np.ndarray) -> np.ndarray:
-    """Which points are on the frontier, along the last axis (a 2-D input is one point set per
-    row: the bootstrap resamples of a comparison). A point is kept when it is more accurate than
-    every point before it in the order (latency ascending, then accuracy descending, then input
-    order): of two identical points the first stays."""
+    """Which points are on the frontier, along the last axis (2-D: one point set per bootstrap resample)."""
     return pareto_order_and_mask(accuracy, latency)[1]
 
 
 def pareto_order_and_mask(accuracy: np.ndarray, latency: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A point is kept when more accurate than every point before it by (latency, -accuracy, input order)."""
     accuracy, latency = np.asarray(accuracy, dtype=float), np.asarray(latency, dtype=float)
     order = np.lexsort((-accuracy, latency), axis=-1)  # stable: ties keep input order
     ordered = np.take_along_axis(accuracy, order, axis=-1)

@@ -1,15 +1,6 @@
-"""How uncertain a run's numbers are: accuracy with its standard error and interval (clustered by
-problem), a paired comparison of two runs on the problems both ran (accuracy difference, McNemar's
-exact test), and a paired, seeded bootstrap over problems for ratios of means (speedup, token
-ratio, per-token latency ratio). docs/analysis.md says which number uses which estimator and why.
-
-Problems are the unit of resampling everywhere: the k samples of one problem share its difficulty,
-so treating them as independent would claim far more certainty than the data hold (Miller 2024,
-"Adding Error Bars to Evals"). No scipy: summaries are written at run time, where it is not
-installed. The same estimators give the runs frame its error bars (`with_intervals`) and the
-frontier its stability under resampled problems (`frontier_stability`). Ranking quality (ROC-AUC with a grouped bootstrap interval,
-Spearman's rho) scores PRM, judge and router evaluations.
-"""
+"""How uncertain a run's numbers are, problems the unit of resampling (docs/analysis.md, "Uncertainty"
+names each estimator and why); ranking quality (ROC-AUC, Spearman's rho) of PRMs, judges and routers.
+No scipy: summaries are written at run time, where it is not installed (tests check against it)."""
 from __future__ import annotations
 
 import math
@@ -50,7 +41,6 @@ class ProblemMeans:
 
 
 def problem_means(values: Iterable[float], problems: Iterable[Hashable]) -> ProblemMeans:
-    """Group per-sample `values` by problem id."""
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     for value, problem in zip(values, problems):
@@ -62,10 +52,7 @@ def problem_means(values: Iterable[float], problems: Iterable[Hashable]) -> Prob
 
 
 def clustered_se(values: Sequence[float] | np.ndarray, problems: Sequence[Hashable]) -> float | None:
-    """Standard error of the mean of `values`, clustered by problem (the CR0 sandwich estimator):
-    sqrt(sum over problems of (sum of its residuals)^2) / N. With one sample per problem it is the
-    textbook sqrt(var / N) (population variance: sqrt(p(1-p)/N) for 0/1 values); samples of a problem
-    that agree add their covariance and widen it. None with fewer than two problems."""
+    """CR0 sandwich: sqrt(sum over problems of (sum of its residuals)^2) / N; None under two problems."""
     data = np.asarray(values, dtype=float)
     grouped = problem_means(data, problems)
     if len(grouped.ids) < 2:
@@ -84,8 +71,7 @@ class AccuracyEstimate:
 
 
 def wilson_interval(p: float, n: float, level: float = LEVEL) -> tuple[float, float]:
-    """Wilson's score interval for a proportion p observed over n trials: unlike p +/- z se it stays
-    inside [0, 1] and is not empty at p = 0 or 1, where a benchmark of 10-30 problems often sits."""
+    """Wilson's score interval for a proportion p over n trials."""
     z = z_value(level)
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
@@ -94,10 +80,8 @@ def wilson_interval(p: float, n: float, level: float = LEVEL) -> tuple[float, fl
 
 
 def accuracy_estimate(correct: Sequence[float] | np.ndarray, problems: Sequence[Hashable], level: float = LEVEL) -> AccuracyEstimate:
-    """Mean accuracy, its standard error clustered by problem (`clustered_se`), and the Wilson
-    interval at the effective sample size p(1-p) / se^2: N with one sample per problem (the
-    textbook Wilson interval), fewer when a problem's samples agree (the design effect). When every
-    sample agrees (accuracy 0 or 1) the problems count, not the samples. Capped at N."""
+    """Mean, clustered se, and the Wilson interval at the effective sample size p(1-p) / se^2 (capped
+    at N; the number of problems when every sample agrees, where p(1-p) = 0)."""
     data = np.asarray(correct, dtype=float)
     p = float(data.mean())
     se = clustered_se(data, problems)
@@ -112,18 +96,13 @@ def accuracy_estimate(correct: Sequence[float] | np.ndarray, problems: Sequence[
     return AccuracyEstimate(p, se, low, high, effective)
 
 
-# --------------------------------------------------------------------------- paired comparisons
-
-
 def shared_problems(*runs: ProblemMeans) -> list[str]:
     """The problem ids every run holds, sorted (the order resampling indexes)."""
-    common = set(runs[0].ids).intersection(*(r.ids for r in runs[1:]))
-    return sorted(common)
+    return sorted(set(runs[0].ids).intersection(*(r.ids for r in runs[1:])))
 
 
 def mcnemar_exact_p(only_first: int, only_second: int) -> float:
-    """McNemar's exact test: two-sided binomial p of the discordant pairs splitting this unevenly
-    if either run were as likely to be the one right (= scipy.stats.binomtest(b, b + c).pvalue)."""
+    """Two-sided binomial p of the discordant pairs (= scipy.stats.binomtest(b, b + c).pvalue)."""
     n = only_first + only_second
     if n == 0:
         return 1.0
@@ -141,11 +120,8 @@ class PairedDifference:
 
 
 def paired_accuracy_difference(run: ProblemMeans, baseline: ProblemMeans) -> PairedDifference:
-    """Accuracy of `run` minus `baseline` over the problems both ran, with the paired standard
-    error sqrt(sum (d_i - mean d)^2) / n of the per-problem differences d_i (with one sample per
-    problem: sqrt((b + c) - (b - c)^2 / n) / n, b and c the problems only one run got right). It is
-    far smaller than the unpaired sqrt(se1^2 + se2^2) when both runs get the same problems right.
-    The p-value is McNemar's exact test with one sample per problem, else a z test of d / se."""
+    """Over the shared problems: mean difference, se sqrt(sum (d_i - mean d)^2) / n of the
+    per-problem differences, and McNemar's exact p (one 0/1 sample per problem) or a z test's."""
     ids = shared_problems(run, baseline)
     if not ids:
         return PairedDifference(float("nan"), None, None, None, 0)
@@ -166,8 +142,7 @@ def paired_accuracy_difference(run: ProblemMeans, baseline: ProblemMeans) -> Pai
 
 
 def bootstrap_indices(n_items: int, n_boot: int = N_BOOT, seed: int = SEED) -> np.ndarray:
-    """[n_boot, n_items] indices drawn with replacement, from a seeded generator: every run of a
-    comparison is resampled with the same rows, so the resamples stay paired."""
+    """[n_boot, n_items] indices, seeded: every run of a comparison gets the same rows (paired)."""
     return np.random.default_rng(seed).integers(0, n_items, size=(n_boot, n_items))
 
 
@@ -181,8 +156,7 @@ def percentile_interval(values: np.ndarray, level: float = LEVEL) -> tuple[float
 
 def bootstrap_mean_interval(values: np.ndarray, n_boot: int = N_BOOT, seed: int = SEED,
                             level: float = LEVEL) -> tuple[float, float] | None:
-    """Percentile interval of the mean of per-problem `values` under resampling of problems
-    (latency: skewed by the few long outputs, where mean +/- z se would be symmetric)."""
+    """Percentile interval of the mean of per-problem `values` under resampling of problems."""
     if len(values) < 2:
         return None
     return percentile_interval(values[bootstrap_indices(len(values), n_boot, seed)].mean(axis=1), level)
@@ -200,13 +174,8 @@ class RatioIntervals:
 
 def speedup_intervals(latency: Mapping[str, ProblemMeans], tokens: Mapping[str, ProblemMeans],
                       n_boot: int = N_BOOT, seed: int = SEED, level: float = LEVEL) -> RatioIntervals:
-    """Percentile intervals from a paired bootstrap over the problems both runs ran (keys "run"
-    and "baseline"), each resample giving
-    - speedup = mean baseline latency / mean run latency,
-    - token_ratio = mean run tokens / mean baseline tokens,
-    - per_token_latency_ratio = (baseline latency per token) / (run latency per token)
-      = speedup x token_ratio: how many times cheaper the run's tokens are,
-    so that speedup = per_token_latency_ratio / token_ratio holds in every resample."""
+    """Paired bootstrap intervals (keys "run", "baseline") of speedup, token_ratio and
+    per_token_latency_ratio = speedup x token_ratio, so the split holds in every resample."""
     ids = shared_problems(latency["run"], latency["baseline"], tokens["run"], tokens["baseline"])
     if len(ids) < 2:
         return RatioIntervals(None, None, None, len(ids))
@@ -222,24 +191,14 @@ def speedup_intervals(latency: Mapping[str, ProblemMeans], tokens: Mapping[str, 
     return RatioIntervals(percentile_interval(speedup, level), percentile_interval(token_ratio, level),
                           percentile_interval(per_token, level), len(ids))
 
+
 def average_ranks(values: Sequence[float]) -> list[float]:
     """Ranks 1..n in input order, tied values sharing their average rank."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in order[i : j + 1]:
-            ranks[k] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
+    return pd.Series(values, dtype=float).rank(method="average").tolist()
 
 
 def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float:
-    """Probability that a random positive outscores a random negative, ties counting half
-    (rank-sum form, O(n log n)); nan without both classes."""
+    """P(a random positive outscores a random negative), ties half (rank-sum form); nan without both classes."""
     n_pos = sum(bool(y) for y in labels)
     n_neg = len(labels) - n_pos
     if not n_pos or not n_neg:
@@ -249,8 +208,7 @@ def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float:
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
-    """Spearman's rho: the Pearson correlation of the average ranks (ties share theirs); nan when
-    either side is constant or has fewer than two values."""
+    """Pearson correlation of the average ranks; nan when either side is constant or shorter than two."""
     try:
         return statistics.correlation(average_ranks(a), average_ranks(b))
     except statistics.StatisticsError:
@@ -261,11 +219,8 @@ def roc_auc_interval(
     scores: Sequence[float], labels: Sequence[bool], groups: Sequence[Hashable],
     level: float = 0.95, n_boot: int = 2000, seed: int = 0,
 ) -> tuple[float, float]:
-    """Percentile bootstrap interval of `roc_auc`, resampling whole groups (e.g. the steps of one
-    problem: a model's wrong steps come clustered in the few problems it gets wrong, so resampling
-    steps alone would claim far more certainty than the data hold). With only a handful of groups
-    holding one class the interval is too narrow itself: resamples can only recombine those few.
-    Resamples with one class only are skipped; (nan, nan) when the data have one class."""
+    """Percentile bootstrap interval of `roc_auc`, resampling whole groups (the steps of one problem:
+    wrong steps cluster in the problems a model gets wrong). One-class resamples are skipped."""
     by_group: dict[Hashable, list[int]] = {}
     for i, g in enumerate(groups):
         by_group.setdefault(g, []).append(i)
@@ -283,6 +238,7 @@ def roc_auc_interval(
     tail = (1 - level) / 2
     return aucs[int(tail * (len(aucs) - 1))], aucs[int(round((1 - tail) * (len(aucs) - 1)))]
 
+
 # Intervals as two columns each (`<name>_low`, `<name>_high`); summary.json holds them as [low, high].
 INTERVALS = ("accuracy_ci", "latency_ci", "speedup_ci", "speedup_cpu_ci", "speedup_estimate_ci", "token_ratio_ci", "per_token_latency_ratio_ci")
 ESTIMATES = ("accuracy_se", "token_ratio", "token_reduction", "per_token_latency_ratio", "accuracy_diff",
@@ -291,8 +247,7 @@ INTERVAL_COLUMNS = (*ESTIMATES, *(f"{name}_{end}" for name in INTERVALS for end 
 
 
 def recorded_intervals(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """The interval columns as a run recorded them: from summary.json (`[low, high]` lists) or a
-    W&B summary (`_low` / `_high` scalars, as `WandbLogger` logs them); None where absent."""
+    """The interval columns from summary.json (`[low, high]`) or a W&B summary (`_low` / `_high`)."""
     row: dict[str, Any] = {key: summary.get(key) for key in ESTIMATES}
     for name in INTERVALS:
         pair = summary.get(name)
@@ -313,8 +268,7 @@ def _positive(value: Any) -> bool:
 
 
 def _latency_statistic(latency: str) -> tuple[str, Callable[[np.ndarray], np.ndarray]]:
-    """The per-sample column behind a runs-frame latency column, and the statistic over
-    resampled problems (rows of an array)."""
+    """The per-sample column behind a runs-frame latency column, and its statistic over resamples."""
     if latency == "latency_median_s":
         return "latency_s", lambda values: np.median(values, axis=-1)
     return latency, lambda values: values.mean(axis=-1)
@@ -322,9 +276,8 @@ def _latency_statistic(latency: str) -> tuple[str, Callable[[np.ndarray], np.nda
 
 def with_intervals(runs: pd.DataFrame, samples: pd.DataFrame, latency: str = "latency_s",
                    n_boot: int = N_BOOT, seed: int = SEED) -> pd.DataFrame:
-    """`runs` with INTERVAL_COLUMNS computed from `samples` (`load_samples(runs)`), and
-    `frontier_share`: the share of bootstrap resamples of the problems in which the run is on its
-    comparison's Pareto frontier. Runs without samples keep what they recorded."""
+    """`runs` with INTERVAL_COLUMNS from `samples` (`load_samples(runs)`) and `frontier_share`;
+    runs without samples keep what they recorded."""
     out = runs.copy()
     for column in INTERVAL_COLUMNS:
         if column not in out:
@@ -366,8 +319,7 @@ def _run_intervals(mine: pd.DataFrame, latency_column: str, statistic: Callable[
 
 def _paired_columns(run: pd.Series, baseline: pd.Series, mine: pd.DataFrame, theirs: pd.DataFrame,
                     n_boot: int, seed: int) -> dict[str, Any]:
-    """The speedup split (point estimates from the runs' means, as the speedup column) with its
-    paired bootstrap intervals, and the paired accuracy difference."""
+    """The speedup split (from the runs' means) with its paired intervals, and the accuracy difference."""
     values: dict[str, Any] = {}
     if _positive(run["tokens"]) and _positive(baseline["tokens"]):
         ratio = float(run["tokens"]) / float(baseline["tokens"])
@@ -386,10 +338,8 @@ def _paired_columns(run: pd.Series, baseline: pd.Series, mine: pd.DataFrame, the
 
 def frontier_stability(runs: pd.DataFrame, by_run: Mapping[str, pd.DataFrame], latency: str = "latency_s",
                        n_boot: int = N_BOOT, seed: int = SEED) -> pd.Series:
-    """Per run, the share of bootstrap resamples of its comparison's problems (the same resampled
-    problems for every run of the comparison: paired) in which it is on the Pareto frontier of
-    (accuracy, latency) over all runs of the comparison. NaN for runs without samples or with
-    fewer than two problems shared by the comparison's runs."""
+    """Per run, the share of paired resamples of its comparison's problems in which it is on the
+    (accuracy, latency) Pareto frontier; NaN without samples or two shared problems."""
     share = pd.Series(np.nan, index=runs.index)
     column, statistic = _latency_statistic(latency)
     for _, group in runs.groupby("comparison", sort=False):
