@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from rstitch.methods import baseline_method
+from rstitch.results.schema import Comparison
 from rstitch.results.store import SAMPLES_FILE, SUMMARY_FILE, iter_samples
 from rstitch.results.uncertainty import (
     accuracy_estimate,
@@ -17,8 +19,6 @@ from rstitch.results.uncertainty import (
     problem_means,
     speedup_intervals,
 )
-
-PER_MODEL_TOKEN_KEYS = ("tokens_slm", "tokens_llm")
 
 
 def summarize_samples(samples: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -58,8 +58,7 @@ def summarize_samples(samples: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 
 def sample_cpu_time(row: dict[str, Any]) -> float | None:
-    """The CPU time the decode of a sample on a CPU used (its threads' CPU seconds, results/measurement.py),
-    or None: a GPU decode (the CPU only launches kernels), a batched one (samples share the loop), an older run."""
+    """A CPU decode's CPU seconds; None on a GPU (the CPU only launches kernels), batched, or an older run."""
     measured = row.get("measurement") or {}
     if not str(measured.get("device", "")).startswith("cpu"):
         return None
@@ -83,14 +82,6 @@ def _pair(interval: tuple[float, float] | None) -> list[float] | None:
     return None if interval is None else [interval[0], interval[1]]
 
 
-def baseline_method() -> str:
-    """The method every speedup is measured against, read from the methods' metadata (the class
-    whose `baseline` role is "target")."""
-    from rstitch.methods import baseline_method as target_baseline  # lazy: the registry imports the engines
-
-    return target_baseline()
-
-
 def comparison_key_matches(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return a.get("comparison_key") == b.get("comparison_key")
 
@@ -101,13 +92,8 @@ def find_speedup(summary: dict[str, Any], others: Iterable[dict[str, Any]]) -> f
 
 
 def find_speedups(summary: dict[str, Any], others: Iterable[dict[str, Any]]) -> dict[str, float | None]:
-    """Against the matching LLM-only run: `speedup`, the latency ratio Lat(llm_only) / Lat(method),
-    `speedup_cpu`, the same ratio of the decodes' CPU times (CPU runs only: docs/analysis.md, "Timings
-    on a shared machine"), and `speedup_tokens_per_s`, the throughput ratio (tokens/s of the method
-    over LLM-only's), the speedup EASD and speculative decoding papers report. They differ when the
-    outputs' lengths differ. `speedup_estimate`: the same ratio of the latency models' estimates
-    (`latency_estimate_s`: the forwards each decode ran, each at its fitted cost), which other jobs
-    on the cores do not change."""
+    """Against the matching LLM-only run: the ratios of SPEEDUP_LATENCIES (docs/analysis.md, "Timings
+    on a shared machine") and `speedup_tokens_per_s`, the throughput ratio EASD and speculative decoding report."""
     baseline = baseline_method()
     for other in others:
         if other.get("method") == baseline and comparison_key_matches(summary, other):
@@ -130,13 +116,7 @@ def speedups_against(summary: dict[str, Any], baseline: dict[str, Any]) -> dict[
     return out
 
 
-# The comparison with the baseline beside the speedup (docs/analysis.md, "Uncertainty"): the
-# speedup split (speedup = per_token_latency_ratio / token_ratio), its paired bootstrap intervals,
-# and the paired accuracy difference. None where there is no baseline run (or no samples of it).
-COMPARISON_KEYS = ("speedup", "speedup_cpu", "speedup_estimate", "speedup_tokens_per_s", "speedup_ci", "speedup_cpu_ci",
-                   "speedup_estimate_ci", "token_ratio",
-                   "token_ratio_ci", "token_reduction", "per_token_latency_ratio", "per_token_latency_ratio_ci",
-                   "accuracy_diff", "accuracy_diff_se", "accuracy_diff_p", "accuracy_diff_test", "paired_problems")
+COMPARISON_KEYS = tuple(Comparison.__annotations__)  # None where there is no baseline run (or no samples of it)
 
 
 def self_comparison(summary: dict[str, Any]) -> dict[str, Any]:
@@ -179,9 +159,7 @@ def compare_with_baseline(summary: dict[str, Any], samples: list[dict[str, Any]]
 
 
 def speedup_split(summary: dict[str, Any], baseline: dict[str, Any], speedup: float | None) -> dict[str, float | None]:
-    """From the runs' means: token_ratio = tokens / baseline tokens (R-Stitch's reduction is
-    1 - it) and per_token_latency_ratio = speedup x token_ratio, the baseline's latency per output
-    token over the run's; their quotient is the speedup (its product with 1 / token_ratio)."""
+    """From the runs' means: token_ratio (R-Stitch's reduction is 1 - it) and per_token_latency_ratio = speedup x token_ratio."""
     tokens, base_tokens = summary.get("tokens"), baseline.get("tokens")
     if not tokens or not base_tokens:
         return {}
@@ -191,8 +169,7 @@ def speedup_split(summary: dict[str, Any], baseline: dict[str, Any], speedup: fl
 
 
 def paired_statistics(samples: list[dict[str, Any]], baseline_samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Over the problems both runs hold: the accuracy difference with its paired standard error
-    and p-value, and paired bootstrap intervals of the speedup split."""
+    """Over the shared problems: the paired accuracy difference and the speedup split's intervals."""
     def grouped(rows: list[dict[str, Any]], key: str):
         return problem_means([float(r.get(key, 0) or 0) for r in rows], [r["id"] for r in rows])
 
@@ -204,18 +181,12 @@ def paired_statistics(samples: list[dict[str, Any]], baseline_samples: list[dict
             "speedup_ci": _pair(intervals.speedup), "token_ratio_ci": _pair(intervals.token_ratio),
             "per_token_latency_ratio_ci": _pair(intervals.per_token_latency_ratio),
             "speedup_cpu_ci": paired_speedup_interval(samples, baseline_samples, sample_cpu_time, tokens),
-            "speedup_estimate_ci": paired_speedup_interval(samples, baseline_samples, sample_latency_estimate, tokens)}
-
-
-def sample_latency_estimate(row: dict[str, Any]) -> float | None:
-    """The latency model's estimate of a sample's decode (`latency_estimate_s`), or None."""
-    return row.get("latency_estimate_s")
+            "speedup_estimate_ci": paired_speedup_interval(samples, baseline_samples, lambda r: r.get("latency_estimate_s"), tokens)}
 
 
 def paired_speedup_interval(samples: list[dict[str, Any]], baseline_samples: list[dict[str, Any]],
                             latency: Callable[[dict[str, Any]], float | None], tokens: dict[str, Any]) -> list[float] | None:
-    """The paired bootstrap interval of the speedup in another latency than wall clock (a sample's
-    CPU time, its estimate), or None when a sample of either run lacks it."""
+    """The paired interval of the speedup in another latency (CPU time, estimate); None where a sample lacks it."""
     times = {who: [latency(r) for r in rows] for who, rows in (("run", samples), ("baseline", baseline_samples))}
     if any(t is None for values in times.values() for t in values):
         return None
