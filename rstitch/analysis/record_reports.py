@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from rstitch.analysis.tables import number_format
 from rstitch.errors import ConfigError
 from rstitch.methods import build_method
 from rstitch.results.metrics import (
@@ -217,43 +218,37 @@ def expand_readings(template: str, summaries: dict[str, dict[str, Any]], manifes
 
 # The page -----------------------------------------------------------------------------------------
 
-def _fixed(key: str, fmt: str) -> Callable[[dict[str, Any]], str]:
-    return lambda s: "-" if s.get(key) is None else fmt.format(s[key])
+def _cell(key: str, fmt: str, spread: str = "") -> Callable[[dict[str, Any]], str]:
+    """A summary's `key` as the tables render it: `value ± se` (spread "se") or `value [low, high]` ("ci")."""
+    render = number_format(fmt)
 
+    def cell(summary: dict[str, Any]) -> str:
+        extra = summary.get(f"{key}_{spread}") if spread else None
+        spreads = () if extra is None else (extra,) if spread == "se" else tuple(extra)  # an interval is [low, high]
+        return render((summary.get(key), *spreads))[0]
 
-def _spread(key: str, fmt: str, kind: str) -> Callable[[dict[str, Any]], str]:
-    """`value ± se` (kind "se") or `value [low, high]` (kind "ci")."""
-    def render(s: dict[str, Any]) -> str:
-        if s.get(key) is None:
-            return "-"
-        spread = s.get(f"{key}_{kind}")
-        text = fmt.format(s[key])
-        if spread is None:
-            return text
-        return f"{text} ± {fmt.format(spread).lstrip('+')}" if kind == "se" else f"{text} [{fmt.format(spread[0])}, {fmt.format(spread[1])}]"
-
-    return render
+    return cell
 
 
 # column -> (header, cell)
 COLUMNS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
-    "n": ("problems", _fixed("n_problems", "{}")),
-    "accuracy": ("accuracy ± se", _spread("accuracy", "{:.3f}", "se")),
-    "accuracy_diff": ("Δ accuracy vs llm_only ± se", _spread("accuracy_diff", "{:+.3f}", "se")),
-    "p": ("p (paired)", _fixed("accuracy_diff_p", "{:.2g}")),
-    "latency": ("latency (s)", _fixed("latency_s", "{:.3f}")),
-    "estimate_speedup": ("estimated speedup [95% CI]", _spread("speedup_estimate", "{:.2f}", "ci")),
-    "speedup": ("wall speedup [95% CI]", _spread("speedup", "{:.2f}", "ci")),
-    "cpu_speedup": ("CPU-time speedup [95% CI]", _spread("speedup_cpu", "{:.2f}", "ci")),
-    "token_ratio": ("token ratio [95% CI]", _spread("token_ratio", "{:.2f}", "ci")),
-    "per_token_ratio": ("per-token ratio [95% CI]", _spread("per_token_latency_ratio", "{:.2f}", "ci")),
-    "share": ("LLM token share", _fixed("llm_token_share", "{:.3f}")),
-    "tokens": ("tokens", _fixed("tokens", "{:.1f}")),
-    "slm_tokens": ("SLM tokens", _fixed("tokens_slm", "{:.1f}")),
-    "llm_tokens": ("LLM tokens", _fixed("tokens_llm", "{:.1f}")),
-    "switches": ("switches", _fixed("switches", "{:.2f}")),
-    "spec_acceptance": ("spec acceptance rate", _fixed("spec_acceptance_rate", "{:.3f}")),
-    "acceptance": ("step acceptance rate", _fixed("acceptance_rate", "{:.3f}")),
+    "n": ("problems", _cell("n_problems", "{}")),
+    "accuracy": ("accuracy ± se", _cell("accuracy", "{:.3f}", "se")),
+    "accuracy_diff": ("Δ accuracy vs llm_only ± se", _cell("accuracy_diff", "{:+.3f}", "se")),
+    "p": ("p (paired)", _cell("accuracy_diff_p", "{:.2g}")),
+    "latency": ("latency (s)", _cell("latency_s", "{:.3f}")),
+    "estimate_speedup": ("estimated speedup [95% CI]", _cell("speedup_estimate", "{:.2f}", "ci")),
+    "speedup": ("wall speedup [95% CI]", _cell("speedup", "{:.2f}", "ci")),
+    "cpu_speedup": ("CPU-time speedup [95% CI]", _cell("speedup_cpu", "{:.2f}", "ci")),
+    "token_ratio": ("token ratio [95% CI]", _cell("token_ratio", "{:.2f}", "ci")),
+    "per_token_ratio": ("per-token ratio [95% CI]", _cell("per_token_latency_ratio", "{:.2f}", "ci")),
+    "share": ("LLM token share", _cell("llm_token_share", "{:.3f}")),
+    "tokens": ("tokens", _cell("tokens", "{:.1f}")),
+    "slm_tokens": ("SLM tokens", _cell("tokens_slm", "{:.1f}")),
+    "llm_tokens": ("LLM tokens", _cell("tokens_llm", "{:.1f}")),
+    "switches": ("switches", _cell("switches", "{:.2f}")),
+    "spec_acceptance": ("spec acceptance rate", _cell("spec_acceptance_rate", "{:.3f}")),
+    "acceptance": ("step acceptance rate", _cell("acceptance_rate", "{:.3f}")),
     "gflops": ("GFLOPs", lambda s: "-" if s.get("flops") is None else f"{s['flops'] / 1e9:.2f}"),
     "sittings": ("sittings", lambda s: ", ".join(str(i) for i in s.get("sittings", [])) or "-"),
 }

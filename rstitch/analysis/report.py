@@ -4,6 +4,7 @@ sibling directory), its tables as LaTeX, and optionally logged to W&B."""
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import re
 from dataclasses import dataclass, field
@@ -29,13 +30,10 @@ class ReportFigure:
     name: str  # file stem
     caption: str
     figure: Figure
-    _png: bytes | None = None
 
-    @property
+    @functools.cached_property
     def png(self) -> bytes:
-        if self._png is None:
-            self._png = plots.png_bytes(self.figure)
-        return self._png
+        return plots.png_bytes(self.figure)
 
 
 @dataclass
@@ -291,7 +289,7 @@ def _html(report: Report) -> str:
 def wandb_table(table: tables.Table):
     import wandb
 
-    columns: list[str | int] = [f"{c.group} {c.name}" if c.group else c.name for c in table.columns]
+    columns: list[str | int] = [c.header for c in table.columns]
     # A column with intervals (cells that are tuples) is logged as its rendered text: one type per column.
     as_text = [any(isinstance(row[i], tuple) for row in table.rows) for i in range(len(table.columns))]
     rendered = table.cells(0)

@@ -5,6 +5,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -19,7 +20,7 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def _number(fmt: str, suffix_md: str = "", suffix_tex: str = "") -> Formatter:
+def number_format(fmt: str, suffix_md: str = "", suffix_tex: str = "") -> Formatter:
     """A number; `(value, se)` renders as `value ± se`, `(value, low, high)` as `value [low, high]`
     (an uncertainty that is missing is left out)."""
     def render(value: Any) -> tuple[str, str]:
@@ -46,15 +47,15 @@ def _text(value: Any) -> tuple[str, str]:
 
 FORMATS: dict[str, Formatter] = {
     "text": _text,
-    "percent": _number("{:.1f}"),  # fractions are multiplied by 100 before formatting
-    "seconds": _number("{:.3f}"),
-    "speedup": _number("{:.2f}", "×", r"$\times$"),
-    "tokens": _number("{:.1f}"),
-    "count": _number("{:.0f}"),
-    "number": _number("{:.4f}"),
-    "delta": _number("{:+.1f}"),
-    "ratio": _number("{:.2f}"),
-    "p": _number("{:.2g}"),
+    "percent": number_format("{:.1f}"),  # fractions are multiplied by 100 before formatting
+    "seconds": number_format("{:.3f}"),
+    "speedup": number_format("{:.2f}", "×", r"$\times$"),
+    "tokens": number_format("{:.1f}"),
+    "count": number_format("{:.0f}"),
+    "number": number_format("{:.4f}"),
+    "delta": number_format("{:+.1f}"),
+    "ratio": number_format("{:.2f}"),
+    "p": number_format("{:.2g}"),
 }
 
 
@@ -72,6 +73,10 @@ class Column:
     kind: str = "text"  # a FORMATS key
     group: str | None = None  # the spanning header (a dataset)
 
+    @property
+    def header(self) -> str:
+        return f"{self.group} {self.name}" if self.group else self.name
+
 
 @dataclass
 class Table:
@@ -85,7 +90,7 @@ class Table:
         return [[FORMATS[c.kind](v)[index] for c, v in zip(self.columns, row)] for row in self.rows]
 
     def to_markdown(self) -> str:
-        header = [f"{c.group} {c.name}" if c.group else c.name for c in self.columns]
+        header = [c.header for c in self.columns]
         align = ["---" if c.kind == "text" else "---:" for c in self.columns]
         lines = [f"**{self.title}**", "", _md_row(header), _md_row(align)]
         lines += [_md_row(row) for row in self.cells(0)]
@@ -117,7 +122,7 @@ class Table:
     def to_html(self) -> str:
         import html
 
-        head = "".join(f"<th>{html.escape(f'{c.group} {c.name}' if c.group else c.name)}</th>" for c in self.columns)
+        head = "".join(f"<th>{html.escape(c.header)}</th>" for c in self.columns)
         body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in self.cells(0))
         note = f"<p class='note'>{html.escape(self.note)}</p>" if self.note else ""
         return f"<h4>{html.escape(self.title)}</h4><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}"
@@ -185,61 +190,54 @@ def _with_ci(run: pd.Series | None, column: str, interval: str, scale: float = 1
     return _value(run, column, scale), _value(run, f"{interval}_low", scale), _value(run, f"{interval}_high", scale)
 
 
-def accuracy_latency_tables(runs: pd.DataFrame, latency: str = "latency_s") -> list[Table]:
-    """R-Stitch Table 1: per dataset, accuracy (%), mean latency (s) and speedup over LLM-only."""
+def _per_dataset_tables(runs: pd.DataFrame, title: str, note: str, columns: list[tuple[str, str]],
+                        cells: Callable[[pd.DataFrame, pd.Series | None], list[Any]]) -> list[Table]:
+    """Per pair and budget, `columns` (name, kind) under each dataset, filled by `cells(block, run or None)`."""
     def build(pair: str, budget: int, block: pd.DataFrame, datasets: list[str]) -> Table:
-        columns = [Column("Method"), Column("Setting")]
-        for d in datasets:
-            columns += [Column("Acc (%)", "percent", d), Column("Lat (s)", "seconds", d), Column("Spd", "speedup", d)]
-        table = Table(f"Accuracy, latency and speedup: {pair}, budget {budget} tokens", columns,
-                      note=f"Lat: mean {latency} per problem; Spd: Lat({BASELINE}) / Lat at the same comparison key. "
-                           f"{INTERVAL_NOTE}")
-        for (method, setting), by_dataset in _method_rows(block):
-            cells: list[Any] = [method, setting]
-            for d in datasets:
-                run = by_dataset.get(d)
-                speedup = None if run is None or pd.isna(run[latency]) else _speedup(block, run, latency)
-                spread = _with_ci(run, "speedup", "speedup_ci")[1:] if latency == "latency_s" else ()
-                cells += [_with_se(run, "accuracy", 100), _with_ci(run, latency, "latency_ci"), (speedup, *spread)]
-            table.rows.append(cells)
+        table = Table(f"{title}: {pair}, budget {budget} tokens",
+                      [Column("Method"), Column("Setting"), *(Column(name, kind, d) for d in datasets for name, kind in columns)], note=note)
+        table.rows = [[method, setting, *(cell for d in datasets for cell in cells(block, by_dataset.get(d)))]
+                      for (method, setting), by_dataset in _method_rows(block)]
         return table
 
     return _tables_per_pair_budget(runs, build)
+
+
+def _baseline_value(block: pd.DataFrame, run: pd.Series, column: str) -> float | None:
+    """`column` of the LLM-only run of `run`'s comparison."""
+    base = block[(block["comparison"] == run["comparison"]) & (block["method"] == BASELINE)]
+    return None if base.empty or pd.isna(base[column].iloc[0]) else float(base[column].iloc[0])
+
+
+def accuracy_latency_tables(runs: pd.DataFrame, latency: str = "latency_s") -> list[Table]:
+    """R-Stitch Table 1: per dataset, accuracy (%), mean latency (s) and speedup over LLM-only."""
+    def cells(block: pd.DataFrame, run: pd.Series | None) -> list[Any]:
+        speedup = None if run is None or pd.isna(run[latency]) else _speedup(block, run, latency)
+        spread = _with_ci(run, "speedup", "speedup_ci")[1:] if latency == "latency_s" else ()
+        return [_with_se(run, "accuracy", 100), _with_ci(run, latency, "latency_ci"), (speedup, *spread)]
+
+    note = f"Lat: mean {latency} per problem; Spd: Lat({BASELINE}) / Lat at the same comparison key. {INTERVAL_NOTE}"
+    columns = [("Acc (%)", "percent"), ("Lat (s)", "seconds"), ("Spd", "speedup")]
+    return _per_dataset_tables(runs, "Accuracy, latency and speedup", note, columns, cells)
 
 
 def _speedup(block: pd.DataFrame, run: pd.Series, latency: str) -> float | None:
     if latency == "latency_s":
         return _value(run, "speedup")
-    base = block[(block["comparison"] == run["comparison"]) & (block["method"] == BASELINE)]
-    if base.empty or pd.isna(base[latency].iloc[0]):
-        return None
-    return float(base[latency].iloc[0]) / float(run[latency])
+    base = _baseline_value(block, run, latency)
+    return None if base is None else base / float(run[latency])
 
 
 def token_tables(runs: pd.DataFrame) -> list[Table]:
-    """R-Stitch's token tables: mean output tokens written by the LLM and the SLM, their total,
-    and the reduction of the total against LLM-only (%)."""
-    def build(pair: str, budget: int, block: pd.DataFrame, datasets: list[str]) -> Table:
-        columns = [Column("Method"), Column("Setting")]
-        for d in datasets:
-            columns += [Column("LLM tok", "tokens", d), Column("SLM tok", "tokens", d), Column("Total", "tokens", d),
-                        Column("Red. (%)", "percent", d)]
-        table = Table(f"Output tokens per problem: {pair}, budget {budget} tokens", columns,
-                      note=f"Red.: 1 - total / total of {BASELINE} at the same comparison key, with its 95% paired "
-                           "bootstrap interval over problems.")
-        baseline = block[block["method"] == BASELINE].set_index("comparison")["tokens"]
-        for (method, setting), by_dataset in _method_rows(block):
-            cells: list[Any] = [method, setting]
-            for d in datasets:
-                run = by_dataset.get(d)
-                base = None if run is None else baseline.get(run["comparison"])
-                reduction = None if run is None or base is None or run["tokens"] is None else 100 * (1 - run["tokens"] / base)
-                spread = _reduction_interval(run)
-                cells += [_value(run, "tokens_llm"), _value(run, "tokens_slm"), _value(run, "tokens"), (reduction, *spread)]
-            table.rows.append(cells)
-        return table
+    """R-Stitch's token tables: mean output tokens of the LLM, the SLM, their total and its reduction against LLM-only (%)."""
+    def cells(block: pd.DataFrame, run: pd.Series | None) -> list[Any]:
+        base = None if run is None else _baseline_value(block, run, "tokens")
+        reduction = None if run is None or base is None or run["tokens"] is None else 100 * (1 - run["tokens"] / base)
+        return [_value(run, "tokens_llm"), _value(run, "tokens_slm"), _value(run, "tokens"), (reduction, *_reduction_interval(run))]
 
-    return _tables_per_pair_budget(runs, build)
+    note = f"Red.: 1 - total / total of {BASELINE} at the same comparison key, with its 95% paired bootstrap interval over problems."
+    columns = [("LLM tok", "tokens"), ("SLM tok", "tokens"), ("Total", "tokens"), ("Red. (%)", "percent")]
+    return _per_dataset_tables(runs, "Output tokens per problem", note, columns, cells)
 
 
 def _reduction_interval(run: pd.Series | None) -> tuple[float, ...]:
@@ -250,8 +248,8 @@ def _reduction_interval(run: pd.Series | None) -> tuple[float, ...]:
 
 
 def benchmark_accuracy_tables(runs: pd.DataFrame) -> list[Table]:
-    """RSD Table 2: accuracy (%) per benchmark, the average over benchmarks, and its difference
-    to the target-only row (percentage points). A row missing a benchmark gets no average."""
+    """RSD Table 2: accuracy (%) per benchmark, their average (rows with every benchmark) and its difference to
+    the target-only row (percentage points)."""
     def build(pair: str, budget: int, block: pd.DataFrame, datasets: list[str]) -> Table:
         columns = [Column("Method"), Column("Setting")] + [Column(d, "percent") for d in datasets]
         columns += [Column("Avg.", "percent"), Column(f"Δ vs {BASELINE}", "delta")]
@@ -273,9 +271,8 @@ def benchmark_accuracy_tables(runs: pd.DataFrame) -> list[Table]:
 
 
 def runs_table(runs: pd.DataFrame, latency: str = "latency_s") -> Table:
-    """Every run: the accuracy-latency point with its uncertainty, the paired comparison with the
-    baseline (accuracy difference, speedup and its split), acceptance, LLM token share, and the
-    frontier flag with the share of bootstrap resamples in which the run stays on the frontier."""
+    """Every run: accuracy and latency with their uncertainty, the paired comparison with the baseline, acceptance,
+    LLM token share, and the frontier flag with its bootstrap share."""
     columns = [Column("Group"), Column("Method"), Column("Setting"), Column("Acc (%)", "percent"),
                Column(f"ΔAcc vs {BASELINE} (pp)", "delta"), Column("p", "p"), Column("Lat (s)", "seconds"),
                Column("Est spd", "speedup"), Column("CPU spd", "speedup"), Column("Spd", "speedup"), Column("Tok ratio", "ratio"),
@@ -306,8 +303,7 @@ INTERVAL_NOTE = (f"± one standard error (accuracy: clustered by problem; ΔAcc:
 
 
 def frontier_label(run: pd.Series) -> str:
-    """`yes` on the frontier, with the share of bootstrap resamples of the problems in which the
-    run is on it, where known (`yes (83%)`; off the frontier only the share, when not 0)."""
+    """`yes` on the frontier, with the share of bootstrap resamples it is on it in (`yes (83%)`; off it, the share if > 0)."""
     share = run.get("frontier_share")
     known = share is not None and not pd.isna(share)
     if run.get("on_frontier"):
@@ -327,10 +323,7 @@ def matched_speedup_table(summary: pd.DataFrame) -> Table:
 
 
 def replace_marked_section(path: str | os.PathLike, name: str, text: str) -> None:
-    """Put `text` between `<!-- name:begin -->` and `<!-- name:end -->` in the file at `path`
-    (appended with the markers if they are missing): generated tables inside hand-written docs."""
-    from pathlib import Path
-
+    """Put `text` between `<!-- name:begin -->` and `<!-- name:end -->` of a hand-written doc (appended if missing)."""
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     doc = Path(path)
     current = doc.read_text()
