@@ -6,7 +6,6 @@ from rstitch.data.datasets import (
     Record,
     get_dataset_spec,
     load_dataset_records,
-    register_dataset,
 )
 
-__all__ = ["DATASETS", "DatasetSpec", "Record", "get_dataset_spec", "load_dataset_records", "register_dataset"]
+__all__ = ["DATASETS", "DatasetSpec", "Record", "get_dataset_spec", "load_dataset_records"]

@@ -1,14 +1,6 @@
-"""Whether a prompt plus its generation budget fits the models' context windows.
-
-A model decoding past its trained positions still produces tokens, and they get graded: a run
-would report accuracy on output the model cannot represent. Every prompt is checked before any
-decoding; `on_overflow` says what an overflowing problem becomes:
-
-* ``error`` (default): the run stops with one line naming the problem;
-* ``skip``: the problem is not decoded, and the summary counts its samples as skipped;
-* ``truncate``: its budget is cut to the room the context leaves (a prompt that leaves no
-  room is skipped).
-"""
+"""Whether a prompt plus its generation budget fits the models' context windows, and what
+`on_overflow` (error, skip, truncate: docs/reliability.md) makes of a problem that does not: a
+model decoding past its trained positions still produces tokens, and they would get graded."""
 from __future__ import annotations
 
 from functools import lru_cache

@@ -1,10 +1,6 @@
-"""Datasets as ``Record`` lists: each one's identity is its conf/dataset/<name>.yaml ``source``.
-
-The yaml names where the data lives on the Hugging Face hub (id, config, split, pinned revision)
-and which functions of rstitch/data/normalizers.py turn one raw row into a ``Record``. The same
-normalizer is applied to a local JSONL/Parquet/CSV copy (``dataset.path=...``), so offline runs
-see identical records.
-"""
+"""Datasets as ``Record`` lists: each one's identity is its conf/dataset/<name>.yaml ``source``
+(docs/adding-a-dataset.md). A local JSONL/Parquet/CSV copy (``dataset.path=...``) goes through
+the same normalizer as the hub's rows, so offline runs see identical records."""
 from __future__ import annotations
 
 import csv
@@ -49,9 +45,7 @@ SOURCE_KEYS = (*RECORD_KEYS, "aliases", "answer_type", "description", "fields")
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    """A dataset's ``source`` block with its functions looked up: hub datasets set
-    ``hf_id``/``split``/``revision``; generated ones set ``generate``, which receives the dataset's
-    ``options`` (defaults here, overridable per call)."""
+    """A dataset's ``source`` block with its functions looked up (``generate`` receives ``options``)."""
 
     name: str
     normalize: Normalizer
@@ -73,12 +67,6 @@ class DatasetSpec:
 DATASETS: Registry[DatasetSpec] = Registry("dataset", modules=("rstitch.data.normalizers",), replace=True)
 
 
-def register_dataset(spec: DatasetSpec, aliases: tuple[str, ...] = ()) -> DatasetSpec:
-    """Add ``spec`` (and other names for it) to the registry; a later spec of the same name wins."""
-    DATASETS.register(spec.name, spec, aliases)
-    return spec
-
-
 def dataset_configs() -> list[Path]:
     """Every conf/dataset yaml with a ``source``: the ``dataset=`` choices, then those in
     subfolders (data a method is fitted on, never evaluated)."""
@@ -95,7 +83,8 @@ def register_configured(*functions: Callable[..., Any]) -> None:
         source = config.get("source")
         if not isinstance(source, dict):
             raise ConfigError(f"{path}: no `source` block (docs/adding-a-dataset.md)")
-        register_dataset(_spec_from_source(str(config["name"]), source, by_name, path), tuple(source.get("aliases") or ()))
+        spec = _spec_from_source(str(config["name"]), source, by_name, path)
+        DATASETS.register(spec.name, spec, tuple(source.get("aliases") or ()))
 
 
 def _spec_from_source(name: str, source: dict[str, Any], functions: Mapping[str, Callable[..., Any]], path: Path) -> DatasetSpec:
@@ -131,19 +120,13 @@ def load_dataset_records(
     source: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> list[Record]:
-    """Records of dataset ``name``, from the hub at its pinned revision or from ``path``.
-
-    ``ids`` keeps only those records (in the order given), ``shuffle_seed`` shuffles
-    deterministically, then ``limit`` keeps the first ones. Of that selection, shard ``shard`` of
-    ``num_shards`` keeps every ``num_shards``-th record from position ``shard``: the shards are
-    disjoint, cover the selection, and mix easy and hard problems when a benchmark is ordered by
-    difficulty. ``options`` are dataset-specific (e.g. ``split`` and ``n`` for the testbed); an
-    option set to None keeps its default. ``source`` is the yaml's block as a run config carries it.
-    """
+    """Records of dataset ``name``, from the hub at its pinned revision or from ``path``: ``ids``
+    (in that order), shuffled by ``shuffle_seed``, the first ``limit``, then every ``num_shards``-th
+    from ``shard`` (strided, so shards mix easy and hard problems of a benchmark ordered by
+    difficulty). ``options`` set to None keep their defaults; ``source`` is a run config's copy."""
     spec = get_dataset_spec(name)
     _check_source(spec, source)
-    _check_selection(limit, shuffle_seed)
-    _check_shard(shard, num_shards)
+    _check_selection(limit, shuffle_seed, shard, num_shards)
     resolved = _resolve_options(spec, {k: v for k, v in options.items() if v is not None})
     rows = _read_rows(spec, path, revision, resolved)
     if spec.prepare is not None:
@@ -180,21 +163,15 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_shard(shard: Any, num_shards: Any) -> None:
+def _check_selection(limit: Any, shuffle_seed: Any, shard: Any, num_shards: Any) -> None:
+    if limit is not None and (not _is_int(limit) or limit < 0):
+        raise ConfigError(f"limit must be an integer >= 0 or None, got {limit!r}")
+    if shuffle_seed is not None and not _is_int(shuffle_seed):
+        raise ConfigError(f"shuffle_seed must be an integer or None, got {shuffle_seed!r}")
     if not _is_int(num_shards) or num_shards < 1:
         raise ConfigError(f"dataset.num_shards must be an integer >= 1, got {num_shards!r}")
     if not _is_int(shard) or not 0 <= shard < num_shards:
         raise ConfigError(f"dataset.shard must be an integer in [0, {num_shards - 1}] (dataset.num_shards={num_shards}), got {shard!r}")
-
-
-def _check_selection(limit: Any, shuffle_seed: Any) -> None:
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
-        raise ConfigError(f"limit must be an integer >= 0 or None, got {limit!r}")
-    if shuffle_seed is not None and (not isinstance(shuffle_seed, int) or isinstance(shuffle_seed, bool)):
-        raise ConfigError(f"shuffle_seed must be an integer or None, got {shuffle_seed!r}")
-
-
-# --------------------------------------------------------------------------- reading rows
 
 
 def _resolve_options(spec: DatasetSpec, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -207,8 +184,11 @@ def _resolve_options(spec: DatasetSpec, given: Mapping[str, Any]) -> dict[str, A
 
 def _read_rows(spec: DatasetSpec, path: str | None, revision: str | None, options: Mapping[str, Any]) -> list[Row]:
     if path is not None:
-        if spec.hf_id is not None and not Path(path).expanduser().exists():
-            raise ConfigError(f"dataset file not found: {path}; {export_hint(spec, Path(path).expanduser())}")
+        missing = Path(path).expanduser()
+        if spec.hf_id is not None and not missing.exists():  # how to make the local copy it should have been
+            raise ConfigError(f"dataset file not found: {path}; make it once, online, with: python scripts/export_benchmarks.py "
+                              f"--out {missing.parent} {spec.name} (it prints the file it writes: pass that as dataset.path); "
+                              f"or drop dataset.path to read '{spec.name}' from the hub")
         return read_rows_file(path)
     if spec.generate is not None:
         if revision is not None:
@@ -222,8 +202,7 @@ def _read_rows(spec: DatasetSpec, path: str | None, revision: str | None, option
 
 
 def read_rows_file(path: str | Path) -> list[Row]:
-    """Raw rows of a local ``.jsonl`` (one JSON object per line), ``.parquet`` or ``.csv``
-    file (GPQA is published as CSV)."""
+    """Raw rows of a local ``.jsonl`` (one JSON object per line), ``.parquet`` or ``.csv`` (GPQA's) file."""
     file = Path(path).expanduser()
     if file.is_dir():
         raise ConfigError(f"dataset.path is a directory, not a file: {file}; name one of its .jsonl, .parquet or .csv files")
@@ -274,15 +253,6 @@ def read_hub_rows(spec: DatasetSpec, revision: str | None) -> list[Row]:
     return rows
 
 
-def export_hint(spec: DatasetSpec, missing: Path) -> str:
-    """How to make the local copy of a hub benchmark that `missing` should have been (data/export.py)."""
-    return (f"make it once, online, with: python scripts/export_benchmarks.py --out {missing.parent} {spec.name} "
-            f"(it prints the file it writes: pass that as dataset.path); or drop dataset.path to read '{spec.name}' from the hub")
-
-
-# --------------------------------------------------------------------------- records
-
-
 def _to_record(spec: DatasetSpec, row: Row, index: int) -> Record:
     record_id = _record_id(row, spec, index)
     record = spec.normalize(row, record_id)
@@ -322,12 +292,17 @@ def _fields_note(spec: DatasetSpec, row: Row, record_id: str) -> str:
             f"this record has {', '.join(map(str, row)) or 'none'}")
 
 
-def _record_id(row: Row, spec: DatasetSpec, index: int) -> str:
-    for key in spec.id_fields:
+def first_text(row: Row, *keys: str) -> str:
+    """The first of ``keys`` whose value in ``row`` is non-blank text, stripped; "" if none is."""
+    for key in keys:
         value = row.get(key)
         if value is not None and str(value).strip():
             return str(value).strip()
-    return f"{spec.name}-{index}"
+    return ""
+
+
+def _record_id(row: Row, spec: DatasetSpec, index: int) -> str:
+    return first_text(row, *spec.id_fields) or f"{spec.name}-{index}"
 
 
 def _unique(records: list[Record], dataset: str) -> list[Record]:

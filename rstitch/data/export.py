@@ -1,7 +1,5 @@
-"""Local copies of the hub benchmarks: each dataset's rows at its pinned revision (the records a
-run without `dataset.path` reads) written once as JSONL, so that later runs and the tests read
-them offline (`dataset.path=<dir>/<file>`, `RSTITCH_BENCHMARKS=<dir>`). scripts/export_benchmarks.py
-is the command."""
+"""Local copies of the hub benchmarks at their pinned revisions, written once as JSONL for offline
+runs and the tests (`dataset.path=<dir>/<file>`, `RSTITCH_BENCHMARKS=<dir>`; scripts/export_benchmarks.py)."""
 from __future__ import annotations
 
 import hashlib

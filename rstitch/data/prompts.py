@@ -5,8 +5,6 @@ from dataclasses import dataclass
 
 from rstitch.errors import ConfigError
 
-QWEN_MATH_COT = "Please reason step by step, and put your final answer within \\boxed{}."
-
 
 @dataclass(frozen=True)
 class PromptFormat:
