@@ -1,12 +1,9 @@
-"""Supervisor of one sandboxed program (run as ``python -I _sandbox_supervisor.py``, config JSON on stdin).
-
-Standard library only, so it runs isolated (``-I``) from the caller's environment. It joins the
-sample's cgroup, drops root, then forks a child that sets the resource limits and execs bubblewrap
-(``config["empty_root"]``), or without it the interpreter itself inside this process's own
-namespaces (docs/sandbox.md). Output comes through capped pipes, never a path the program could
-have replaced; the verdict is one JSON line on stdout."""
+"""Supervisor of one sandboxed program (``python -I _sandbox_supervisor.py``, config JSON on stdin;
+docs/sandbox.md): standard library only, so that it runs isolated (``-I``). Output comes through
+capped pipes, never a path the program could have replaced; the verdict is one JSON line on stdout."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import json
@@ -56,7 +53,9 @@ def main() -> None:
             extra[SECCOMP_FD] = _memory_file("seccomp", bytes.fromhex(config["seccomp_bpf"]))
     else:
         isolation.update(_enter_namespaces(config))
-        _write_new(os.path.join(config["workdir"], "main.py"), config["source"].encode())
+        # created afresh: O_EXCL, never through a link the program could have left
+        with open(os.path.join(config["workdir"], "main.py"), "xb", opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW, 0o600)) as handle:
+            handle.write(config["source"].encode())
         os.chdir(config["workdir"])
     stdin = _memory_file("stdin", config["stdin"].encode()) if config["stdin"] is not None else os.open(os.devnull, os.O_RDONLY)
     pipes = {name: os.pipe() for name in ("stdout", "stderr", "report", "setup")}
@@ -108,27 +107,22 @@ def _enter_namespaces(config: dict) -> dict:
     flags = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
     uid, gid = os.getuid(), os.getgid()
     _libc.prctl(PR_SET_DUMPABLE, 1)  # /proc/self/*_map are writable only by a dumpable process
-    if _libc.unshare(flags | CLONE_NEWNS) == 0:
+    mount_namespace = _libc.unshare(flags | CLONE_NEWNS) == 0
+    isolated = mount_namespace or _libc.unshare(flags) == 0
+    if isolated:
         _map_ids(uid, gid)
-        private, sized = _private_tmp(config["workdir"], config["disk_bytes"])
-        result = {"pid_namespace": True, "no_network": True, "private_tmp": private, "disk_limit": sized}
-    elif _libc.unshare(flags) == 0:
-        _map_ids(uid, gid)
-        result = {"pid_namespace": True, "no_network": True, "private_tmp": False, "disk_limit": False}
-    else:
-        result = {"pid_namespace": False, "no_network": False, "private_tmp": False, "disk_limit": False}
+    private, sized = _private_tmp(config["workdir"], config["disk_bytes"]) if mount_namespace else (False, False)
     _libc.prctl(PR_SET_DUMPABLE, 0)  # nothing of this user may ptrace the supervisor
-    return result
+    return {"pid_namespace": isolated, "no_network": isolated, "private_tmp": private, "disk_limit": sized}
 
 
 def _map_ids(uid: int, gid: int) -> None:
     """Map our own ids into the new user namespace, so files on its tmpfs get an owner."""
-    try:
+    # unmapped, the owner makes file creation on the tmpfs fail: the sample fails, nothing leaks
+    with contextlib.suppress(OSError):
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
             with open(f"/proc/self/{name}", "wb") as handle:  # bytes: no codec import as the new user
                 handle.write(text.encode())
-    except OSError:
-        pass  # an unmapped owner: file creation on the tmpfs fails, the sample fails, nothing leaks
 
 
 def _private_tmp(workdir: str, disk_bytes: int) -> tuple[bool, bool]:
@@ -144,15 +138,6 @@ def _private_tmp(workdir: str, disk_bytes: int) -> tuple[bool, bool]:
     bound = all(_libc.mount(b"/tmp", path.encode(), None, MS_BIND, None) == 0
                 for path in SHARED_TMP if os.path.isdir(path))
     return bound, True
-
-
-def _write_new(path: str, data: bytes) -> None:
-    """Create ``path`` afresh (never through a link the program could have left)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
 
 
 def _memory_file(name: str, data: bytes) -> int:
@@ -256,8 +241,9 @@ def _read_ready(open_fds: dict[int, str], captured: dict[str, bytearray], cap: i
         return False
     ready, _, _ = select.select(list(open_fds), [], [], wait_s)
     for fd in ready:
-        chunk = _read_some(fd)
-        if chunk is None:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
             continue
         if not chunk:
             os.close(fd)
@@ -276,28 +262,18 @@ def _drain(open_fds: dict[int, str], captured: dict[str, bytearray], cap: int) -
         os.close(fd)
 
 
-def _read_some(fd: int) -> bytes | None:
-    try:
-        return os.read(fd, 65536)
-    except BlockingIOError:
-        return None
-
-
 def _over(captured: dict[str, bytearray], cap: int) -> bool:
     return any(len(data) > cap for data in captured.values())
 
 
 def _kill_group(leader: int) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.killpg(leader, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 def _verdict(status: int, timed_out: bool) -> dict:
-    if os.WIFSIGNALED(status):
-        return {"exit_code": None, "signal": os.WTERMSIG(status), "timed_out": timed_out}
-    return {"exit_code": os.WEXITSTATUS(status), "signal": None, "timed_out": timed_out}
+    code = os.waitstatus_to_exitcode(status)  # -n: killed by signal n
+    return {"exit_code": code if code >= 0 else None, "signal": -code if code < 0 else None, "timed_out": timed_out}
 
 
 if __name__ == "__main__":

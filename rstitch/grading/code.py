@@ -1,11 +1,10 @@
-"""pass@1 for code benchmarks: extract the program from a response, run the benchmark's tests on it
-in the sandbox (docs/sandbox.md, "What a pass means"), and call it right iff every test passes.
-
-A record's ``metadata["tests"]`` says how it is tested: ``{"kind": "script", "prefix", "suffix"}``
-(HumanEval, MBPP), ``{"kind": "stdio", "cases"}`` (LiveCodeBench stdin) or ``{"kind":
-"functional", "func_name", "cases"}`` (LiveCodeBench LeetCode; this module compares the results)."""
+"""pass@1 for code benchmarks: the response's program is right iff every test passes in the sandbox
+(docs/sandbox.md, "What a pass means"). ``metadata["tests"]``: ``{"kind": "script", "prefix",
+"suffix"}`` (HumanEval, MBPP), ``{"kind": "stdio", "cases"}`` or ``{"kind": "functional",
+"func_name", "cases"}`` (LiveCodeBench stdin and LeetCode)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import secrets
@@ -13,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rstitch.grading.code_harness import HARNESS
-from rstitch.grading.extract import THINK_END
+from rstitch.grading.extract import search_order
 from rstitch.grading.sandbox import SandboxLimits, SandboxResult, run_python
 
 _FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
@@ -24,8 +23,7 @@ FLOAT_TOLERANCE = 1e-6
 def extract_program(response: str) -> str | None:
     """The last fenced Python block of the final answer (text after ``</think>``), else of the whole
     response; None when there is no fenced block (prose is not run)."""
-    parts = [response.rsplit(THINK_END, 1)[1], response] if THINK_END in response else [response]
-    for part in parts:
+    for part in search_order(response):
         blocks = [code for tag, code in _FENCE_RE.findall(part) if tag.lower() in _PYTHON_TAGS]
         if blocks and blocks[-1].strip():
             return blocks[-1]
@@ -51,7 +49,8 @@ def run_tests(program: str, tests: Mapping[str, Any], limits: SandboxLimits | No
     if kind == "stdio":
         return _run_stdio(program, tests["cases"], limits)
     if kind == "functional":
-        calls = [_call_arguments(case["input"]) for case in tests["cases"]]
+        # one JSON value per line: the method's arguments in order
+        calls = [[json.loads(line) for line in case["input"].split("\n") if line.strip()] for case in tests["cases"]]
         expected = [json.loads(case["output"]) for case in tests["cases"]]
         return _run_harness("functional", str(tests["func_name"]), program, "", calls, limits, expected)
     raise ValueError(f"unknown code test kind {kind!r}; valid: script, stdio, functional")
@@ -66,8 +65,7 @@ def _run_stdio(program: str, cases: list[Mapping[str, str]], limits: SandboxLimi
     for case in cases:
         result = run_python(program, stdin=case["input"], limits=limits)
         if result.ok and not outputs_match(result.stdout, case["output"]):
-            result = SandboxResult("wrong_output", result.exit_code, result.stdout, result.stderr,
-                                   result.duration_s, result.isolation)
+            result = dataclasses.replace(result, status="wrong_output")
         results.append(result)
         if not result.ok:
             break
@@ -93,11 +91,6 @@ def _tokens_match(got: str, want: str) -> bool:
         return False
 
 
-def _call_arguments(text: str) -> list[Any]:
-    """LiveCodeBench functional input: one JSON value per line, the method's arguments in order."""
-    return [json.loads(line) for line in text.split("\n") if line.strip()]
-
-
 def _run_harness(kind: str, func_name: str, program: str, tests: str, calls: list[list[Any]],
                  limits: SandboxLimits | None, expected: list[Any] | None = None) -> dict[str, Any]:
     """Run the program under ``HARNESS`` and judge its report: a pass needs every expected result
@@ -105,8 +98,7 @@ def _run_harness(kind: str, func_name: str, program: str, tests: str, calls: lis
     writes only after the last test held."""
     secret = secrets.token_hex(16)
     call = f"_rstitch_harness({kind!r}, {func_name!r}, {program!r}, {tests!r}, {json.dumps(calls)!r})\n"
-    source = HARNESS + call
-    result = run_python(source, stdin=secret + "\n", limits=limits)
+    result = run_python(HARNESS + call, stdin=secret + "\n", limits=limits)
     lines = result.report.split("\n")
     wanted = expected or []
     passed = 0
@@ -116,9 +108,7 @@ def _run_harness(kind: str, func_name: str, program: str, tests: str, calls: lis
         passed += 1
     ran_to_end = passed == len(wanted) and lines[len(wanted):] == [f"done {secret}", ""]
     if result.ok and not ran_to_end:
-        status = "wrong_output" if passed < len(wanted) else "incomplete"
-        result = SandboxResult(status, result.exit_code, result.stdout, result.stderr, result.duration_s,
-                               result.isolation, result.report)
+        result = dataclasses.replace(result, status="wrong_output" if passed < len(wanted) else "incomplete")
     if expected is None:
         return _summary([result], 1)
     return _summary([result], len(wanted), passed=passed)

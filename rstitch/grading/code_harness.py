@@ -1,8 +1,5 @@
-"""The test harness that runs inside the sandbox around a model's program (docs/sandbox.md,
-"What a pass means"). ``HARNESS`` becomes the sandboxed ``main.py`` with one call
-``_rstitch_harness(kind, func_name, program, tests, calls)``; it writes ``done <secret>`` to fd 3
-only after the last test held, so an exception, ``sys.exit`` or ``os._exit`` before the end fails
-the sample whatever the exit status."""
+"""The harness around a model's program in the sandbox (docs/sandbox.md, "What a pass means"):
+``HARNESS`` plus one call ``_rstitch_harness(kind, func_name, program, tests, calls)`` is ``main.py``."""
 
 HARNESS = r'''
 def _rstitch_harness(kind, func_name, program, tests, calls):

@@ -51,8 +51,7 @@ _TEXT_WRAPPER_RE = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\{([^{}]*)\}")
 
 @dataclass(frozen=True)
 class Extracted:
-    """The answer a response states. ``parts`` holds the contents of several boxes that together
-    form it (``\\boxed{1}, \\boxed{2}``), in order; ``text`` is then those joined by ", "."""
+    """The answer a response states; ``parts``: the boxes that together form it, in order (``text`` joins them)."""
 
     text: str
     parts: tuple[str, ...] = ()
@@ -65,12 +64,8 @@ def extract_answer(response: str, multiple_choice: bool = False) -> str | None:
 
 
 def extract_final(response: str, multiple_choice: bool = False) -> Extracted | None:
-    """The final answer of ``response`` with its parts, or None when there is none.
-
-    Text after ``</think>`` is searched first so a reasoning model's drafts do not win over
-    its final statement; the whole response is the fallback.
-    """
-    for part in _search_order(_squeeze_whitespace(response)):
+    """The final answer of ``response`` with its parts, or None when there is none."""
+    for part in search_order(_squeeze_whitespace(response)):
         if multiple_choice:
             letter = _extract_letter(part)
             found = Extracted(letter) if letter is not None else None
@@ -88,12 +83,12 @@ def last_boxed(text: str) -> str | None:
 
 
 def _squeeze_whitespace(text: str) -> str:
-    """One space or one newline per whitespace run: the patterns below contain several
-    optional ``\\s*`` in a row, which would backtrack polynomially over long runs."""
+    """One space or newline per whitespace run: runs of optional ``\\s*`` would backtrack polynomially."""
     return _NEWLINE_RUN_RE.sub("\n", _SPACE_RUN_RE.sub(" ", text))
 
 
-def _search_order(response: str) -> list[str]:
+def search_order(response: str) -> list[str]:
+    """The text after ``</think>`` first, so a reasoning model's drafts do not win; then the whole."""
     if THINK_END in response:
         final_part = response.rsplit(THINK_END, 1)[1]
         if final_part.strip():
@@ -111,28 +106,15 @@ class _Box:
     end: int    # index just past the closing brace (or the bare token)
 
 
-class _Closers:
-    """Positions of "]" in a text, found once: looking each one up again from every box
-    command would make a response of many unclosed ``\\boxed[`` quadratic."""
-
-    def __init__(self, text: str):
-        self._text = text
-        self._positions: list[int] | None = None
-
-    def find(self, start: int, limit: int) -> int:
-        if self._positions is None:
-            self._positions = [m.start() for m in re.finditer(r"\]", self._text)]
-        k = bisect.bisect_left(self._positions, start)
-        return self._positions[k] if k < len(self._positions) and self._positions[k] < limit else -1
-
-
 def _boxes_from_end(text: str):
     """The complete, non-empty boxes of ``text``, last first."""
     # Once a box fails to close, no earlier box can close past its start: stop scanning there,
     # which keeps a response full of unclosed boxes linear instead of quadratic.
     limit = len(text)
-    closers = _Closers(text)
-    for match in reversed(list(_BOX_RE.finditer(text))):
+    matches = list(_BOX_RE.finditer(text))
+    # every "]" found once: a search from each box would make many unclosed "\\boxed[" quadratic
+    closers = [m.start() for m in re.finditer(r"\]", text)] if matches else []
+    for match in reversed(matches):
         if match.start() >= limit:
             continue
         content, opened_at, end = _box_argument(text, match.end(), limit, closers)
@@ -142,17 +124,17 @@ def _boxes_from_end(text: str):
             limit = opened_at
 
 
-def _box_argument(text: str, start: int, limit: int, closers: _Closers) -> tuple[str | None, int | None, int]:
+def _box_argument(text: str, start: int, limit: int, closers: list[int]) -> tuple[str | None, int | None, int]:
     """(argument, index of its opening brace, end) of a box command whose name ends at ``start``;
     the argument is None when the braces do not close before ``limit``."""
     i = _skip_spaces(text, start)
     for _ in range(MAX_OPTIONAL_ARGS):  # \\framebox[width][pos]{...}
         if not text.startswith("[", i):
             break
-        close = closers.find(i, limit)
-        if close < 0:
+        k = bisect.bisect_left(closers, i)
+        if k == len(closers) or closers[k] >= limit:
             return None, None, start
-        start = close + 1
+        start = closers[k] + 1
         i = _skip_spaces(text, start)
     if text.startswith("[", i):  # more optional arguments than any box command takes: not a box
         return None, None, start
@@ -201,8 +183,7 @@ _SENTENCE_BREAK_RE = re.compile(r"[.:!?](?:\s|$)|\n\s*\n")
 
 
 def _joins_boxes(separator: str) -> bool:
-    """True when ``separator``, the text between two boxes, only joins them into one answer:
-    nothing but spacing, commas or semicolons, or a short phrase containing "and" / "or"."""
+    """True when ``separator``, the text between two boxes, only joins them (docs/grading.md, rule 1a)."""
     if len(separator) > MAX_BOX_SEPARATOR_CHARS or _SENTENCE_BREAK_RE.search(separator):
         return False
     words = _SEPARATOR_NOISE_RE.sub(" ", separator).split()
@@ -214,8 +195,7 @@ def _joins_boxes(separator: str) -> bool:
 
 
 def _last_boxes(text: str) -> tuple[list[_Box], int] | None:
-    """The last box and the boxes right before it that form one answer with it, in order, and
-    where the last one ends."""
+    """The last box and those before it that form one answer with it, in order; where the last ends."""
     boxes = _boxes_from_end(text)
     last = next(boxes, None)
     if last is None:
@@ -249,8 +229,7 @@ def _extract_math(text: str) -> Extracted | None:
 
 
 def _final_statement_after(text: str, start: int) -> str | None:
-    """The value of a "final answer" statement that comes after the last box, if one states a
-    value: the box was an intermediate result."""
+    """The value a "final answer" statement after the last box states (the box was an intermediate result)."""
     for match in reversed(list(_ANSWER_STATEMENT_RE.finditer(text, start))):
         if "final" in match.group(0).lower():
             value = _statement_value(_rest_of_line(text, match.end()))
@@ -289,8 +268,7 @@ def _statement_value(line: str) -> str | None:
 
 
 def _stated_value(value: str) -> str | None:
-    """What a statement's sentence states: "18 dollars" -> "18"; "The largest $n$ is 34" -> "34";
-    a sentence that is still prose gives its last math span, else its last number."""
+    """What a statement's sentence states (docs/grading.md, rule 2)."""
     copulas = list(_COPULA_RE.finditer(value))
     if copulas and _is_prose(value[: copulas[-1].start()]):
         value = value[copulas[-1].end() :].strip()
@@ -333,8 +311,7 @@ _INLINE = ("$", "\\(")  # inline math does not run across a line break
 
 
 def _math_spans(text: str) -> list[tuple[int, int, str]]:
-    """(start, end, content) of every math span, in order, found in one pass over the delimiters.
-    A "$" right after a digit is a currency sign, not an opener ("costs 5$")."""
+    """(start, end, content) of every math span, in order, in one pass; a "$" after a digit is currency."""
     spans: list[tuple[int, int, str]] = []
     if "$" not in text and "\\(" not in text and "\\[" not in text:  # most text: no scan at all
         return spans
@@ -371,18 +348,14 @@ _BARE_FRACTION_RE = re.compile(r"-?\\[dtc]?frac\s*\{[^{}$]*\}\s*\{[^{}$]*\}")
 
 
 def _reads_as_math(content: str) -> bool:
-    """A span's content is math, not prose between two currency signs ("$5 and $10",
-    "$20 for the ticket and $"): no two words of text, and no number followed by words."""
+    """Not prose between two currency signs ("$5 and $10"): no two words, no number followed by words."""
     words = _PROSE_WORD_RE.findall(_LATEX_WORD_RE.sub(" ", content))
     currency = content[:1].isdigit() and content[-1:].isspace() and bool(words)
     return bool(content.strip()) and len(words) < 2 and not currency
 
 
 def _last_span_or_number(text: str) -> str | None:
-    """The last math span that reads as math (not "$5 and $10" prose between currency signs) or
-    LaTeX fraction written outside a span (math-verify reads those too), unless a bare number
-    comes after it; else the last number. A short response that is all LaTeX, undelimited, is
-    its own answer."""
+    """docs/grading.md, rules 3 and 4 (a bare fraction counts as a span: math-verify reads those too)."""
     last = next((s for s in reversed(_math_spans(text)) if _reads_as_math(s[2])), None)
     if last is None and "\\" in text and len(text) <= MAX_UNDELIMITED_CHARS and not _is_prose(text):
         return _span_value(text)
@@ -422,10 +395,9 @@ def _span_value(content: str) -> str:
 
 def _extract_letter(text: str) -> str | None:
     boxed = last_boxed(text)
-    if boxed is not None:
-        letter = _letter_of(boxed)
-        if letter:
-            return letter
+    letter = _letter_of(boxed) if boxed is not None else None
+    if letter:
+        return letter
     for pattern in (_MC_ANSWER_RE, _MC_CHOICE_RE):
         found = pattern.findall(text)
         if found:
@@ -441,16 +413,13 @@ def _letter_of(content: str) -> str | None:
 
 
 def _letter_on_last_line(text: str) -> str | None:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    if not lines:
-        return None
-    match = _MC_LAST_LINE_RE.match(lines[-1])
+    last_line = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
+    match = _MC_LAST_LINE_RE.match(last_line)
     return (match.group(1) or match.group(2)) if match else None
 
 
 def _letter_opening_the_answer(text: str) -> str | None:
-    """"A. Because ..." : an answer that opens with its option letter and then gives the reason.
-    A response that lists the options ("A) x", "B) y") is not one."""
+    """"A. Because ...", unless the response lists the options ("A) x", "B) y")."""
     stripped = text.strip()
     match = _MC_FIRST_LINE_RE.match(stripped)
     if not match:

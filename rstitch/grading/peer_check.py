@@ -1,13 +1,5 @@
-"""Agreement with the answer-equivalence cases of established graders' test suites.
-
-The cases (tests/fixtures/grading_peers.jsonl) are written in our words after the classes that
-huggingface/Math-Verify's tests, hendrycks/math's ``math_equivalence_test.py`` and open-r1's reward
-tests check. Each row holds a ``response``, a ``gold`` answer and ``expected``, the verdict the
-peer's test asserts (for our own variants of a class, source "rstitch, a variant after ...", the
-verdict we hold right); ``ours`` (with ``why``) marks a case where our grader decides otherwise on
-purpose. ``scripts/check_grading_peers.py`` prints our agreement and math-verify's, run directly
-on the same cases.
-"""
+"""Agreement with the answer-equivalence cases of established graders' test suites
+(tests/fixtures/grading_peers.jsonl; docs/grading.md, "Agreement with peer graders")."""
 from __future__ import annotations
 
 import json
@@ -29,7 +21,7 @@ class PeerCase:
     source: str               # the peer test file it is modelled on
     response: str
     gold: str
-    expected: bool            # the peer test's verdict
+    expected: bool            # the peer test's verdict (for our own variants, the one we hold right)
     ours: bool | None = None  # our deliberate verdict where it differs from ``expected``
     why: str = ""
     multiple_choice: bool = False
@@ -49,16 +41,12 @@ class PeerCase:
 
 def load_cases(path: str | Path) -> list[PeerCase]:
     cases = []
-    for line in Path(path).read_text().splitlines():
-        if not line.strip():
-            continue
+    for line in filter(str.strip, Path(path).read_text().splitlines()):
         row: dict[str, Any] = json.loads(line)
-        cases.append(PeerCase(
-            id=row["id"], cls=row["class"], source=row["source"], response=row["response"], gold=row["gold"],
-            expected=bool(row["expected"]), ours=row.get("ours"), why=row.get("why", ""),
-            multiple_choice=bool(row.get("multiple_choice")), mv_targets=tuple(row.get("mv_targets", ("latex", "expr"))),
-            mv_precision=int(row.get("mv_precision", 6)),
-        ))
+        row["cls"] = row.pop("class")
+        if "mv_targets" in row:
+            row["mv_targets"] = tuple(row["mv_targets"])
+        cases.append(PeerCase(**row))
     return cases
 
 
@@ -118,17 +106,13 @@ def report(cases: list[PeerCase], results: list[Agreement]) -> str:
     for name, members in by_class.items():
         cells = "  ".join(f"{r.agreeing(members):>12}" for r in results)
         lines.append(f"{name:<{width}}  {len(members):>5}  {cells}")
-    total = "  ".join(f"{r.agreeing(cases):>5} ({r.agreeing(cases) / len(cases):5.1%})" for r in results)
-    lines.append(f"{'all':<{width}}  {len(cases):>5}  {total}")
-    peers = [c for c in cases if c.from_peer]
-    total = "  ".join(f"{r.agreeing(peers):>5} ({r.agreeing(peers) / len(peers):5.1%})" for r in results)
-    label = "the peers' cases"
-    lines.append(f"{label:<{width}}  {len(peers):>5}  {total}")
+    for label, subset in (("all", cases), ("the peers' cases", [c for c in cases if c.from_peer])):
+        total = "  ".join(f"{r.agreeing(subset):>5} ({r.agreeing(subset) / len(subset):5.1%})" for r in results)
+        lines.append(f"{label:<{width}}  {len(subset):>5}  {total}")
     for other in results[1:]:
         lines.append(f"{other.name} differs from them on: {', '.join(c.id for c in other.disagreements(cases)) or 'none'}")
     ours = results[0]
-    lines.append("")
-    lines.append(f"{ours.name} differs from the peers' expectation on {len(ours.disagreements(cases))} cases:")
+    lines += ["", f"{ours.name} differs from the peers' expectation on {len(ours.disagreements(cases))} cases:"]
     for case in ours.disagreements(cases):
         reason = case.why if case.ours is not None and ours.verdicts[case.id] == case.ours else "NOT INTENDED"
         lines.append(f"  {case.id} [{case.source}] expected {case.expected}, got {ours.verdicts[case.id]}: {reason}")

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +49,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Limits of one program. ``memory_bytes`` and ``max_processes`` hold for the whole sample where
-    a cgroup can be made (root), and per process otherwise; then ``max_processes`` is cut so that
-    processes x ``memory_bytes`` fits ``MACHINE_SHARE`` of the machine's memory. ``disk_bytes`` is
-    the size of the sample's tmpfs (working directory, /tmp, /var/tmp, /dev/shm together);
-    ``max_output_bytes`` caps each of stdout, stderr and the report channel."""
+    """Limits of one program; what each covers (whole sample or per process) is in docs/sandbox.md."""
 
     timeout_s: float = 10.0
     cpu_s: float = 10.0
@@ -63,18 +59,16 @@ class SandboxLimits:
     disk_bytes: int = 64 * 1024**2
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "cpu_s", "memory_bytes", "max_output_bytes", "max_processes", "disk_bytes"):
-            value = getattr(self, name)
+        for limit in fields(self):
+            value = getattr(self, limit.name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"sandbox {name} must be a number > 0, got {value!r}")
+                raise ValueError(f"sandbox {limit.name} must be a number > 0, got {value!r}")
 
 
 @dataclass(frozen=True)
 class SandboxResult:
-    """What one program did. ``status``: ok (exit 0), error (other exit code), timeout,
-    output_limit (a stream passed ``max_output_bytes``; the program was stopped), killed (by a
-    signal: CPU, memory or file-size limit, its own kill) or sandbox_error (could not run it).
-    ``report`` is what the program wrote to fd 3 (``REPORT_FD``)."""
+    """What one program did. ``status``: ok (exit 0), error (other exit code), timeout, output_limit,
+    killed (by a signal: a limit or its own kill) or sandbox_error. ``report``: what it wrote to fd 3."""
 
     status: str
     exit_code: int | None
@@ -104,9 +98,8 @@ def run_python(source: str, stdin: str | None = None, limits: SandboxLimits | No
                 os.chown(workdir, uid, uid)
         overhead = BWRAP_PROCESSES if empty_root else 0
         cgroup = sample_cgroup(int(limits.memory_bytes), int(limits.max_processes) + overhead)
-        config = _config(workdir, python, uid, source, stdin, limits, cgroup)
-        verdict = _supervise(config, limits)
-        verdict.setdefault("isolation", {})["whole_sample"] = _whole_sample_note(cgroup, verdict, config, limits)
+        verdict = _supervise(_config(workdir, python, uid, source, stdin, limits, cgroup), limits)
+        verdict.setdefault("isolation", {})["whole_sample"] = _whole_sample_note(cgroup, verdict, limits)
         return _result(verdict, time.monotonic() - start)
     except OSError as err:  # e.g. no space for the mount point
         return SandboxResult("sandbox_error", None, "", f"sandbox: {err}", time.monotonic() - start)
@@ -118,11 +111,8 @@ def run_python(source: str, stdin: str | None = None, limits: SandboxLimits | No
 
 
 def sandbox_python() -> tuple[str, int | None]:
-    """(interpreter, uid) for the program. Root drops to ``nobody``, who must be able to run the
-    interpreter: this one if every directory above it is open to others, else the system Python
-    (a virtualenv under a private home is not); with neither, the program keeps the caller's uid
-    (on the empty root: uid 65534 of a user namespace of its own). The interpreter is the base one
-    of a virtualenv: the program gets the standard library, not the project's packages."""
+    """(interpreter, uid): the base interpreter of a virtualenv; root drops to ``nobody`` where nobody
+    can run it or the system Python (a virtualenv under a private home it cannot), else keeps its uid."""
     base = getattr(sys, "_base_executable", "") or sys.executable
     if os.getuid() != 0:
         return base, None
@@ -141,8 +131,7 @@ def _runnable_by_others(path: str) -> bool:
 
 def _config(workdir: Path | None, python: str, uid: int | None, source: str, stdin: str | None,
             limits: SandboxLimits, cgroup: SampleCgroup | None) -> dict[str, Any]:
-    """The supervisor's instructions. ``workdir`` None: the empty root (bwrap's command line in
-    ``empty_root``, the seccomp program in ``seccomp_bpf``); else the host path the supervisor uses."""
+    """The supervisor's instructions. ``workdir`` None: the empty root; else the host path the supervisor uses."""
     inside = INSIDE_WORKDIR if workdir is None else str(workdir)
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": inside,
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "PYTHONIOENCODING": "utf-8"}
@@ -158,7 +147,8 @@ def _config(workdir: Path | None, python: str, uid: int | None, source: str, std
         "uid": uid,
         "argv": [python, "-I", "-c", RUN_MAIN if root is None else RUN_MAIN_IN_ROOT],
         "empty_root": root,
-        "empty_root_note": _empty_root_note(python) if root is not None else f"none: {MISSING}",
+        "empty_root_note": (f"{bubblewrap_version()}: only {interpreter_prefix(python)} and the system libraries, "
+                            "read-only") if root is not None else f"none: {MISSING}",
         "seccomp_bpf": seccomp.hex() if seccomp else None,
         "seccomp_note": seccomp_note,
         "env": env,
@@ -176,13 +166,8 @@ def _config(workdir: Path | None, python: str, uid: int | None, source: str, std
     }
 
 
-def _empty_root_note(python: str) -> str:
-    return f"{bubblewrap_version()}: only {interpreter_prefix(python)} and the system libraries, read-only"
-
-
 def fitting_process_count(limits: SandboxLimits) -> int:
-    """Without a cgroup, memory is limited per process only: the process count is cut so that
-    processes x ``memory_bytes`` stays under ``MACHINE_SHARE`` of the machine's memory (at least 1)."""
+    """Without a cgroup: processes x ``memory_bytes`` stays under ``MACHINE_SHARE`` of the machine's memory."""
     try:
         machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
@@ -190,8 +175,7 @@ def fitting_process_count(limits: SandboxLimits) -> int:
     return max(1, min(int(limits.max_processes), int(machine * MACHINE_SHARE) // int(limits.memory_bytes)))
 
 
-def _whole_sample_note(cgroup: SampleCgroup | None, verdict: dict[str, Any], config: dict[str, Any],
-                       limits: SandboxLimits) -> str:
+def _whole_sample_note(cgroup: SampleCgroup | None, verdict: dict[str, Any], limits: SandboxLimits) -> str:
     if cgroup is not None and verdict.get("isolation", {}).get("cgroup"):
         return cgroup.describe(int(limits.memory_bytes), int(limits.max_processes))
     return (f"no cgroup: {int(limits.memory_bytes) / 1024**3:.3g} GiB per process, "
@@ -199,8 +183,7 @@ def _whole_sample_note(cgroup: SampleCgroup | None, verdict: dict[str, Any], con
 
 
 def _process_limit(uid: int | None, wanted: int) -> int:
-    """RLIMIT_NPROC counts every process of the user: as nobody that is the sandboxes alone;
-    as the caller's own user, its current processes are added so the program can start."""
+    """RLIMIT_NPROC counts every process of the user: as the caller's own, its current ones are added."""
     if uid is not None:
         return int(wanted)
     mine = sum(1 for entry in Path("/proc").iterdir() if entry.name.isdigit() and _owned_by_me(entry))
@@ -252,9 +235,8 @@ def _status(verdict: dict[str, Any]) -> str:
 
 
 def check_code_sandbox(allow_weak: bool = False) -> dict[str, Any]:
-    """Before a code benchmark decodes: run one program and return its ``isolation``. A sandbox
-    that cannot run it is a ``ConfigError``; so is one without the empty root (no bubblewrap)
-    unless ``allow_weak`` (config ``weak_code_sandbox=true``), which then logs one warning line."""
+    """Before a code benchmark decodes: run one program and return its ``isolation``. A sandbox that
+    cannot, or has no empty root without ``allow_weak`` (``weak_code_sandbox=true``), is a ``ConfigError``."""
     result = run_python("print('ok')", limits=SandboxLimits(timeout_s=30.0, cpu_s=10))
     if not (result.ok and result.stdout == "ok\n"):
         reason = (result.stderr.strip().splitlines() or [result.status])[-1]

@@ -1,12 +1,9 @@
-"""A cgroup per sandboxed sample: memory and process count for the sample as a whole.
-
-Root only. cgroup v2 when the unified hierarchy at /sys/fs/cgroup offers the memory and pids
-controllers (a ``rstitch-sandbox`` parent is made under its root, whose controllers can always be
-enabled), else cgroup v1 memory + pids hierarchies (a child of this process's own cgroup in each).
-Anything missing or refused gives None, and the caller falls back to per-process limits.
-"""
+"""A cgroup per sandboxed sample (root only): memory and process count for the sample as a whole.
+cgroup v2 under a ``rstitch-sandbox`` parent of the root (whose controllers can always be enabled),
+else v1 memory + pids (a child of this process's own cgroup in each); else None: per-process limits."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -31,7 +28,7 @@ class SampleCgroup:
         return [str(d / "cgroup.procs") for d in self.dirs]
 
     def describe(self, memory_bytes: int, max_processes: int) -> str:
-        return f"cgroup v{self.version}: {_gib(memory_bytes)} and {max_processes} processes for the whole sample"
+        return f"cgroup v{self.version}: {memory_bytes / 1024**3:.3g} GiB and {max_processes} processes for the whole sample"
 
     def remove(self) -> None:
         """Kill whatever is left in it and remove it; bounded in time."""
@@ -40,15 +37,11 @@ class SampleCgroup:
         deadline = time.monotonic() + REMOVE_WAIT_S
         pending = [d for d in self.dirs if d.exists()]
         while pending and time.monotonic() < deadline:
-            for directory in list(pending):
+            for directory in pending:
                 _kill_members(directory)
-                try:
+                with contextlib.suppress(OSError):  # busy until its last process is gone
                     directory.rmdir()
-                    pending.remove(directory)
-                except FileNotFoundError:
-                    pending.remove(directory)
-                except OSError:
-                    pass
+            pending = [d for d in pending if d.exists()]
             if pending:
                 time.sleep(0.02)
 
@@ -123,23 +116,12 @@ def _own_v1_paths() -> dict[str, str]:
 
 
 def _kill_members(directory: Path) -> None:
-    try:
-        members = (directory / "cgroup.procs").read_text().split()
-    except OSError:
-        return
-    for pid in members:
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (OSError, ValueError):
-            pass
+    with contextlib.suppress(OSError):
+        for pid in (directory / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
 
 
 def _write_quietly(path: Path, text: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         path.write_text(text)
-    except OSError:
-        pass
-
-
-def _gib(value: int) -> str:
-    return f"{value / 1024**3:.3g} GiB"

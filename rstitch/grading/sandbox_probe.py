@@ -1,13 +1,7 @@
-"""Probe the code sandbox as a hostile model solution would (``scripts/probe_sandbox.py``).
-
-Each probe runs one attack through ``run_python`` or ``grade_code`` with small limits and says
-whether it was contained. Sizes stay small (at most 4 x 64 MiB of memory, 10 MiB of disk, 40
-processes) so that the probe is safe on a shared machine; a probe that would block is abandoned
-after its own outer timeout.
-"""
+"""Probe the code sandbox as a hostile model solution would: the attack classes and sizes are in
+``scripts/probe_sandbox.py``; each probe says whether its attack was contained."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import subprocess
@@ -37,11 +31,8 @@ class ProbeOutcome:
 
 
 def probe_limits(**changes: Any) -> SandboxLimits:
-    """Small limits; ``disk_bytes`` only where this sandbox knows it."""
-    fields = {"timeout_s": 3.0, "cpu_s": 3, "memory_bytes": 256 * MIB, "max_output_bytes": 64 * 1024,
-              "max_processes": 16, "disk_bytes": 2 * MIB, **changes}
-    known = {f.name for f in dataclasses.fields(SandboxLimits)}
-    return SandboxLimits(**{name: value for name, value in fields.items() if name in known})
+    return SandboxLimits(**{"timeout_s": 3.0, "cpu_s": 3, "memory_bytes": 256 * MIB, "max_output_bytes": 64 * 1024,
+                            "max_processes": 16, "disk_bytes": 2 * MIB, **changes})
 
 
 def run_bounded(call: Callable[[], Any], outer_s: float) -> tuple[Any, float] | None:
@@ -52,10 +43,6 @@ def run_bounded(call: Callable[[], Any], outer_s: float) -> tuple[Any, float] | 
     worker.start()
     worker.join(outer_s)
     return (box[0], time.monotonic() - start) if box else None
-
-
-def _all_text(result: SandboxResult) -> str:
-    return result.stdout + result.stderr + str(getattr(result, "report", ""))
 
 
 def probe_output_links(outer_s: float) -> list[ProbeOutcome]:
@@ -70,7 +57,8 @@ def probe_output_links(outer_s: float) -> list[ProbeOutcome]:
         for target, what in (("/proc/self/environ", "the caller's environment"), (str(private), "a 0600 file")):
             source = _replace_outputs(f"os.symlink({target!r}, name)") + "raise SystemExit(1)\n"
             done = run_bounded(functools.partial(run_python, source, limits=probe_limits()), outer_s)
-            leaked = done is not None and any(text in _all_text(done[0]) for text in (secret, *_own_environment()))
+            returned = done[0].stdout + done[0].stderr + done[0].report if done is not None else ""
+            leaked = any(text in returned for text in (secret, *_own_environment()))
             outcomes.append(ProbeOutcome("1 outputs", f"stdout/stderr -> link to {what}",
                                          "LEAKED into the result" if leaked else "not leaked", not leaked))
     del os.environ["RSTITCH_PROBE_SECRET"]
@@ -280,13 +268,10 @@ def probe_host_files(outer_s: float) -> list[ProbeOutcome]:
     name = f".rstitch-probe-{os.getpid()}"
     canary = project / name
     secret = f"probe canary {os.getpid()}-{time.monotonic_ns()}"
-    try:
-        canary.write_text(secret)
-        canary.chmod(0o644)
-    except OSError:
-        canary = Path(tempfile.gettempdir()) / name  # a read-only checkout: a world-readable file in /tmp
-        canary.write_text(secret)
-        canary.chmod(0o644)
+    if not os.access(project, os.W_OK):  # a read-only checkout: a world-readable file in /tmp
+        canary = Path(tempfile.gettempdir()) / name
+    canary.write_text(secret)
+    canary.chmod(0o644)
     source = HOST_FILES.format(paths=[str(canary), "/etc/passwd"], directories=[*WORLD_WRITABLE, str(project)], name=name)
     try:
         done = run_bounded(lambda: run_python(source, limits=probe_limits()), outer_s)

@@ -1,17 +1,14 @@
-"""Decide whether a response's answer equals the gold answer.
-
-``grade`` extracts the answer, tries a cheap normalized-string / plain-number comparison, and
-only then asks math-verify. math-verify runs in worker processes of a pebble pool because its
-own timeout relies on ``signal.alarm`` (main thread only) and sympy can hang on answers such
-as ``(10^7)!``: a worker is killed and replaced when one comparison exceeds its time limit,
-which works from any thread or process and never stalls a run.
-"""
+"""Decide whether a response's answer equals the gold answer (docs/grading.md). math-verify runs in
+a pebble pool: its own timeout needs ``signal.alarm`` (main thread only), and sympy can hang on
+``(10^7)!``; a worker past its limit is killed and replaced, from any thread."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import re
+import resource
 import signal
 import threading
 from collections.abc import Mapping, Sequence
@@ -31,12 +28,8 @@ MAX_SYMPY_EXPONENT = 300  # beyond a float's range math-verify would build the w
 
 def grade(response: str, gold: str, multiple_choice: bool = False, timeout_s: float = 5.0,
           tolerance: Sequence[float | None] | None = None) -> bool:
-    """True iff the final answer in ``response`` is equivalent to ``gold``.
-
-    A comparison that takes longer than ``timeout_s`` counts as wrong. ``tolerance`` (a record's
-    ``metadata["tolerance"]``, OlympiadBench's ``error``) also accepts numbers within it of the
-    gold's: see ``within_tolerance``.
-    """
+    """True iff the final answer in ``response`` is equivalent to ``gold``; past ``timeout_s`` it is not.
+    ``tolerance``: a record's ``metadata["tolerance"]`` (``within_tolerance``)."""
     found = extract_final(response, multiple_choice=multiple_choice)
     return _grade_found(found, gold, multiple_choice, timeout_s, tolerance)
 
@@ -46,7 +39,7 @@ def _grade_found(found: Extracted | None, gold: str, multiple_choice: bool, time
     if found is None:
         return False
     if multiple_choice:
-        return found.text.strip().upper() == _gold_letter(gold)
+        return found.text.strip().upper() == gold.strip().strip("()").strip().upper()
     predicted = shaped_like_gold(found, str(gold))
     if tolerance and within_tolerance(predicted, gold, tolerance):
         return True
@@ -57,9 +50,8 @@ _BRACKETS = (("\\left(", "\\right)"), ("\\left[", "\\right]"), ("\\{", "\\}"), (
 
 
 def shaped_like_gold(found: Extracted, gold: str) -> str:
-    """The answer to compare with ``gold``: an answer written in several boxes is the list of
-    their contents, in the gold's brackets when the gold is one bracketed tuple, interval or set
-    of as many parts (``\\boxed{1}, \\boxed{2}`` against ``(1, 2)`` is ``(1, 2)``)."""
+    """Several boxes' contents as one list, in the gold's brackets when the gold is one tuple,
+    interval or set of as many parts (docs/grading.md, "Notes on the rules")."""
     if not found.parts:
         return found.text
     joined = ", ".join(found.parts)
@@ -89,9 +81,8 @@ TOLERANCE_SLACK = 1.01  # OlympiadBench's judge accepts |gold - answer| <= error
 
 
 def within_tolerance(predicted: str, gold: str, tolerance: Sequence[float | None]) -> bool:
-    """OlympiadBench's numeric tolerance: the answer's comma-separated parts pair up with the
-    gold's (in any order), and each pair is two numbers at most its part's tolerance apart.
-    ``tolerance`` has one entry for every part, or one per part (None: that part is exact)."""
+    """OlympiadBench's numeric tolerance (docs/grading.md). ``tolerance`` has one entry for every
+    part, or one per part (None: that part is exact)."""
     gold_parts, predicted_parts = split_parts(gold), split_parts(predicted)
     if len(gold_parts) != len(predicted_parts):
         return False
@@ -133,9 +124,8 @@ ANSWER_TYPES = ("math", "multiple_choice", "code", "zebra_grid", "python_literal
 
 def grade_sample(response: str, gold: str, multiple_choice: bool = False, timeout_s: float = 5.0,
                  metadata: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A sample record's ``answer`` and ``correct``, plus ``grading_error`` when grading raised:
-    one bad sample is graded wrong with the reason, and the run goes on. A record's
-    ``metadata["answer_type"]`` picks the grader (math when absent; docs/datasets.md)."""
+    """A sample's ``answer`` and ``correct``, plus ``grading_error`` when grading raised (the run goes
+    on). ``metadata["answer_type"]`` picks the grader (math when absent; docs/datasets.md)."""
     answer_type = (metadata or {}).get("answer_type") or ("multiple_choice" if multiple_choice else "math")
     try:
         if answer_type not in ("math", "multiple_choice"):
@@ -167,10 +157,8 @@ def _grade_structured(response: str, gold: str, answer_type: str, metadata: Mapp
 
 
 def is_equivalent(predicted: str, gold: str, timeout_s: float = 5.0, fast_path: bool = True) -> bool:
-    """True iff the extracted answer ``predicted`` is mathematically equivalent to ``gold``.
-
-    ``fast_path=False`` sends every pair to math-verify (for checking the fast path itself).
-    """
+    """True iff ``predicted`` equals ``gold`` mathematically; ``fast_path=False`` sends every pair to
+    math-verify (for checking the fast path itself)."""
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
     gold = str(gold)
@@ -214,12 +202,8 @@ _PARENTHESIZED_NUMBER_RE = re.compile(r"^\(([-+]?(?:\d+\.?\d*|\.\d+))\)$")
 
 
 def quick_compare(predicted: str, gold: str) -> bool | None:
-    """True/False when a cheap check settles the comparison, None when math-verify must.
-
-    Equal normalized strings are equivalent; two plain numbers are compared exactly, and two
-    different integers are settled as unequal (rounding tolerance only matters for decimals), as
-    are numbers beyond a float's range, which math-verify would try to expand digit by digit.
-    """
+    """True/False when a cheap check settles the comparison (docs/grading.md, "Fast path"), None
+    when math-verify must. Numbers beyond a float's range are settled: math-verify would expand them."""
     pred, ref = normalize_answer(predicted), normalize_answer(gold)
     if not pred or not ref:
         return None
@@ -230,17 +214,14 @@ def quick_compare(predicted: str, gold: str) -> bool | None:
         return None
     if pred_number == ref_number:
         return True
-    if _INTEGER_RE.match(pred) and _INTEGER_RE.match(ref):
-        return False
-    if max(abs(pred_number.adjusted()), abs(ref_number.adjusted())) > MAX_SYMPY_EXPONENT:
+    integers = bool(_INTEGER_RE.match(pred) and _INTEGER_RE.match(ref))  # rounding only matters for decimals
+    if integers or max(abs(pred_number.adjusted()), abs(ref_number.adjusted())) > MAX_SYMPY_EXPONENT:
         return False
     return None
 
 
 def normalize_answer(answer: str) -> str:
-    """Canonical text of an answer for string comparison: no math delimiters, spacing,
-    \\left/\\right, \\text{} wrappers, degree or percent signs, dollar signs, final period or
-    thousands separators ("1,000" and "10,\\!080" but not the list "2, 125")."""
+    """Canonical text of an answer for string comparison (docs/grading.md, "Fast path")."""
     text = _strip_delimiters(answer.strip())
     text = _PERCENT_WORD_RE.sub("", text)
     text = _NUMBER_WITH_UNIT_RE.sub(r"\1", text.strip())
@@ -282,8 +263,7 @@ def _strip_delimiters(text: str) -> str:
 
 
 def _as_number(normalized: str) -> Decimal | None:
-    """The exact value of a plain or scientific number. Decimal keeps "1e1000000000" as digits
-    and an exponent, so neither building nor comparing it expands the power."""
+    """The exact value of a plain or scientific number; Decimal never expands "1e1000000000"."""
     if _DECIMAL_RE.match(normalized):
         return Decimal(normalized)
     scientific = _SCIENTIFIC_RE.match(normalized)
@@ -312,18 +292,11 @@ def _as_latex(answer: str) -> str:
     return f"\\boxed{{{text}}}"
 
 
-def _gold_letter(gold: str) -> str:
-    text = gold.strip().strip("()").strip()
-    return text.upper()
-
-
 # --------------------------------------------------------------------------- worker processes
 
 
 class _VerifyPool:
-    """math-verify in a pebble process pool. Each comparison is a task with its own time limit,
-    counted from the moment a worker starts it (never while it waits for a free worker); pebble
-    kills the worker of a task past its limit and starts a new one."""
+    """math-verify in a pebble pool; a task's limit counts from when a worker starts it, never while it waits."""
 
     def __init__(self, workers: int) -> None:
         import multiprocessing
@@ -384,36 +357,20 @@ atexit.register(_close_pool)
 
 
 def _start_worker() -> None:
-    """A worker's setup: a memory limit, Ctrl-C left to the parent, math-verify imported before the
-    first timed comparison."""
-    _limit_memory(WORKER_MEMORY_LIMIT_BYTES)
+    with contextlib.suppress(ValueError, OSError):  # best effort: not every platform lowers the limit
+        resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_LIMIT_BYTES, WORKER_MEMORY_LIMIT_BYTES))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it stops the pool
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    math_verify_equal("1", "1")  # import sympy and build the parsers
+    _compare_in_worker("1", "1")  # import sympy and build the parsers before the first timed comparison
 
 
 def _compare_in_worker(gold_latex: str, predicted_latex: str) -> bool:
-    try:
-        return math_verify_equal(gold_latex, predicted_latex)
-    except Exception:  # noqa: BLE001 - an answer math-verify cannot handle is a wrong answer, not a dead worker
-        return False
-
-
-def math_verify_equal(gold_latex: str, predicted_latex: str) -> bool:
-    """math-verify's verdict with its signal-based timeouts disabled (the caller enforces one)."""
+    """math-verify's verdict with its signal-based timeouts off (the pool enforces one)."""
     from math_verify import parse, verify
 
-    gold = parse(gold_latex, parsing_timeout=None)
-    predicted = parse(predicted_latex, parsing_timeout=None)
-    if not gold or not predicted:
-        return False
-    return bool(verify(gold, predicted, timeout_seconds=None))
-
-
-def _limit_memory(limit_bytes: int) -> None:
     try:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
-    except (ImportError, ValueError, OSError):
-        pass  # best effort: not every platform allows lowering the limit
+        gold = parse(gold_latex, parsing_timeout=None)
+        predicted = parse(predicted_latex, parsing_timeout=None)
+        return bool(gold and predicted and verify(gold, predicted, timeout_seconds=None))
+    except Exception:  # noqa: BLE001 - an answer math-verify cannot handle is a wrong answer, not a dead worker
+        return False
