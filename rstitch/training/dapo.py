@@ -1,10 +1,5 @@
-"""DAPO for R-Stitch+'s router (training/fit_rstitch_router.py runs the loop; docs/rstitch-plus.md).
-
-A group of G routed rollouts per prompt; reward R = r_acc - lam * r_acc * L_hat (the latency
-model's estimate in ms); groups whose rewards are all equal are dropped (dynamic sampling);
-group-normalized advantages; the clipped surrogate summed over a group's router decisions and
-divided by their number (token-level normalization), averaged over groups.
-"""
+"""DAPO's pieces for R-Stitch+'s router (docs/rstitch-plus.md, "Training"); the loop is
+fit_rstitch_router.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,14 +36,9 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 def dapo_loss(new_log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
               group_ids: torch.Tensor, eps_low: float = 0.2, eps_high: float | None = None) -> tuple[torch.Tensor, dict]:
-    """DAPO's clipped surrogate (to minimize), one row per router decision.
-
-    The ratio is clipped to [1 - eps_low, 1 + eps_high]; eps_high None is the symmetric clip of
-    R-Stitch's eq. 8 (eps_high = eps_low); DAPO's clip-higher is eps_high 0.28 (`CLIP_HIGHER`).
-
-    Each group's per-decision terms are summed and divided by the group's number of decisions
-    (a long rollout weighs by its decisions, not as one sample), then groups are averaged.
-    """
+    """DAPO's clipped surrogate (to minimize), one row per router decision, the ratio clipped to
+    [1 - eps_low, 1 + eps_high] (None: eps_low, R-Stitch's eq. 8). Token-level normalization: each
+    group's terms are summed over its decisions and divided by their number, then groups averaged."""
     eps_high = eps_low if eps_high is None else eps_high
     ratio = torch.exp(new_log_probs - old_log_probs)
     clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
@@ -94,18 +84,11 @@ def rollout(prompt_ids: list[int], gold: str, pair: ModelPair, router: RStitchRo
 def decision_batch(groups: list[tuple[list[Rollout], torch.Tensor]], width: int) -> dict[str, torch.Tensor]:
     """Flatten the kept groups (rollouts, advantages) into one row per router decision; hidden
     states are zero-padded to `width` (the larger model's)."""
-    hidden, sources, actions, old, adv, group_ids = [], [], [], [], [], []
-    for g, (rollouts, advantages) in enumerate(groups):
-        for r, a in zip(rollouts, advantages.tolist()):
-            for d in r.decisions:
-                hidden.append(torch.nn.functional.pad(d.hidden, (0, width - d.hidden.shape[0])))
-                sources.append(d.source)
-                actions.append(d.action)
-                old.append(d.log_prob)
-                adv.append(a)
-                group_ids.append(g)
-    return {"hidden": torch.stack(hidden), "sources": torch.tensor(sources), "actions": torch.tensor(actions),
-            "old_log_probs": torch.tensor(old), "advantages": torch.tensor(adv), "group_ids": torch.tensor(group_ids)}
+    rows = [(d, a, g) for g, (rollouts, advantages) in enumerate(groups) for r, a in zip(rollouts, advantages.tolist()) for d in r.decisions]
+    return {"hidden": torch.stack([torch.nn.functional.pad(d.hidden, (0, width - d.hidden.shape[0])) for d, _, _ in rows]),
+            "sources": torch.tensor([d.source for d, _, _ in rows]), "actions": torch.tensor([d.action for d, _, _ in rows]),
+            "old_log_probs": torch.tensor([d.log_prob for d, _, _ in rows]), "advantages": torch.tensor([a for _, a, _ in rows]),
+            "group_ids": torch.tensor([g for _, _, g in rows])}
 
 
 def dapo_update(router: RStitchRouter, optimizer: torch.optim.Optimizer, data: dict[str, torch.Tensor], updates: int,

@@ -1,8 +1,6 @@
-"""Arbitrage's router (scripts/train_arbitrage_router.py parses the arguments and calls these;
-docs/step-level.md): paired steps labelled by a PRM (both models write the next step from the same
-prefix, the PRM scores both, y = 1[PRM(target step) > PRM(draft step)]), class-balanced, a sequence
-classifier fine-tuned on them, and its held-out evaluation (Spearman rho against the PRM gain,
-per-class accuracy)."""
+"""Arbitrage's router (scripts/train_arbitrage_router.py calls these; docs/step-level.md): paired
+steps labelled y = 1[PRM(target step) > PRM(draft step)], class-balanced, a sequence classifier
+fine-tuned on them, and its held-out evaluation (Spearman rho against the PRM gain, per-class accuracy)."""
 from __future__ import annotations
 
 import math
@@ -14,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 from rstitch.config_groups import prompt_format
 from rstitch.data import load_dataset_records
@@ -34,9 +33,6 @@ FOLLOW_TAU = {"oracle": 0.0, "draft": math.inf, "target": -math.inf}
 SEPARATOR = "\n\n"
 
 
-# ----------------------------------------------------------------------------- 1. problems
-
-
 def problems(data: str, n: int, seed: int, held_out: bool) -> list[str]:
     """The testbed's train (held out: validation) split through the data registry, or
     AI-MO/NuminaMath-CoT's train (held out: test) split as in the Arbitrage paper."""
@@ -48,13 +44,9 @@ def problems(data: str, n: int, seed: int, held_out: bool) -> list[str]:
     return list(rows.shuffle(seed=seed).select(range(min(n, len(rows))))["problem"])
 
 
-# ----------------------------------------------------------------------------- 2. paired steps
-
-
 @dataclass(frozen=True)
 class LabelSettings:
     """How paired steps are generated (scripts/train_arbitrage_router.py's data options)."""
-
     prompt: str = "chat"  # a conf/prompt/*.yaml name
     max_new_tokens: int = 400
     max_step_tokens: int = 120
@@ -68,7 +60,6 @@ class LabelSettings:
 @dataclass(frozen=True)
 class FitSettings:
     """How the router is fine-tuned: cross-entropy, AdamW, linear warmup then linear decay."""
-
     epochs: int = 4
     batch_size: int = 16
     lr: float = 5e-4
@@ -103,12 +94,7 @@ def batched_steps(runner, rows: list[list[int]], limits: list[int], eos: set[int
 
     model, tokenizer = runner.model, runner.tokenizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos))
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row):] = torch.tensor(row)
-        mask[i, width - len(row):] = 1
+    ids, mask = padded(rows, pad, side="left")
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = cache_kwargs(model, DynamicCache(config=model.config))  # filled in place by each forward
     out = model(input_ids=ids.to(runner.device), attention_mask=mask.to(runner.device),
@@ -181,9 +167,6 @@ def balanced(examples: list[Example], rng: random.Random) -> list[Example]:
     return chosen
 
 
-# ----------------------------------------------------------------------------- 3. router
-
-
 def load_router(init: str, device: str):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -197,13 +180,15 @@ def encode(tokenizer, examples: list[Example], max_length: int) -> list[list[int
     return [encode_router_input(tokenizer, e.problem, e.history, e.draft)[-max_length:] for e in examples]
 
 
+def padded(rows: list[list[int]], pad: int, side: str = "right") -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows as one tensor padded with ``pad`` on ``side``, and its attention mask."""
+    ids = pad_sequence([torch.tensor(row, dtype=torch.long) for row in rows], batch_first=True, padding_value=pad, padding_side=side)
+    mask = pad_sequence([torch.ones(len(row), dtype=torch.long) for row in rows], batch_first=True, padding_side=side)
+    return ids, mask
+
+
 def batch_tensors(ids: list[list[int]], pad_id: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    n = max(len(x) for x in ids)
-    input_ids = torch.full((len(ids), n), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(ids), n), dtype=torch.long)
-    for i, x in enumerate(ids):  # right padding: the classifier pools the last non-pad token
-        input_ids[i, : len(x)] = torch.tensor(x)
-        mask[i, : len(x)] = 1
+    input_ids, mask = padded(ids, pad_id)  # right padding: the classifier pools the last non-pad token
     return input_ids.to(device), mask.to(device)
 
 
@@ -246,9 +231,6 @@ def predict(model, ids: list[list[int]], device: str, batch_size: int = 32) -> n
     return np.asarray(out)
 
 
-# ----------------------------------------------------------------------------- 4. evaluation
-
-
 def evaluate(y_hat: np.ndarray, deltas: list[float]) -> dict:
     """Spearman rho between y_hat and delta, and per-class accuracy at y_hat > 0.5."""
     positive = np.asarray(deltas) > 0
@@ -263,27 +245,20 @@ def evaluate(y_hat: np.ndarray, deltas: list[float]) -> dict:
     }
 
 
-# ----------------------------------------------------------------------------- smoke models
-
-
 def build_smoke_models(root: Path) -> dict[str, str]:
     """Tiny random SLM, LLM and (likelihood) PRM on the testbed tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from rstitch.scorers.likelihood_prm import LikelihoodHead, save_prm
     from rstitch.testbed.tokenizer import build_tokenizer
+    from rstitch.training.fit_rstitch_router import random_llama
 
     tok = build_tokenizer(root / "tokenizer")
     paths = {}
     for seed, name in enumerate(("slm", "llm", "prm")):
-        torch.manual_seed(seed)
-        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                          num_attention_heads=2, num_key_value_heads=2, eos_token_id=tok.eos_token_id,
-                          pad_token_id=tok.pad_token_id, bos_token_id=None)
+        model = random_llama(tok, hidden=32, layers=1, seed=seed)
         if name == "prm":
-            save_prm(root / name, LlamaForCausalLM(cfg), tok, LikelihoodHead())
+            save_prm(root / name, model, tok, LikelihoodHead())
         else:
-            LlamaForCausalLM(cfg).save_pretrained(root / name)
+            model.save_pretrained(root / name)
             tok.save_pretrained(root / name)
         paths[name] = str(root / name)
     return paths

@@ -156,20 +156,24 @@ def write_history(history: list[dict], out: Path) -> None:
             writer.writerows(history)
 
 
-def build_smoke_pair(out_dir: Path) -> dict[str, dict[str, str]]:
-    """Two tiny random Llamas on a small testbed tokenizer (no download, a few seconds)."""
+def random_llama(tok: Any, hidden: int, layers: int, seed: int) -> Any:
+    """A tiny Llama with random weights (drawn after seeding torch with ``seed``) on ``tok``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                                        num_attention_heads=2, num_key_value_heads=2, eos_token_id=tok.eos_token_id,
+                                        pad_token_id=tok.pad_token_id, bos_token_id=None))
+
+
+def build_smoke_pair(out_dir: Path) -> dict[str, dict[str, str]]:
+    """Two tiny random Llamas on a small testbed tokenizer (no download, a few seconds)."""
     from rstitch.testbed.tokenizer import tokenizer_corpus, train_tokenizer
 
     tok = train_tokenizer(tokenizer_corpus(n_problems=200), vocab_size=300)
     paths = {}
     for name, layers, hidden in (("slm", 1, 32), ("llm", 2, 48)):
-        torch.manual_seed(len(name) + layers)
-        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                          num_attention_heads=2, num_key_value_heads=2, eos_token_id=tok.eos_token_id,
-                          pad_token_id=tok.pad_token_id, bos_token_id=None)
-        LlamaForCausalLM(cfg).save_pretrained(out_dir / name)
+        random_llama(tok, hidden, layers, seed=len(name) + layers).save_pretrained(out_dir / name)
         tok.save_pretrained(out_dir / name)
         paths[name] = {"path": str(out_dir / name), "name": f"smoke-{name}"}
     return paths
