@@ -17,6 +17,7 @@ from typing import Any
 from rstitch.configs import override_key
 from rstitch.data import load_dataset_records
 from rstitch.errors import ConfigError
+from rstitch.results.baseline import missing_baseline_note
 from rstitch.results.keys import is_sharded, key_differences, run_key, run_tag, unsharded
 from rstitch.results.measurement import contention_notes, summarize_measurement
 from rstitch.results.metrics import baseline_method
@@ -47,10 +48,6 @@ class MergePlan:
     config: dict[str, Any]           # the unsharded configuration
     samples: list[dict[str, Any]]    # in dataset order, as an unsharded run writes them
     target: Path
-
-    @property
-    def method(self) -> str:
-        return self.config["method"]["name"]
 
 
 def read_shard(run_dir: str | Path) -> Shard:
@@ -165,7 +162,7 @@ def find_shard_groups(roots: Sequence[str | Path]) -> list[list[Shard]]:
 
 def merge(groups: list[list[Shard]]) -> list[tuple[MergePlan, dict[str, Any]]]:
     """Check every group, then write them, the LLM-only baseline first so that the others find it for speedups."""
-    plans = sorted((plan_merge(g) for g in groups), key=lambda p: (p.method != baseline_method(), str(p.target)))
+    plans = sorted((plan_merge(g) for g in groups), key=lambda p: (p.config["method"]["name"] != baseline_method(), str(p.target)))
     return [(plan, write_merge(plan)) for plan in plans]
 
 
@@ -178,13 +175,6 @@ def shard_overrides(shard: Shard) -> list[str]:
 
     overrides = yaml.safe_load(record.read_text()) or []
     return [o for o in overrides if override_key(o) not in ("dataset.shard", "dataset.num_shards")]
-
-
-def speedup_note(plan: MergePlan, summary: dict[str, Any]) -> str | None:
-    """Why the merged run has no speedup and the command that makes its baseline (as rstitch-run says)."""
-    from rstitch.results.baseline import missing_baseline_note
-
-    return missing_baseline_note(summary, plan.target.parent.parent, shard_overrides(plan.shards[0]))
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -206,7 +196,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(format_table(summary))
         for line in contention_notes([summary]):
             print(line)
-        note = speedup_note(plan, summary)
+        # Why the merged run has no speedup, and the command that makes its baseline, as rstitch-run says.
+        note = missing_baseline_note(summary, plan.target.parent.parent, shard_overrides(plan.shards[0]))
         if note:
             print(note)
         print(f"merged {len(plan.shards)} shards, {len(plan.samples)} samples: {plan.target}")

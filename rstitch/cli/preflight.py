@@ -18,10 +18,6 @@ MULTIRUN_FLAGS = ("-m", "--multirun")
 SLURM_COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "scancel")
 
 
-def is_multirun(argv: Sequence[str]) -> bool:
-    return any(a in MULTIRUN_FLAGS for a in argv)
-
-
 def overrides_of(argv: Sequence[str]) -> list[str] | None:
     """The `key=value` overrides, or None when a Hydra flag other than -m (`--cfg`, ...) leaves them to Hydra."""
     if any(a.startswith("-") and a not in MULTIRUN_FLAGS for a in argv):
@@ -146,7 +142,7 @@ def check_command_line(argv: Sequence[str]) -> None:
     overrides = overrides_of(argv)
     if overrides is None:
         return
-    multirun = is_multirun(argv)
+    multirun = any(a in MULTIRUN_FLAGS for a in argv)
     check_sweep_needs_multirun(overrides, multirun)
     check_slurm(overrides)
     check_composes(overrides, multirun)

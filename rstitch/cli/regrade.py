@@ -174,11 +174,7 @@ def method_table(results: list[Regraded]) -> str:
     """Verdicts changed per method, over all runs graded again."""
     rows: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for r in results:
-        row = rows[r.method]
-        row[0] += 1
-        row[1] += r.samples
-        row[2] += r.changed
-        row[3] += r.gained
+        rows[r.method] = [total + add for total, add in zip(rows[r.method], (1, r.samples, r.changed, r.gained))]
     lines = [f"{'method':<20} {'runs':>5} {'samples':>8} {'changed':>8} {'to right':>9} {'to wrong':>9}"]
     for method, (runs, samples, changed, gained) in sorted(rows.items()):
         lines.append(f"{method:<20} {runs:>5} {samples:>8} {changed:>8} {gained:>9} {changed - gained:>9}")

@@ -37,17 +37,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="auto: online when WANDB_API_KEY is set")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads for --entropy")
     args = parser.parse_args(argv)
-    if args.output is None:
-        args.output = default_output(args.results)
+    if args.output is None:  # beside the runs of the one results directory given, else here
+        one_folder = len(args.results) == 1 and args.results[0].is_dir()
+        args.output = (args.results[0] if one_folder else Path()) / DEFAULT_REPORT
     if args.entropy_samples is not None and args.entropy_samples < 1:
         parser.error(f"--entropy-samples must be >= 1, got {args.entropy_samples}")
     return args
-
-
-def default_output(results: list[Path]) -> Path:
-    """report.html in the one results directory given (beside its runs), else in the current directory."""
-    folder = results[0] if len(results) == 1 and results[0].is_dir() else Path()
-    return folder / DEFAULT_REPORT
 
 
 def fail(message: str) -> None:
@@ -58,7 +53,7 @@ def fail(message: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from rstitch.analysis import load_runs, unfinished_run_dirs
-    from rstitch.analysis.collect import repeated_runs
+    from rstitch.analysis.collect import older_grader_run_dirs, repeated_runs
     from rstitch.analysis.report import FORMATS, build_report, write_latex, write_report
 
     if args.output.suffix not in FORMATS:
@@ -79,7 +74,10 @@ def main(argv: list[str] | None = None) -> None:
     if unfinished:
         print(f"{PROG}: left out {len(unfinished)} unfinished run(s) without summary.json, e.g. {unfinished[0]}",
               file=sys.stderr)
-    _flag_older_grader(args.results)
+    stale = older_grader_run_dirs(args.results)
+    if stale:
+        print(f"{PROG}: {len(stale)} run(s) graded by an older grader, e.g. {stale[0]}; grade them again with "
+              f"rstitch-regrade {' '.join(map(str, args.results))}", file=sys.stderr)
     written = write_report(report, args.output)
     if args.latex:
         written.append(write_latex(report, args.latex))
@@ -89,15 +87,6 @@ def main(argv: list[str] | None = None) -> None:
     print(f"report: {Path(written[0]).resolve()}")
     if args.latex:
         print(f"latex: {args.latex.resolve()}")
-
-
-def _flag_older_grader(results: list[Path]) -> None:
-    from rstitch.analysis.collect import older_grader_run_dirs
-
-    stale = older_grader_run_dirs(results)
-    if stale:
-        print(f"{PROG}: {len(stale)} run(s) graded by an older grader, e.g. {stale[0]}; grade them again with "
-              f"rstitch-regrade {' '.join(map(str, results))}", file=sys.stderr)
 
 
 def _log_to_wandb(report, runs, args: argparse.Namespace) -> None:

@@ -69,18 +69,14 @@ def build_label() -> str:
     return commit + (" + local changes" if git("status", "--porcelain", "--", "rstitch", "conf") else "")
 
 
-def new_manifest(spec: ReportSpec, cfgs: dict[str, dict[str, Any]], problems: list[str]) -> dict[str, Any]:
-    return {
+def checked_manifest(folder: Path, spec: ReportSpec, cfgs: dict[str, dict[str, Any]], problems: list[str]) -> dict[str, Any]:
+    """The folder's manifest (new for a new folder); one error line when its records were decoded otherwise."""
+    fresh = {
         "title": spec.title, "description": spec.description, "command": spec.command, "overrides": spec.overrides,
         "runs": {run_id(m, p): {"method": m, "params": p, "method_cfg": cfgs[run_id(m, p)]["method"]} for m, p in spec.rows},
         "tables": [{"title": t, "runs": [run_id(m, p) for m, p in rows]} for t, rows in spec.tables],
         "columns": spec.columns, "problems": problems, "sittings": [],
     }
-
-
-def checked_manifest(folder: Path, spec: ReportSpec, cfgs: dict[str, dict[str, Any]], problems: list[str]) -> dict[str, Any]:
-    """The folder's manifest (new for a new folder); one error line when its records were decoded otherwise."""
-    fresh = new_manifest(spec, cfgs, problems)
     if not (folder / "report.json").is_file():
         return fresh
     manifest = load_manifest(folder)
