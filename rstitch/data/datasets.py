@@ -108,18 +108,9 @@ def get_dataset_spec(name: str) -> DatasetSpec:
     return DATASETS.get_entry(name)
 
 
-def load_dataset_records(
-    name: str,
-    path: str | None = None,
-    limit: int | None = None,
-    ids: list[str] | None = None,
-    shuffle_seed: int | None = None,
-    revision: str | None = None,
-    shard: int = 0,
-    num_shards: int = 1,
-    source: Mapping[str, Any] | None = None,
-    **options: Any,
-) -> list[Record]:
+def load_dataset_records(name: str, path: str | None = None, limit: int | None = None, ids: list[str] | None = None,
+                         shuffle_seed: int | None = None, revision: str | None = None, shard: int = 0, num_shards: int = 1,
+                         source: Mapping[str, Any] | None = None, **options: Any) -> list[Record]:
     """Records of dataset ``name``, from the hub at its pinned revision or from ``path``: ``ids``
     (in that order), shuffled by ``shuffle_seed``, the first ``limit``, then every ``num_shards``-th
     from ``shard`` (strided, so shards mix easy and hard problems of a benchmark ordered by
@@ -140,12 +131,8 @@ def load_dataset_records(
         random.Random(shuffle_seed).shuffle(records)
     if limit is not None:
         records = records[:limit]
-    return _shard_of(records, shard, num_shards, spec.name)
-
-
-def _shard_of(records: list[Record], shard: int, num_shards: int, dataset: str) -> list[Record]:
     if num_shards > max(1, len(records)):
-        raise ConfigError(f"dataset.num_shards={num_shards} exceeds the {len(records)} records selected from '{dataset}'")
+        raise ConfigError(f"dataset.num_shards={num_shards} exceeds the {len(records)} records selected from '{spec.name}'")
     return records[shard::num_shards]
 
 
@@ -254,7 +241,7 @@ def read_hub_rows(spec: DatasetSpec, revision: str | None) -> list[Row]:
 
 
 def _to_record(spec: DatasetSpec, row: Row, index: int) -> Record:
-    record_id = _record_id(row, spec, index)
+    record_id = first_text(row, *spec.id_fields) or f"{spec.name}-{index}"
     record = spec.normalize(row, record_id)
     missing = "no answer" if not record.answer.strip() else "no problem text" if not record.problem.strip() else None
     if missing:
@@ -301,10 +288,6 @@ def first_text(row: Row, *keys: str) -> str:
     return ""
 
 
-def _record_id(row: Row, spec: DatasetSpec, index: int) -> str:
-    return first_text(row, *spec.id_fields) or f"{spec.name}-{index}"
-
-
 def _unique(records: list[Record], dataset: str) -> list[Record]:
     seen: set[str] = set()
     for record in records:
@@ -319,9 +302,6 @@ def _select_ids(records: list[Record], ids: list[str], dataset: str) -> list[Rec
     wanted = list(dict.fromkeys(str(i) for i in ids))  # Hydra may hand over ints; drop repeats
     missing = [i for i in wanted if i not in by_id]
     if missing:
-        examples = ", ".join(list(by_id)[:5])
-        raise ConfigError(
-            f"dataset '{dataset}' has no record with id {', '.join(missing[:5])}"
-            f"{' ...' if len(missing) > 5 else ''}; valid ids look like: {examples}"
-        )
+        raise ConfigError(f"dataset '{dataset}' has no record with id {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; "
+                          f"valid ids look like: {', '.join(list(by_id)[:5])}")
     return [by_id[i] for i in wanted]

@@ -112,6 +112,9 @@ def _tolerances(error: Any, record_id: str) -> list[float | None]:
                           "(a number, or numbers separated by commas)") from None
 
 
+_MATH_DOLLARS = re.compile(r"(?<!\\)\$+")  # every unescaped $ or $$ of an answer delimits math: "$x=1$, $y=2$" -> "x=1, y=2"
+
+
 def _as_list(value: Any) -> list[str]:
     if value is None:
         return []
@@ -121,19 +124,7 @@ def _as_list(value: Any) -> list[str]:
             value = ast.literal_eval(text)
         else:
             return [text] if text else []
-    return [_without_dollars(str(item)) for item in value if item is not None and str(item).strip()]
-
-
-_MATH_DOLLARS = re.compile(r"(?<!\\)\$+")  # $ and $$ math delimiters, not an escaped \$
-
-
-def _without_dollars(answer: str) -> str:
-    """"$8\\pi$" -> "8\\pi", and a multi-part "$x=1$, $y=2$" -> "x=1, y=2": every unescaped
-    dollar sign of an answer is a math delimiter."""
-    return _MATH_DOLLARS.sub("", answer).strip()
-
-
-GPQA_LETTERS = "ABCD"
+    return [_MATH_DOLLARS.sub("", str(item)).strip() for item in value if item is not None and str(item).strip()]
 
 
 def normalize_gpqa(row: Row, record_id: str) -> Record:
@@ -142,25 +133,12 @@ def normalize_gpqa(row: Row, record_id: str) -> Record:
     correct = first_text(row, "Correct Answer")
     options = [correct] + [first_text(row, f"Incorrect Answer {i}") for i in (1, 2, 3)]
     order = list(range(len(options)))
-    random.Random(_stable_seed(f"gpqa/{record_id}")).shuffle(order)
+    random.Random(int.from_bytes(hashlib.sha256(f"gpqa/{record_id}".encode()).digest()[:8], "big")).shuffle(order)
     choices = [options[i] for i in order]
-    letter = GPQA_LETTERS[order.index(0)] if correct else ""
-    lines = "\n".join(f"{label}) {choice}" for label, choice in zip(GPQA_LETTERS, choices))
-    problem = f"{first_text(row, 'Question')}\n\n{lines}"
-    metadata = {
-        "choices": choices,
-        "correct_choice": correct,
-        "multiple_choice": True,
-        "answer_type": "multiple_choice",
-        "subdomain": row.get("Subdomain"),
-        "domain": row.get("High-level domain"),
-        "explanation": row.get("Explanation"),
-    }
-    return Record(record_id, problem, letter, metadata)
-
-
-def _stable_seed(text: str) -> int:
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+    lines = "\n".join(f"{label}) {choice}" for label, choice in zip(LETTERS, choices))
+    metadata = {"choices": choices, "correct_choice": correct, "multiple_choice": True, "answer_type": "multiple_choice",
+                "subdomain": row.get("Subdomain"), "domain": row.get("High-level domain"), "explanation": row.get("Explanation")}
+    return Record(record_id, f"{first_text(row, 'Question')}\n\n{lines}", LETTERS[order.index(0)] if correct else "", metadata)
 
 
 def normalize_testbed(row: Row, record_id: str) -> Record:

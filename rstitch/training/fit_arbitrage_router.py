@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.nn.utils.rnn import pad_sequence
 
 from rstitch.config_groups import prompt_format
 from rstitch.data import load_dataset_records
@@ -22,6 +21,7 @@ from rstitch.methods.base import LLM, SLM
 from rstitch.methods.steps import step_text
 from rstitch.results.uncertainty import spearman
 from rstitch.scorers.arbitrage_router import encode_router_input
+from rstitch.training.testbed_family import padded
 
 
 def log(msg: str) -> None:
@@ -47,6 +47,7 @@ def problems(data: str, n: int, seed: int, held_out: bool) -> list[str]:
 @dataclass(frozen=True)
 class LabelSettings:
     """How paired steps are generated (scripts/train_arbitrage_router.py's data options)."""
+
     prompt: str = "chat"  # a conf/prompt/*.yaml name
     max_new_tokens: int = 400
     max_step_tokens: int = 120
@@ -60,6 +61,7 @@ class LabelSettings:
 @dataclass(frozen=True)
 class FitSettings:
     """How the router is fine-tuned: cross-entropy, AdamW, linear warmup then linear decay."""
+
     epochs: int = 4
     batch_size: int = 16
     lr: float = 5e-4
@@ -178,13 +180,6 @@ def load_router(init: str, device: str):
 
 def encode(tokenizer, examples: list[Example], max_length: int) -> list[list[int]]:
     return [encode_router_input(tokenizer, e.problem, e.history, e.draft)[-max_length:] for e in examples]
-
-
-def padded(rows: list[list[int]], pad: int, side: str = "right") -> tuple[torch.Tensor, torch.Tensor]:
-    """Token rows as one tensor padded with ``pad`` on ``side``, and its attention mask."""
-    ids = pad_sequence([torch.tensor(row, dtype=torch.long) for row in rows], batch_first=True, padding_value=pad, padding_side=side)
-    mask = pad_sequence([torch.ones(len(row), dtype=torch.long) for row in rows], batch_first=True, padding_side=side)
-    return ids, mask
 
 
 def batch_tensors(ids: list[list[int]], pad_id: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from rstitch.engines.hf import cache_kwargs
@@ -66,16 +67,11 @@ def mixed_steps(prob: TestbedProblem, rng: random.Random, corrupt: bool) -> list
         v = corrupt_steps(prob, "verbose", random.Random(state))
     else:
         c, v = prob.steps("concise"), prob.steps("verbose")
-    if style == "concise":
-        return c
-    if style == "verbose":
-        return v
-    # c = [op1..opn, box]; v = [start, op1..opn, final]
-    steps = [v[0]] if rng.random() < 0.5 else []
-    for i in range(len(prob.ops)):
-        steps.append(c[i] if rng.random() < 0.5 else v[i + 1])
-    steps.append(c[-1] if rng.random() < 0.5 else v[-1])
-    return steps
+    if style != "mixed":
+        return c if style == "concise" else v
+    # c = [op1..opn, box]; v = [start, op1..opn, final]: the opening or not, then each step from either
+    opening = [v[0]] if rng.random() < 0.5 else []
+    return opening + [c[i] if rng.random() < 0.5 else v[i + 1] for i in range(len(c))]
 
 
 def labelled_sample(prob: TestbedProblem, rng: random.Random, pools: list[list]) -> tuple[TestbedProblem, list[str], list[bool]]:
@@ -90,17 +86,17 @@ def labelled_sample(prob: TestbedProblem, rng: random.Random, pools: list[list])
         steps = mixed_steps(prob, rng, corrupt=rng.random() < 0.6)
     return prob, steps, check_steps(prob, steps)
 
+def padded(rows: list[list[int]], pad: int, side: str = "right") -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows as one tensor padded with ``pad`` on ``side``, and its attention mask."""
+    ids = pad_sequence([torch.tensor(row, dtype=torch.long) for row in rows], batch_first=True, padding_value=pad, padding_side=side)
+    mask = pad_sequence([torch.ones(len(row), dtype=torch.long) for row in rows], batch_first=True, padding_side=side)
+    return ids, mask
+
+
 def collate(pad: int, batch: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ids, labels (-100 off the loss) and attention mask."""
-    n = max(len(x) for x, _ in batch)
-    ids = torch.full((len(batch), n), pad, dtype=torch.long)
-    lab = torch.full((len(batch), n), -100, dtype=torch.long)
-    att = torch.zeros((len(batch), n), dtype=torch.long)
-    for i, (x, y) in enumerate(batch):
-        ids[i, : len(x)] = torch.tensor(x)
-        lab[i, : len(y)] = torch.tensor(y)
-        att[i, : len(x)] = 1
-    return ids, lab, att
+    """Right-padded ids, labels (as long as the ids, -100 off the loss) and attention mask."""
+    ids, att = padded([x for x, _ in batch], pad)
+    return ids, padded([y for _, y in batch], -100)[0], att
 
 def bucketed(make_example, batch_size: int, rng: random.Random, pool: int = 8):
     """Batches of similar length: draw pool*batch_size examples, sort by length, shuffle the batches."""
