@@ -28,9 +28,6 @@ LETTERS = "ABCDEFGHIJ"
 CODE_INSTRUCTION = "Write the complete solution in Python in a single ```python code block."
 
 
-# --------------------------------------------------------------------------- shared by the normalizers
-
-
 def answer_text(value: Any) -> str:
     """A gold answer as text: integral floats lose their ".0" (27.0 -> "27"), strings are kept
     as written (so AIME's "025" stays "025"), None becomes ""."""
@@ -44,9 +41,6 @@ def answer_text(value: Any) -> str:
 def _rest(row: Row, *used: str) -> dict[str, Any]:
     """Every field not already turned into id/problem/answer, for the record's metadata."""
     return {key: value for key, value in row.items() if key not in used}
-
-
-# --------------------------------------------------------------------------- math
 
 
 def normalize_math500(row: Row, record_id: str) -> Record:
@@ -151,9 +145,6 @@ def generate_testbed(split: str, n: int, seed: int) -> list[Row]:
     return [problem.to_record() for problem in generate_problems(split, n, seed=seed)]
 
 
-# --------------------------------------------------------------------------- code
-
-
 def normalize_humaneval(row: Row, record_id: str) -> Record:
     """openai_humaneval / human-eval: task_id, prompt, canonical_solution, test, entry_point.
     The program is run as prompt + response code + test + ``check(entry_point)``, so a response
@@ -245,9 +236,6 @@ def _lcb_func_name(value: Any) -> str:
     return str((value or {}).get("func_name") or "")
 
 
-# --------------------------------------------------------------------------- multiple choice
-
-
 def multiple_choice_record(record_id: str, question: str, choices: list[str], correct: int, extra: dict) -> Record:
     """Options rendered as "A) ..." lines after the question, gold = the correct option's letter."""
     lines = "\n".join(f"{LETTERS[i]}) {choice}" for i, choice in enumerate(choices))
@@ -296,9 +284,6 @@ def select_redux(records: list[Record], keep_errors: bool = False) -> list[Recor
     return records if keep_errors else [r for r in records if r.metadata.get("error_type") == "ok"]
 
 
-# --------------------------------------------------------------------------- structured answers
-
-
 def normalize_zebralogic(row: Row, record_id: str) -> Record:
     """ZebraLogic grid_mode: id, size, puzzle, solution {header, rows}, created_at. The model answers
     with a JSON grid in the shape shown (ZeroEval's format); gold = that grid filled in."""
@@ -322,9 +307,6 @@ def normalize_cruxeval(row: Row, record_id: str) -> Record:
                f"[ANSWER]assert f({given}) == <value>[/ANSWER].")
     metadata = {"answer_type": "python_literal", "code": code, "input": given}
     return Record(record_id, problem, str(row.get("output") or "").strip(), metadata)
-
-
-# --------------------------------------------------------------------------- math and calibration
 
 
 def normalize_question_answer(row: Row, record_id: str) -> Record:

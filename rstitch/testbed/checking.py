@@ -62,8 +62,6 @@ def check_steps(problem: TestbedProblem, steps: Sequence[str]) -> list[bool]:
         known = {true_vals[k]}
         chains = list(_CHAIN_RE.finditer(step))
         boxes = list(_BOXED_RE.finditer(step))
-        # text outside equations and boxes
-        rest = _BOXED_RE.sub(" ", _CHAIN_RE.sub(" ", step))
         attempted = False
         for m in chains:
             exprs = [e.strip() for e in m.group(0).split("=")]
@@ -87,11 +85,9 @@ def check_steps(problem: TestbedProblem, steps: Sequence[str]) -> list[bool]:
                 known.update(v for v in vals if v is not None)
         for m in boxes:
             ok &= m.group(1).strip() == problem.answer and k == len(ops)
-        if not chains and not boxes:
-            allowed = {true_vals[k], problem.start}
-            if k < len(ops):
-                allowed.add(ops[k][1])
-            ok &= all(int(x) in allowed for x in _NUM_RE.findall(rest))
+        if not chains and not boxes:  # words only: each number is the running value, the start or the next operand
+            allowed = {true_vals[k], problem.start, *(ops[k][1:] if k < len(ops) else ())}
+            ok &= all(int(x) in allowed for x in _NUM_RE.findall(step))
         out.append(bool(ok))
     return out
 

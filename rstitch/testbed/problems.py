@@ -8,6 +8,7 @@ import operator
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 STEP_SEPARATOR = "\n\n"
 SPLITS = ("train", "validation", "test")
@@ -54,10 +55,8 @@ DEFAULT_DIFFICULTY = DIFFICULTIES["medium"]
 
 
 def _resolve_difficulty(difficulty: Difficulty | str | dict | None) -> Difficulty:
-    if difficulty is None:
-        return DEFAULT_DIFFICULTY
-    if isinstance(difficulty, Difficulty):
-        return difficulty
+    if difficulty is None or isinstance(difficulty, Difficulty):
+        return difficulty or DEFAULT_DIFFICULTY
     if isinstance(difficulty, str):
         if difficulty not in DIFFICULTIES:
             raise ValueError(f"unknown difficulty {difficulty!r}; choose from {sorted(DIFFICULTIES)}")
@@ -120,10 +119,7 @@ class TestbedProblem:
     @property
     def values(self) -> list[int]:
         """Running values: [start, after op 1, ..., after last op]."""
-        vals = [self.start]
-        for op, b in self.ops:
-            vals.append(apply_op(vals[-1], op, b))
-        return vals
+        return list(accumulate(self.ops, lambda value, op_b: apply_op(value, *op_b), initial=self.start))
 
     def steps(self, style: str = "concise") -> list[str]:
         chains = [(a, op, b, equation_chain(a, op, b)) for a, (op, b) in zip(self.values, self.ops)]
