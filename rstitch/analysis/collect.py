@@ -279,14 +279,9 @@ def comparison_settings(frame: pd.DataFrame) -> pd.Series:
     return out
 
 
-def flat_key(node: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested key as {dotted path: leaf value}."""
-    if not isinstance(node, Mapping):
-        return {prefix: node}
-    flat: dict[str, Any] = {}
-    for key, value in node.items():
-        flat.update(flat_key(value, f"{prefix}{key}." if isinstance(value, Mapping) else f"{prefix}{key}"))
-    return flat
+def flat_key(key: Mapping[str, Any]) -> dict[str, Any]:
+    """A nested key as {dotted path: leaf value} (an empty mapping has no leaf)."""
+    return pd.json_normalize(dict(key), sep=".").to_dict("records")[0]
 
 
 def _label_value(value: Any) -> str:

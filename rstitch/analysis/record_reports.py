@@ -338,8 +338,3 @@ def render_page(folder: Path) -> str:
     if readings.is_file() and done:
         lines += ["", "## Readings", "", expand_readings(readings.read_text(), summaries, manifest, names).rstrip()]
     return "\n".join(lines) + "\n"
-
-
-def stale_pages(folders: Iterable[Path]) -> list[Path]:
-    """The reports whose README.md is not what their records generate."""
-    return [f for f in folders if not (f / PAGE).is_file() or (f / PAGE).read_text() != render_page(f)]

@@ -157,7 +157,7 @@ def _entropy_section(runs: pd.DataFrame, max_samples: int | None) -> Section:
     section = Section("Entropy of correct and incorrect traces",
                       "The traces of the single-model runs scored by the SLM: normalized entropy H / log V at each "
                       "output position; dotted lines are the R-Stitch thresholds of the group's runs.")
-    stats = []
+    rows: list[list[Any]] = []
     single = runs[runs["method"].map(is_baseline)]  # the single-model runs, whose traces the SLM scores
     for (group, method), block in single.groupby(["group", "method"], sort=False):
         scored = traces.token_scores(block, "slm", max_samples)
@@ -165,9 +165,12 @@ def _entropy_section(runs: pd.DataFrame, max_samples: int | None) -> Section:
         section.figures.append(ReportFigure(
             f"entropy_{slug(group)}_{method}", f"SLM entropy of {method} traces: {group}",
             plots.entropy_figure(scored, f"{method} traces scored by the SLM — {group}", taus)))
-        stats.append(_entropy_rows(f"{group} / {method}", scored, taus))
-    if stats:
-        section.tables.append(_entropy_table(stats))
+        rows += _entropy_rows(f"{group} / {method}", scored, taus)
+    if rows:
+        columns = [tables.Column("Traces of"), tables.Column("Outcome"), tables.Column("n traces", "count"),
+                   tables.Column("n tokens", "count"), tables.Column("Mean entropy", "number"), tables.Column("Tokens above tau (%)")]
+        section.tables.append(tables.Table("SLM entropy of correct and incorrect traces", columns, rows,
+                                           note="Mean entropy: mean over traces of the per-trace mean normalized entropy."))
     else:
         section.text = f"Needs a {' or '.join(baseline_method(r) for r in BASELINE_ROLES)} run."
     return section
@@ -189,16 +192,6 @@ def _entropy_rows(group: str, scored: pd.DataFrame, taus: list[float]) -> list[l
         rows.append([group, name, len(trace_means), len(tokens), trace_means.mean() if len(trace_means) else None,
                      " ".join(f"{tau:g}:{a:.1f}" for tau, a in zip(taus, above) if a is not None)])
     return rows
-
-
-def _entropy_table(stats: list[list[list[Any]]]) -> tables.Table:
-    columns = [tables.Column("Traces of"), tables.Column("Outcome"), tables.Column("n traces", "count"),
-               tables.Column("n tokens", "count"), tables.Column("Mean entropy", "number"),
-               tables.Column("Tokens above tau (%)")]
-    table = tables.Table("SLM entropy of correct and incorrect traces", columns,
-                         note="Mean entropy: mean over traces of the per-trace mean normalized entropy.")
-    table.rows = [row for rows in stats for row in rows]
-    return table
 
 
 def _consistency_section(runs: pd.DataFrame, paired: pd.DataFrame, max_samples: int | None) -> Section:
