@@ -1,5 +1,4 @@
-"""Where the Hydra configs live: `conf/` at the top of a source checkout (and so of an editable
-install), or `rstitch/conf/` inside an installed wheel, where setup.py ships the same files."""
+"""Where the Hydra configs live: `conf/` in a checkout (or editable install), `rstitch/conf/` in a wheel (setup.py)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -55,7 +55,7 @@ import torch
 
 from rstitch.config_groups import group_choices, pair_config, prompt_format
 from rstitch.engines import load_pair
-from rstitch.latency.model import fit_profile, load_pair_latency, profile_runner
+from rstitch.latency.model import fit_profile, load_pair_latency, profile_runners
 from rstitch.scorers.rstitch_router import save_router
 from rstitch.testbed import ASSETS_DIR
 from rstitch.training.dapo import CLIP_HIGHER, PAPER_LAMBDA, TESTBED_LAMBDA, RolloutSettings, rollout_budget
@@ -138,7 +138,7 @@ def pair_and_latency(args: argparse.Namespace) -> tuple[dict, object, dict]:
     dtype = args.dtype or pair_cfg.get("dtype", "float32")
     pair = load_pair(pair_cfg["slm"], pair_cfg["llm"], dtype=dtype, device=device)
     if args.smoke:
-        latency = {k: fit_profile(profile_runner(r, [1, 8, 32], [0, 32, 128], repeats=1), r) for k, r in pair.models().items()}
+        latency = {k: fit_profile(profile_runners({k: r}, [1, 8, 32], [0, 32, 128], repeats=1)[k], r) for k, r in pair.models().items()}
     else:
         latency = load_pair_latency(args.latency_dir, pair)
         if latency is None:

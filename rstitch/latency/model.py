@@ -17,6 +17,7 @@ from typing import Any, cast
 import numpy as np
 
 from rstitch.engines import ModelPair, ModelRunner, Sequence, unnamed_profiles_engine
+from rstitch.errors import ConfigError
 
 
 def features(n_inf: Any, n_kv: Any) -> np.ndarray:
@@ -164,8 +165,6 @@ def load_pair_latency(directory: str | Path, pair: ModelPair, max_inf: int = USE
 def check_positive(model: LatencyModel, source: str | Path, max_inf: int = USE_MAX_INF, max_kv: int = USE_MAX_KV) -> None:
     """One error line unless `model` predicts a positive, finite time for every forward of 1..max_inf
     new tokens over 0..max_kv cached ones (a 4-point GPU fit gave -4.07 s). Linear in n_kv: both ends suffice."""
-    from rstitch.errors import ConfigError
-
     n_inf = np.arange(1, max_inf + 1)
     for n_kv in (np.zeros_like(n_inf), np.full_like(n_inf, max_kv)):
         predicted = np.asarray(model.predict(n_inf, n_kv), dtype=np.float64)
@@ -187,15 +186,8 @@ class ProfilePoint:
     seconds: float  # over repeats of the engine-measured forward time (min, median or mean)
 
 
-# How profile_runner reduces the repeats of one forward shape to its time.
+# How profile_runners reduces the repeats of one forward shape to its time.
 PROFILE_STATISTICS: dict[str, Callable[..., Any]] = {"min": np.min, "median": np.median, "mean": np.mean}
-
-
-def profile_runner(runner: ModelRunner, n_inf_grid: Iterable[int], n_kv_grid: Iterable[int],
-                   repeats: int = 3, seed: int = 0, statistic: str = "median",
-                   clock: Callable[[], float] | None = None) -> list[ProfilePoint]:
-    """`profile_runners` for one runner."""
-    return profile_runners({"model": runner}, n_inf_grid, n_kv_grid, repeats, seed, statistic, clock)["model"]
 
 
 def profile_runners(runners: Mapping[str, ModelRunner], n_inf_grid: Iterable[int], n_kv_grid: Iterable[int],
@@ -239,8 +231,7 @@ def time_forwards(runners: Mapping[str, ModelRunner], n_kv: int, n_inf_order: li
 
 def fit_profile(points: list[ProfilePoint], runner: ModelRunner | None = None, relative: bool = True,
                 scale_by_inf: bool = True, identity: tuple[str, ...] | None = None) -> LatencyModel:
-    """Fit on profiled points, identified by the runner or (refitting saved points) by
-    `identity`: (model, device, dtype[, engine])."""
+    """Fit on profiled points, identified by the runner or by `identity` (model, device, dtype[, engine])."""
     if identity is None:
         if runner is None:
             raise ValueError("fit_profile needs a runner or an identity (model, device, dtype[, engine])")
@@ -266,15 +257,12 @@ def estimate_latency(forwards: Iterable[Forward], models: Mapping[str, LatencyMo
     by_model: dict[str, list[Forward]] = {}
     for f in forwards:
         by_model.setdefault(f.model, []).append(f)
-    total = 0.0
-    for key, group in by_model.items():
-        total += float(np.sum(models[key].predict([f.n_inf for f in group], [f.n_kv for f in group])))
-    return total
+    return sum((float(np.sum(models[key].predict([f.n_inf for f in group], [f.n_kv for f in group])))
+                for key, group in by_model.items()), 0.0)
 
 
 class ForwardTrace:
-    """Logs every forward of the sequences opened through `wrap(pair)`, recovering (n_inf, n_kv) from
-    the `CostCounter` around each sequence's processing step."""
+    """Logs (model, n_inf, n_kv, seconds) of every forward of the sequences opened through `wrap(pair)`."""
 
     def __init__(self) -> None:
         self.forwards: list[Forward] = []

@@ -87,24 +87,20 @@ class WandbLogger(NullLogger):
         return all(record.get(k) == v for k, v in self.destination().items())
 
     def start(self, name: str, config: dict[str, Any], run_id: str, run_dir: str | os.PathLike | None = None) -> None:
-        import wandb
-
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.run = wandb.init(
-            project=self.project, entity=self.entity, mode=self.mode, group=self.group, tags=self.tags,
-            name=name, config=config, id=wandb_run_id(run_id, self.run_dir), resume="allow",
-            dir=self.dir, reinit="finish_previous", settings=self.settings(),
-        )
+        self.run = self.init(name=name, config=config, id=wandb_run_id(run_id, self.run_dir))
         decoded = saved_samples(self.run_dir)
         if decoded:
             print(f"rstitch-run: resuming W&B run {self.run.id}: {decoded} samples of {self.run_dir} were decoded "
                   "before", file=sys.stderr)
 
-    def settings(self) -> Any:
-        """W&B's settings of every run this logger starts (the sweep summary's too)."""
+    def init(self, **run: Any) -> wandb.Run:
+        """A W&B run (resumed where its id exists) in this logger's project, mode, group, tags and directory."""
         import wandb
 
-        return wandb.Settings(quiet=self.quiet, silent=self.quiet)
+        return wandb.init(project=self.project, entity=self.entity, mode=self.mode, group=self.group, tags=self.tags,
+                          dir=self.dir, resume="allow", reinit="finish_previous",
+                          settings=wandb.Settings(quiet=self.quiet, silent=self.quiet), **run)
 
     def _started(self) -> wandb.Run:
         assert self.run is not None, "start() opens the W&B run before samples or the summary are logged"
@@ -119,10 +115,7 @@ class WandbLogger(NullLogger):
 
         run = self._started()
         run.summary.update(wandb_summary(summary))
-        table = wandb.Table(columns=list(self.TABLE_COLUMNS))
-        for s in samples:
-            table.add_data(*[s.get(c) for c in self.TABLE_COLUMNS])
-        run.log({"samples": table})
+        run.log({"samples": wandb.Table(columns=list(self.TABLE_COLUMNS), data=[[s.get(c) for c in self.TABLE_COLUMNS] for s in samples])})
         run.finish()
         if self.quiet:  # W&B's own lines are silenced: say once where the run went
             where = f"offline in {run.dir}" if self.mode == "offline" else f"to {self.mode} project {self.project}"

@@ -16,17 +16,16 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
+from rstitch.configs import override_key
 from rstitch.errors import ConfigError
-from rstitch.results.store import SUMMARY_FILE, atomic_write
+from rstitch.results.store import SUMMARY_FILE, atomic_write, iter_samples
 
-POINT_COLUMNS = ("group", "method", "setting", "accuracy", "accuracy_se", "accuracy_ci_low", "accuracy_ci_high",
-                 "accuracy_diff", "accuracy_diff_se", "accuracy_diff_p", "latency_s", "latency_ci_low", "latency_ci_high",
-                 "latency_estimate_s", "speedup", "speedup_ci_low", "speedup_ci_high", "speedup_cpu", "speedup_cpu_ci_low",
-                 "speedup_cpu_ci_high", "speedup_estimate", "speedup_estimate_ci_low", "speedup_estimate_ci_high",
-                 "token_ratio", "token_ratio_ci_low",
-                 "token_ratio_ci_high", "per_token_latency_ratio", "per_token_latency_ratio_ci_low",
-                 "per_token_latency_ratio_ci_high", "tokens", "tokens_slm", "tokens_llm", "llm_token_share", "acceptance",
-                 "acceptance_kind", "flops", "on_frontier", "frontier_share", "run_dir")
+POINT_COLUMNS = ("group", "method", "setting", "accuracy", "accuracy_se", "accuracy_ci_low", "accuracy_ci_high", "accuracy_diff",
+                 "accuracy_diff_se", "accuracy_diff_p", "latency_s", "latency_ci_low", "latency_ci_high", "latency_estimate_s",
+                 *(f"{name}{end}" for name in ("speedup", "speedup_cpu", "speedup_estimate", "token_ratio", "per_token_latency_ratio")
+                   for end in ("", "_ci_low", "_ci_high")),
+                 "tokens", "tokens_slm", "tokens_llm", "llm_token_share", "acceptance", "acceptance_kind", "flops", "on_frontier",
+                 "frontier_share", "run_dir")
 
 
 class SweepSummary(Callback):
@@ -42,9 +41,11 @@ class SweepSummary(Callback):
             self.run_dirs.append(run_dir)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra import compose
         from hydra.utils import instantiate
         from omegaconf import OmegaConf
 
+        from rstitch.config_groups import resolved_run_config
         from rstitch.logging import WandbLogger
 
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -52,7 +53,7 @@ class SweepSummary(Callback):
         # The jobs' runs, and the baselines they ran (baseline=auto's llm_only), whichever launcher ran them.
         try:
             points = sweep_points(list(config.hydra.overrides.task), params if isinstance(params, dict) else None)
-            own = [d for point in points for d in point_run_dirs(composed_point(point))]
+            own = [d for point in points for d in point_run_dirs(resolved_run_config(compose(config_name="config", overrides=point)))]
         except (ConfigError, HydraException, OmegaConfBaseException) as err:  # the table then holds the runs this process ran
             print(f"rstitch-run: warning: the sweep's run directories could not be composed again: {err}", file=sys.stderr)
             own = []
@@ -72,19 +73,10 @@ def sweep_points(overrides: Sequence[str], params: Mapping[Any, Any] | None = No
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    given = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
+    given = {override_key(o) for o in overrides}
     arguments = [f"{k}={v}" for k, v in (params or {}).items() if k not in given] + list(overrides)
     parsed = OverridesParser.create().parse_overrides(arguments)
     return [list(point) for batch in BasicSweeper.split_arguments(parsed, None) for point in batch]
-
-
-def composed_point(point: Sequence[str]) -> dict[str, Any]:
-    """The resolved run config of one point, composed in the running Hydra app."""
-    from hydra import compose
-
-    from rstitch.config_groups import resolved_run_config
-
-    return resolved_run_config(compose(config_name="config", overrides=list(point)))
 
 
 def point_run_dirs(cfg: Mapping[str, Any]) -> list[Path]:
@@ -99,10 +91,8 @@ def point_run_dirs(cfg: Mapping[str, Any]) -> list[Path]:
 
 
 def fill_speedups(run_dirs: Sequence[Path]) -> list[Path]:
-    """Rewrite the summary of a point that finished before its baseline (parallel jobs) with its
-    comparison; returns the runs filled in."""
+    """Rewrite the summary of each point that finished before its baseline (parallel jobs); returns them."""
     from rstitch.results.metrics import baseline_method, compare_with_baseline
-    from rstitch.results.store import iter_samples
 
     filled = []
     for run_dir in run_dirs:
@@ -169,10 +159,7 @@ def log_sweep_summary(run_dirs: list[Path], logger: Any, name: str, state_dir: P
     if state is not None and state.is_file() and state.read_text() == fingerprint:
         print(f"sweep: W&B sweep summary {run_id} is up to date (no sample changed)", file=sys.stderr)
         return None
-    run = wandb.init(project=logger.project, entity=logger.entity, mode=logger.mode, group=logger.group,
-                     tags=logger.tags, dir=logger.dir, name=name, id=run_id, job_type="sweep-summary",
-                     resume="allow", reinit="finish_previous", config={"run_dirs": list(points["run_dir"])},
-                     settings=logger.settings())
+    run = logger.init(name=name, id=run_id, job_type="sweep-summary", config={"run_dirs": list(points["run_dir"])})
     payload: dict[str, Any] = {
         "sweep/points": table,
         "sweep/accuracy_vs_latency": wandb.plot.scatter(table, "latency_s", "accuracy", title="accuracy vs latency (s)"),

@@ -12,15 +12,11 @@ from typing import Any
 # (a busy decode thread gets ~1.0 on a quiet core).
 LOAD_PER_CPU_LIMIT = 1.25
 MIN_CPU_PER_WALL = 0.8
-CONTENTION_ADVICE = ("on a CPU, read the estimated speedup (est_speedup, `speedup_estimate`): the forwards a decode ran, each "
-                     "at its cost in the latency model (latency_dir), which other jobs on the cores do not change "
-                     "(a profile fitted beside them gives the same speedups within a few percent: docs/analysis.md, \"Timings "
-                     "on a shared machine\"); without a latency "
-                     "model the CPU-time speedup (cpu_speedup, `speedup_cpu`), which grows far less than wall clock "
-                     "when other jobs share the cores; a wall-clock latency (a GPU's, a "
-                     "batched run's) measured under contention, and any speedup against it, is not a quiet machine's: rerun "
-                     "when the cores are free (delete the run directory, or use another results_root), "
-                     "or keep engine.num_threads to the free cores")
+CONTENTION_ADVICE = ("on a CPU, read the estimated speedup (est_speedup, `speedup_estimate`: the forwards a decode ran, each at "
+                     "its cost in the latency model of latency_dir, which other jobs on the cores do not change: docs/analysis.md, "
+                     "\"Timings on a shared machine\"), else the CPU-time speedup (cpu_speedup, `speedup_cpu`); a wall-clock latency "
+                     "(a GPU's, a batched run's) measured under contention, and any speedup against it, is not a quiet machine's: "
+                     "rerun on free cores (delete the run directory, or use another results_root), or keep engine.num_threads to them")
 
 
 def available_cpus() -> int:

@@ -1,7 +1,6 @@
 """Per-run aggregates: the accuracy-latency point and costs."""
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -11,13 +10,15 @@ import numpy as np
 
 from rstitch.methods import baseline_method
 from rstitch.results.schema import Comparison
-from rstitch.results.store import SAMPLES_FILE, SUMMARY_FILE, iter_samples
+from rstitch.results.store import SAMPLES_FILE, iter_samples, run_summaries
 from rstitch.results.uncertainty import (
+    ProblemMeans,
     accuracy_estimate,
     bootstrap_mean_interval,
     paired_accuracy_difference,
     problem_means,
     speedup_intervals,
+    speedup_split,
 )
 
 
@@ -28,11 +29,13 @@ def summarize_samples(samples: Iterable[dict[str, Any]]) -> dict[str, Any]:
         return {"n_samples": 0}
     mean = lambda key: statistics.fmean(float(r.get(key, 0) or 0) for r in rows)  # noqa: E731
     latencies = [r["latency_s"] for r in rows]
+    accuracy = accuracy_estimate([float(r.get("correct", 0) or 0) for r in rows], [r["id"] for r in rows])
     summary = {
         "n_problems": len({r["id"] for r in rows}),
         "n_samples": len(rows),
         "accuracy": mean("correct"),
-        **accuracy_uncertainty(rows),
+        "accuracy_se": accuracy.se,  # clustered by problem
+        "accuracy_ci": None if accuracy.low is None else [accuracy.low, accuracy.high],  # Wilson, at the effective sample size
         "latency_s": statistics.fmean(latencies),
         "latency_ci": _pair(bootstrap_mean_interval(problem_means(latencies, [r["id"] for r in rows]).means)),
         "latency_median_s": statistics.median(latencies),
@@ -47,13 +50,11 @@ def summarize_samples(samples: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "tokens_per_s": sum(r["tokens"] for r in rows) / sum(latencies) if sum(latencies) > 0 else None,
         "finished_by_eos": mean("finished_by_eos"),
         "grading_errors": sum(1 for r in rows if r.get("grading_error")),  # graded wrong (see each sample)
+        "latency_cpu_s": mean_of_every(map(sample_cpu_time, rows)),
+        "latency_estimate_s": mean_of_every(r.get("latency_estimate_s") for r in rows),
     }
-    summary["latency_cpu_s"] = mean_cpu_time(rows)
-    estimates = [r["latency_estimate_s"] for r in rows if r.get("latency_estimate_s") is not None]
-    summary["latency_estimate_s"] = statistics.fmean(estimates) if len(estimates) == len(rows) else None
-    for model in ("slm", "llm"):
-        summary[f"forward_time_s_{model}"] = statistics.fmean(r["cost"][model]["forward_time_s"] for r in rows)
-        summary[f"forward_calls_{model}"] = statistics.fmean(r["cost"][model]["forward_calls"] for r in rows)
+    for key in ("forward_time_s", "forward_calls"):
+        summary.update({f"{key}_{model}": statistics.fmean(r["cost"][model][key] for r in rows) for model in ("slm", "llm")})
     return summary
 
 
@@ -65,17 +66,10 @@ def sample_cpu_time(row: dict[str, Any]) -> float | None:
     return measured.get("cpu_s")
 
 
-def mean_cpu_time(rows: list[dict[str, Any]]) -> float | None:
-    """`latency_cpu_s`: the mean of the samples' CPU times, where every sample has one."""
-    times = [sample_cpu_time(r) for r in rows]
-    return None if any(t is None for t in times) else statistics.fmean(times)  # type: ignore[arg-type]
-
-
-def accuracy_uncertainty(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """`accuracy_se` (clustered by problem) and `accuracy_ci` (Wilson, at the effective sample size)."""
-    estimate = accuracy_estimate([float(r.get("correct", 0) or 0) for r in rows], [r["id"] for r in rows])
-    ci = None if estimate.low is None else [estimate.low, estimate.high]
-    return {"accuracy_se": estimate.se, "accuracy_ci": ci}
+def mean_of_every(values: Iterable[float | None]) -> float | None:
+    """The mean of the samples' values (CPU times, latency estimates) where every sample has one, else None."""
+    known = list(values)
+    return None if any(v is None for v in known) else statistics.fmean(known)  # type: ignore[arg-type]
 
 
 def _pair(interval: tuple[float, float] | None) -> list[float] | None:
@@ -92,13 +86,10 @@ def find_speedup(summary: dict[str, Any], others: Iterable[dict[str, Any]]) -> f
 
 
 def find_speedups(summary: dict[str, Any], others: Iterable[dict[str, Any]]) -> dict[str, float | None]:
-    """Against the matching LLM-only run: the ratios of SPEEDUP_LATENCIES (docs/analysis.md, "Timings
-    on a shared machine") and `speedup_tokens_per_s`, the throughput ratio EASD and speculative decoding report."""
+    """Against the matching LLM-only run: SPEEDUP_LATENCIES' ratios and the throughput ratio EASD reports."""
     baseline = baseline_method()
-    for other in others:
-        if other.get("method") == baseline and comparison_key_matches(summary, other):
-            return speedups_against(summary, other)
-    return dict.fromkeys(SPEEDUP_LATENCIES.values()) | {"speedup_tokens_per_s": None}
+    match = next((o for o in others if o.get("method") == baseline and comparison_key_matches(summary, o)), None)
+    return speedups_against(summary, match) if match else dict.fromkeys([*SPEEDUP_LATENCIES.values(), "speedup_tokens_per_s"])
 
 
 # Each speedup and the latency it is the ratio of: wall clock, the decode's CPU time (CPU runs),
@@ -110,9 +101,8 @@ def speedups_against(summary: dict[str, Any], baseline: dict[str, Any]) -> dict[
     out: dict[str, float | None] = {}
     for latency, speedup in SPEEDUP_LATENCIES.items():
         out[speedup] = baseline[latency] / summary[latency] if baseline.get(latency) and summary.get(latency) else None
-    out["speedup_tokens_per_s"] = None
-    if baseline.get("tokens_per_s") and summary.get("tokens_per_s"):
-        out["speedup_tokens_per_s"] = summary["tokens_per_s"] / baseline["tokens_per_s"]
+    both = summary.get("tokens_per_s") and baseline.get("tokens_per_s")
+    out["speedup_tokens_per_s"] = summary["tokens_per_s"] / baseline["tokens_per_s"] if both else None
     return out
 
 
@@ -133,14 +123,9 @@ def self_comparison(summary: dict[str, Any]) -> dict[str, Any]:
 def find_baseline_run(summary: dict[str, Any], root: str | Path) -> tuple[dict[str, Any], Path] | None:
     """The LLM-only run under `root` with the summary's comparison key, and its directory."""
     baseline = baseline_method()
-    for path in Path(root).rglob(SUMMARY_FILE):
-        try:
-            other = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if other.get("method") == baseline and comparison_key_matches(summary, other):
-            return other, path.parent
-    return None
+    matching = ((other, run_dir) for run_dir, other in run_summaries(root)
+                if other.get("method") == baseline and comparison_key_matches(summary, other))
+    return next(matching, None)
 
 
 def compare_with_baseline(summary: dict[str, Any], samples: list[dict[str, Any]], root: str | Path) -> dict[str, Any]:
@@ -158,38 +143,27 @@ def compare_with_baseline(summary: dict[str, Any], samples: list[dict[str, Any]]
     return out
 
 
-def speedup_split(summary: dict[str, Any], baseline: dict[str, Any], speedup: float | None) -> dict[str, float | None]:
-    """From the runs' means: token_ratio (R-Stitch's reduction is 1 - it) and per_token_latency_ratio = speedup x token_ratio."""
-    tokens, base_tokens = summary.get("tokens"), baseline.get("tokens")
-    if not tokens or not base_tokens:
-        return {}
-    ratio = tokens / base_tokens
-    return {"token_ratio": ratio, "token_reduction": 1.0 - ratio,
-            "per_token_latency_ratio": None if speedup is None else speedup * ratio}
-
-
 def paired_statistics(samples: list[dict[str, Any]], baseline_samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Over the shared problems: the paired accuracy difference and the speedup split's intervals."""
-    def grouped(rows: list[dict[str, Any]], key: str):
-        return problem_means([float(r.get(key, 0) or 0) for r in rows], [r["id"] for r in rows])
+    """Over the shared problems: the paired accuracy difference and the speedups' and split's intervals."""
+    runs = {"run": samples, "baseline": baseline_samples}
 
-    diff = paired_accuracy_difference(grouped(samples, "correct"), grouped(baseline_samples, "correct"))
-    tokens = {"run": grouped(samples, "tokens"), "baseline": grouped(baseline_samples, "tokens")}
-    intervals = speedup_intervals({"run": grouped(samples, "latency_s"), "baseline": grouped(baseline_samples, "latency_s")}, tokens)
+    def means(value: Callable[[dict[str, Any]], float | None]) -> dict[str, ProblemMeans] | None:
+        """Per run, the per-problem means of `value`; None where a sample lacks it (CPU time, estimate)."""
+        values = {who: [value(r) for r in rows] for who, rows in runs.items()}
+        if any(v is None for column in values.values() for v in column):
+            return None
+        return {who: problem_means(values[who], [r["id"] for r in rows]) for who, rows in runs.items()}  # type: ignore[arg-type]
+
+    def count(key: str) -> dict[str, ProblemMeans]:
+        return means(lambda r: float(r.get(key, 0) or 0)) or {}
+
+    correct, tokens = count("correct"), count("tokens")
+    speedup_ci = {name: None if latency is None else _pair(speedup_intervals(latency, tokens).speedup)
+                  for name, latency in (("speedup_cpu_ci", means(sample_cpu_time)),
+                                        ("speedup_estimate_ci", means(lambda r: r.get("latency_estimate_s"))))}
+    diff = paired_accuracy_difference(correct["run"], correct["baseline"])
+    intervals = speedup_intervals(count("latency_s"), tokens)
     return {"accuracy_diff": None if np.isnan(diff.difference) else diff.difference, "accuracy_diff_se": diff.se,
             "accuracy_diff_p": diff.p_value, "accuracy_diff_test": diff.test, "paired_problems": diff.n_problems,
             "speedup_ci": _pair(intervals.speedup), "token_ratio_ci": _pair(intervals.token_ratio),
-            "per_token_latency_ratio_ci": _pair(intervals.per_token_latency_ratio),
-            "speedup_cpu_ci": paired_speedup_interval(samples, baseline_samples, sample_cpu_time, tokens),
-            "speedup_estimate_ci": paired_speedup_interval(samples, baseline_samples, lambda r: r.get("latency_estimate_s"), tokens)}
-
-
-def paired_speedup_interval(samples: list[dict[str, Any]], baseline_samples: list[dict[str, Any]],
-                            latency: Callable[[dict[str, Any]], float | None], tokens: dict[str, Any]) -> list[float] | None:
-    """The paired interval of the speedup in another latency (CPU time, estimate); None where a sample lacks it."""
-    times = {who: [latency(r) for r in rows] for who, rows in (("run", samples), ("baseline", baseline_samples))}
-    if any(t is None for values in times.values() for t in values):
-        return None
-    means = {who: problem_means(values, [r["id"] for r in rows])  # type: ignore[arg-type]
-             for (who, values), rows in zip(times.items(), (samples, baseline_samples))}
-    return _pair(speedup_intervals(means, tokens).speedup)
+            "per_token_latency_ratio_ci": _pair(intervals.per_token_latency_ratio), **speedup_ci}

@@ -39,7 +39,7 @@ class SampleStore:
             raise
         self._repair_tail()
         self.records: dict[tuple[str, int], dict[str, Any]] = {}
-        for record in self._read():
+        for record in iter_samples(self.path) if self.path.exists() else ():
             self.records.setdefault(sample_key(record), record)
 
     def _acquire(self):
@@ -93,9 +93,6 @@ class SampleStore:
         if data and not data.endswith(b"\n"):
             with open(self.path, "r+b") as f:
                 f.truncate(data.rfind(b"\n") + 1)
-
-    def _read(self) -> Iterator[dict[str, Any]]:
-        return iter_samples(self.path) if self.path.exists() else iter(())
 
     def done(self, problem_id: str, sample_index: int) -> bool:
         return (str(problem_id), sample_index) in self.records
@@ -151,9 +148,14 @@ def atomic_write(path: Path, text: str) -> None:
     os.replace(tmp.name, path)
 
 
-def find_summaries(root: str | os.PathLike) -> Iterator[dict[str, Any]]:
+def run_summaries(root: str | os.PathLike) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """(run directory, summary) of every readable summary.json under `root`."""
     for path in Path(root).rglob(SUMMARY_FILE):
         try:
-            yield json.loads(path.read_text())
+            yield path.parent, json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
+
+
+def find_summaries(root: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    return (summary for _, summary in run_summaries(root))

@@ -1,5 +1,4 @@
-"""summary.json of a run: the common metrics, the method's own and the speedups, and the console
-table of it (`rstitch-run`, `rstitch-merge`)."""
+"""summary.json of a run and its console table (`rstitch-run`, `rstitch-merge`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -16,8 +15,7 @@ if TYPE_CHECKING:  # results are read without the methods (and their engines) lo
 
 def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, Any]], results_root: str | Path,
                   identity: RunIdentity | None = None) -> dict[str, Any]:
-    """summary.json of a run (or merged shards): the common metrics, the method's own, and the
-    comparison with the LLM-only run under `results_root` (`metrics.compare_with_baseline`)."""
+    """summary.json of a run (or merged shards), compared with the LLM-only run under `results_root`."""
     identity = identity or identify(cfg, results_root)
     common = {
         "method": method.name,
@@ -45,33 +43,19 @@ def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, A
     return summary
 
 
-def shown_tag(summary: dict[str, Any]) -> str | None:
-    """A run's tag on the console: `setting_tag`, or in an older summary the run directory's tag."""
-    return summary.get("setting_tag") or summary.get("run_tag")
-
-
 def _number(key: str, fmt: str) -> Callable[[dict[str, Any]], str | None]:
     return lambda s: None if s.get(key) is None else fmt.format(s[key])
 
 
-def plus_minus(key: str, fmt: str, sign: str = " +/- ") -> Callable[[dict[str, Any]], str | None]:
-    """`value +/- se`: the standard error (`<key>_se`) beside the estimate, where the summary has one."""
+def beside(key: str, fmt: str, extra: str) -> Callable[[dict[str, Any]], str | None]:
+    """`value +/- se` (`extra="se"`: `<key>_se`) or `value [low, high]` (`"ci"`: its 95% interval `<key>_ci`), where present."""
     def render(s: dict[str, Any]) -> str | None:
         if s.get(key) is None:
             return None
-        se = s.get(f"{key}_se")
-        return fmt.format(s[key]) + ("" if se is None else sign + fmt.format(se).lstrip("+"))
-
-    return render
-
-
-def with_interval(key: str, fmt: str) -> Callable[[dict[str, Any]], str | None]:
-    """`value [low, high]`: the 95% interval (`<key>_ci`) beside the estimate, where the summary has one."""
-    def render(s: dict[str, Any]) -> str | None:
-        if s.get(key) is None:
-            return None
-        ci = s.get(f"{key}_ci")
-        return fmt.format(s[key]) + ("" if not ci else f" [{fmt.format(ci[0])}, {fmt.format(ci[1])}]")
+        found = s.get(f"{key}_{extra}")
+        if extra == "se":
+            return fmt.format(s[key]) + ("" if found is None else " +/- " + fmt.format(found).lstrip("+"))
+        return fmt.format(s[key]) + ("" if not found else f" [{fmt.format(found[0])}, {fmt.format(found[1])}]")
 
     return render
 
@@ -79,13 +63,14 @@ def with_interval(key: str, fmt: str) -> Callable[[dict[str, Any]], str | None]:
 # (header, cell of a summary; None shows "-"). The speedups lead with the one other jobs on the cores move
 # least (docs/analysis.md, "Timings on a shared machine"; SPEEDUP_LEGEND under the table).
 TABLE_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str | None]], ...] = (
-    ("method", _number("method", "{}")), ("tag", shown_tag), ("n", _number("n_samples", "{}")),
-    ("accuracy +/- se", plus_minus("accuracy", "{:.3f}")), ("acc_diff +/- se", plus_minus("accuracy_diff", "{:+.3f}")),
+    ("method", _number("method", "{}")), ("tag", lambda s: s.get("setting_tag") or s.get("run_tag")),  # an older summary has no setting_tag
+    ("n", _number("n_samples", "{}")),
+    ("accuracy +/- se", beside("accuracy", "{:.3f}", "se")), ("acc_diff +/- se", beside("accuracy_diff", "{:+.3f}", "se")),
     ("p", _number("accuracy_diff_p", "{:.2g}")), ("latency_s", _number("latency_s", "{:.3f}")),
     ("tokens", _number("tokens", "{:.1f}")), ("slm_tok", _number("tokens_slm", "{:.1f}")),
     ("llm_tok", _number("tokens_llm", "{:.1f}")), ("switches", _number("switches", "{:.1f}")),
-    ("est_speedup [95% CI]", with_interval("speedup_estimate", "{:.2f}")),
-    ("cpu_speedup [95% CI]", with_interval("speedup_cpu", "{:.2f}")), ("wall_speedup [95% CI]", with_interval("speedup", "{:.2f}")),
+    ("est_speedup [95% CI]", beside("speedup_estimate", "{:.2f}", "ci")),
+    ("cpu_speedup [95% CI]", beside("speedup_cpu", "{:.2f}", "ci")), ("wall_speedup [95% CI]", beside("speedup", "{:.2f}", "ci")),
     ("tok_ratio", _number("token_ratio", "{:.2f}")),
     ("reduction_%", lambda s: None if s.get("token_reduction") is None else f"{100 * s['token_reduction']:.1f}"),  # R-Stitch's token reduction
     ("per_tok_x", _number("per_token_latency_ratio", "{:.2f}")), ("tok/s_speedup", _number("speedup_tokens_per_s", "{:.2f}")),

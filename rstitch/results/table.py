@@ -15,8 +15,7 @@ COLUMNS = ("pair", "dataset", "method", "run_tag", "n_samples", "accuracy", "lat
 
 
 def load_summaries(root: str | os.PathLike) -> pd.DataFrame:
-    """One row per run under `root`, with the method's parameters as `method.<name>` columns. Runs
-    over one shard of a dataset are left out: they are parts of a run (`rstitch-merge` makes it)."""
+    """One row per run under `root`, the method's parameters as `method.<name>` columns; shard runs left out."""
     rows = []
     for summary in find_summaries(root):
         if is_sharded(summary.get("config", {}).get("dataset", {})):
@@ -35,13 +34,9 @@ def pareto_front(frame: pd.DataFrame, accuracy: str = "accuracy", latency: str =
     return frame.iloc[order[keep[order]]]
 
 
-def pareto_mask(accuracy: np.ndarray, latency: np.ndarray) -> np.ndarray:
-    """Which points are on the frontier, along the last axis (2-D: one point set per bootstrap resample)."""
-    return pareto_order_and_mask(accuracy, latency)[1]
-
-
 def pareto_order_and_mask(accuracy: np.ndarray, latency: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A point is kept when more accurate than every point before it by (latency, -accuracy, input order)."""
+    """The order by (latency, -accuracy, input order) and which points are on the frontier, along the last
+    axis (2-D: one point set per bootstrap resample): those more accurate than every point before them."""
     accuracy, latency = np.asarray(accuracy, dtype=float), np.asarray(latency, dtype=float)
     order = np.lexsort((-accuracy, latency), axis=-1)  # stable: ties keep input order
     ordered = np.take_along_axis(accuracy, order, axis=-1)

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from rstitch.methods import baseline_method
-from rstitch.results.table import pareto_mask
+from rstitch.results.table import pareto_order_and_mask
 
 LEVEL = 0.95  # every interval's coverage
 N_BOOT = 2000  # bootstrap resamples per interval
@@ -80,16 +80,14 @@ def wilson_interval(p: float, n: float, level: float = LEVEL) -> tuple[float, fl
 
 
 def accuracy_estimate(correct: Sequence[float] | np.ndarray, problems: Sequence[Hashable], level: float = LEVEL) -> AccuracyEstimate:
-    """Mean, clustered se, and the Wilson interval at the effective sample size p(1-p) / se^2 (capped
-    at N; the number of problems when every sample agrees, where p(1-p) = 0)."""
+    """Mean, clustered se, Wilson interval at the effective size p(1-p) / se^2 (<= N; the problems if all agree)."""
     data = np.asarray(correct, dtype=float)
     p = float(data.mean())
     se = clustered_se(data, problems)
     if se is None:
         return AccuracyEstimate(p, None, None, None, None)
-    n_problems = len(problem_means(data, problems).ids)
     if p in (0.0, 1.0):
-        effective = float(n_problems)
+        effective = float(len(problem_means(data, problems).ids))
     else:
         effective = len(data) if se == 0 else min(float(len(data)), p * (1 - p) / se**2)
     low, high = wilson_interval(p, effective, level)
@@ -120,8 +118,7 @@ class PairedDifference:
 
 
 def paired_accuracy_difference(run: ProblemMeans, baseline: ProblemMeans) -> PairedDifference:
-    """Over the shared problems: mean difference, se sqrt(sum (d_i - mean d)^2) / n of the
-    per-problem differences, and McNemar's exact p (one 0/1 sample per problem) or a z test's."""
+    """Over shared problems: mean and se of the per-problem differences; McNemar's exact p (one 0/1 sample each) or a z test's."""
     ids = shared_problems(run, baseline)
     if not ids:
         return PairedDifference(float("nan"), None, None, None, 0)
@@ -134,10 +131,7 @@ def paired_accuracy_difference(run: ProblemMeans, baseline: ProblemMeans) -> Pai
     binary = all(np.isin(x, (0.0, 1.0)).all() for x in (ours, theirs)) and run.counts.max() == 1 == baseline.counts.max()
     if binary:
         return PairedDifference(mean, se, mcnemar_exact_p(int(np.sum(d > 0)), int(np.sum(d < 0))), "mcnemar_exact", len(ids))
-    if se == 0:
-        p = 1.0 if mean == 0 else 0.0
-    else:
-        p = 2 * (1 - NormalDist().cdf(abs(mean) / se))
+    p = (1.0 if mean == 0 else 0.0) if se == 0 else 2 * (1 - NormalDist().cdf(abs(mean) / se))
     return PairedDifference(mean, se, p, "z_clustered", len(ids))
 
 
@@ -162,6 +156,16 @@ def bootstrap_mean_interval(values: np.ndarray, n_boot: int = N_BOOT, seed: int 
     return percentile_interval(values[bootstrap_indices(len(values), n_boot, seed)].mean(axis=1), level)
 
 
+def speedup_split(summary: dict[str, Any], baseline: dict[str, Any], speedup: float | None) -> dict[str, float | None]:
+    """From the runs' means: token_ratio (R-Stitch's reduction is 1 - it) and per_token_latency_ratio = speedup x token_ratio."""
+    tokens, base_tokens = summary.get("tokens"), baseline.get("tokens")
+    if not tokens or not base_tokens:
+        return {}
+    ratio = tokens / base_tokens
+    return {"token_ratio": ratio, "token_reduction": 1.0 - ratio,
+            "per_token_latency_ratio": None if speedup is None else speedup * ratio}
+
+
 @dataclass(frozen=True)
 class RatioIntervals:
     """Paired bootstrap intervals of the speedup split: speedup = per_token_latency_ratio / token_ratio."""
@@ -174,8 +178,7 @@ class RatioIntervals:
 
 def speedup_intervals(latency: Mapping[str, ProblemMeans], tokens: Mapping[str, ProblemMeans],
                       n_boot: int = N_BOOT, seed: int = SEED, level: float = LEVEL) -> RatioIntervals:
-    """Paired bootstrap intervals (keys "run", "baseline") of speedup, token_ratio and
-    per_token_latency_ratio = speedup x token_ratio, so the split holds in every resample."""
+    """Paired bootstrap intervals ("run" vs "baseline") of the speedup split, which holds in every resample."""
     ids = shared_problems(latency["run"], latency["baseline"], tokens["run"], tokens["baseline"])
     if len(ids) < 2:
         return RatioIntervals(None, None, None, len(ids))
@@ -263,8 +266,8 @@ def _means(samples: pd.DataFrame, column: str) -> ProblemMeans:
     return problem_means(values.fillna(0.0) if column in ("correct", "tokens") else values, samples["id"])
 
 
-def _positive(value: Any) -> bool:
-    return value is not None and not pd.isna(value) and float(value) > 0
+def _known(value: Any) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)
 
 
 def _latency_statistic(latency: str) -> tuple[str, Callable[[np.ndarray], np.ndarray]]:
@@ -276,8 +279,7 @@ def _latency_statistic(latency: str) -> tuple[str, Callable[[np.ndarray], np.nda
 
 def with_intervals(runs: pd.DataFrame, samples: pd.DataFrame, latency: str = "latency_s",
                    n_boot: int = N_BOOT, seed: int = SEED) -> pd.DataFrame:
-    """`runs` with INTERVAL_COLUMNS from `samples` (`load_samples(runs)`) and `frontier_share`;
-    runs without samples keep what they recorded."""
+    """`runs` with INTERVAL_COLUMNS from `samples` and `frontier_share`; runs without samples keep what they recorded."""
     out = runs.copy()
     for column in INTERVAL_COLUMNS:
         if column not in out:
@@ -320,11 +322,8 @@ def _run_intervals(mine: pd.DataFrame, latency_column: str, statistic: Callable[
 def _paired_columns(run: pd.Series, baseline: pd.Series, mine: pd.DataFrame, theirs: pd.DataFrame,
                     n_boot: int, seed: int) -> dict[str, Any]:
     """The speedup split (from the runs' means) with its paired intervals, and the accuracy difference."""
-    values: dict[str, Any] = {}
-    if _positive(run["tokens"]) and _positive(baseline["tokens"]):
-        ratio = float(run["tokens"]) / float(baseline["tokens"])
-        values.update(token_ratio=ratio, token_reduction=1.0 - ratio,
-                      per_token_latency_ratio=None if pd.isna(run["speedup"]) else float(run["speedup"]) * ratio)
+    values: dict[str, Any] = speedup_split({"tokens": _known(run["tokens"])}, {"tokens": _known(baseline["tokens"])},
+                                           _known(run["speedup"]))
     diff = paired_accuracy_difference(_means(mine, "correct"), _means(theirs, "correct"))
     values.update(accuracy_diff=diff.difference, accuracy_diff_se=diff.se, accuracy_diff_p=diff.p_value)
     intervals = speedup_intervals({"run": _means(mine, "latency_s"), "baseline": _means(theirs, "latency_s")},
@@ -338,8 +337,7 @@ def _paired_columns(run: pd.Series, baseline: pd.Series, mine: pd.DataFrame, the
 
 def frontier_stability(runs: pd.DataFrame, by_run: Mapping[str, pd.DataFrame], latency: str = "latency_s",
                        n_boot: int = N_BOOT, seed: int = SEED) -> pd.Series:
-    """Per run, the share of paired resamples of its comparison's problems in which it is on the
-    (accuracy, latency) Pareto frontier; NaN without samples or two shared problems."""
+    """Per run, the share of paired resamples of its comparison's problems that put it on the Pareto frontier."""
     share = pd.Series(np.nan, index=runs.index)
     column, statistic = _latency_statistic(latency)
     for _, group in runs.groupby("comparison", sort=False):
@@ -355,5 +353,5 @@ def frontier_stability(runs: pd.DataFrame, by_run: Mapping[str, pd.DataFrame], l
         rows = bootstrap_indices(len(ids), n_boot, seed)
         accuracy = np.stack([c.take(ids)[rows].mean(axis=1) for c in correct], axis=1)  # [resample, run]
         latency_values = np.stack([statistic(lat.take(ids)[rows]) for lat in latencies], axis=1)
-        share.loc[members] = pareto_mask(accuracy, latency_values).mean(axis=0)
+        share.loc[members] = pareto_order_and_mask(accuracy, latency_values)[1].mean(axis=0)
     return share

@@ -12,7 +12,7 @@ from rstitch.latency.model import (
     fit_profile,
     latency_file,
     load_pair_latency,
-    profile_runner,
+    profile_runners,
 )
 
 TRUE = dict(a=2e-7, b=5e-6, c=3e-4, d=4e-3)
@@ -117,7 +117,7 @@ def test_trace_logs_tokens_processed_and_cache_size(tiny_runners):
 def test_profile_and_fit_on_a_real_model(tiny_runners, tmp_path):
     llm = tiny_runners.llm
     calls = llm.cost.forward_calls
-    points = profile_runner(llm, [1, 4, 16], [0, 8, 64], repeats=2)
+    points = profile_runners({"llm": llm}, [1, 4, 16], [0, 8, 64], repeats=2)["llm"]
     assert [(p.n_inf, p.n_kv) for p in points] == [(i, k) for i in (1, 4, 16) for k in (0, 8, 64)]
     # 2 repeats x (9 timed forwards + 2 untimed cache fills for n_kv > 0)
     assert llm.cost.forward_calls - calls == 2 * (9 + 2)
@@ -126,7 +126,7 @@ def test_profile_and_fit_on_a_real_model(tiny_runners, tmp_path):
     assert math.isfinite(fitted.r2) and fitted.predict(16, 64) > 0
     fitted.save(latency_file(tmp_path, *("llm", "cpu", "float32")))
     assert load_pair_latency(tmp_path, tiny_runners) is None  # the SLM was not profiled
-    fit_profile(profile_runner(tiny_runners.slm, [1, 4], [0, 8], repeats=1), tiny_runners.slm).save(latency_file(tmp_path, "slm"))
+    fit_profile(profile_runners({"slm": tiny_runners.slm}, [1, 4], [0, 8], repeats=1)["slm"], tiny_runners.slm).save(latency_file(tmp_path, "slm"))
     # checked for positive times over the profiled range (a 4-point fit extrapolates far beyond it)
     assert set(load_pair_latency(tmp_path, ModelPair(tiny_runners.slm, llm), max_inf=4, max_kv=8)) == {"slm", "llm"}
 

@@ -12,7 +12,14 @@ import time
 import pytest
 
 from rstitch.results.measurement import CONTENTION_ADVICE, contention_notes
-from rstitch.results.metrics import compare_with_baseline, mean_cpu_time, self_comparison, speedups_against, summarize_samples
+from rstitch.results.metrics import (
+    compare_with_baseline,
+    mean_of_every,
+    sample_cpu_time,
+    self_comparison,
+    speedups_against,
+    summarize_samples,
+)
 from rstitch.results.summary import format_table
 
 
@@ -27,9 +34,9 @@ def sample(problem: str, wall_s: float, cpu_s: float | None, device: str = "cpu"
 def test_cpu_time_is_summarized_on_a_cpu_only():
     rows = [sample("a", 2.0, 1.0), sample("b", 4.0, 3.0)]
     assert summarize_samples(rows)["latency_cpu_s"] == pytest.approx(2.0)
-    assert mean_cpu_time([sample("a", 2.0, 1.0, device="cuda:0")]) is None  # the CPU only launches kernels there
-    assert mean_cpu_time([sample("a", 2.0, 1.0), sample("b", 2.0, None)]) is None  # a batched sample has none
-    assert mean_cpu_time([{"latency_s": 1.0}]) is None  # a run from before measurements
+    assert mean_of_every(map(sample_cpu_time, [sample("a", 2.0, 1.0, device="cuda:0")])) is None  # the CPU only launches kernels there
+    assert mean_of_every(map(sample_cpu_time, [sample("a", 2.0, 1.0), sample("b", 2.0, None)])) is None  # a batched sample has none
+    assert mean_of_every(map(sample_cpu_time, [{"latency_s": 1.0}])) is None  # a run from before measurements
 
 
 def test_the_cpu_speedup_is_the_ratio_of_cpu_times_beside_the_wall_clock_one():
