@@ -47,6 +47,7 @@ _OPTION_LINE_RE = re.compile(r"^\s*(?:\*\*)?\(?([A-J])[.)]\s", re.MULTILINE)
 _SPACE_RUN_RE = re.compile(r"[^\S\n]+")
 _NEWLINE_RUN_RE = re.compile(r"\s*\n\s*")
 _TEXT_WRAPPER_RE = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\{([^{}]*)\}")
+_BRACE_RE = re.compile(r"\\.|[{}]", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -159,19 +160,10 @@ def _skip_spaces(text: str, i: int) -> int:
 
 def _matching_brace(text: str, open_index: int, limit: int) -> int | None:
     depth = 0
-    i = open_index
-    while i < limit:
-        char = text[i]
-        if char == "\\":  # an escaped brace \\{ or \\} does not change the depth
-            i += 2
-            continue
-        if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
+    for token in _BRACE_RE.finditer(text, open_index, limit):
+        depth += {"{": 1, "}": -1}.get(token.group(0), 0)  # an escaped brace \\{ or \\} is neither
+        if depth == 0:
+            return token.start()
     return None
 
 
@@ -217,32 +209,23 @@ def _extract_math(text: str) -> Extracted | None:
     boxed = _last_boxes(text)
     if boxed is not None:
         boxes, end = boxed
-        later = _final_statement_after(text, end)
+        later = _answer_statement(text, after_box=end)
         if later is not None:
             return Extracted(later)
-        if len(boxes) == 1:
-            return Extracted(boxes[0].content)
         parts = tuple(box.content for box in boxes)
-        return Extracted(", ".join(parts), parts)
+        return Extracted(", ".join(parts), parts if len(parts) > 1 else ())
     value = _answer_statement(text) or _last_span_or_number(text)
     return Extracted(value) if value else None
 
 
-def _final_statement_after(text: str, start: int) -> str | None:
-    """The value a "final answer" statement after the last box states (the box was an intermediate result)."""
-    for match in reversed(list(_ANSWER_STATEMENT_RE.finditer(text, start))):
-        if "final" in match.group(0).lower():
-            value = _statement_value(_rest_of_line(text, match.end()))
-            if value and re.search(r"[\d\\]", value):
-                return value
-    return None
-
-
-def _answer_statement(text: str) -> str | None:
-    """The value after the last "final answer is" / "the answer is" / "answer:" phrase."""
-    for match in reversed(list(_ANSWER_STATEMENT_RE.finditer(text))):
+def _answer_statement(text: str, after_box: int | None = None) -> str | None:
+    """The value after the last "final answer is" / "the answer is" / "answer:" phrase. ``after_box``
+    (where the last box ends): only a "final answer" after it that states a value (a digit or LaTeX)."""
+    for match in reversed(list(_ANSWER_STATEMENT_RE.finditer(text, after_box or 0))):
+        if after_box is not None and "final" not in match.group(0).lower():
+            continue
         value = _statement_value(_rest_of_line(text, match.end()))
-        if value:
+        if value and (after_box is None or re.search(r"[\d\\]", value)):
             return value
     return None
 
@@ -294,7 +277,7 @@ def _is_prose(text: str) -> bool:
 
 def _leading_math(line: str) -> str | None:
     """Content of a math span ($...$, $$...$$, \\(...\\), \\[...\\]) that opens ``line``."""
-    for opener, closer in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
+    for opener, closer in MATH_DELIMITERS.items():
         if line.startswith(opener):
             end = line.find(closer, len(opener))
             if end > 0:
@@ -306,7 +289,7 @@ def _leading_math(line: str) -> str | None:
 # --------------------------------------------------------------------------- math spans
 
 _DELIMITER_RE = re.compile(r"\\\$|\$\$|\$|\\\(|\\\)|\\\[|\\\]")
-_CLOSER = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}
+MATH_DELIMITERS = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}  # opener -> closer, "$$" before "$"
 _INLINE = ("$", "\\(")  # inline math does not run across a line break
 
 
@@ -321,14 +304,14 @@ def _math_spans(text: str) -> list[tuple[int, int, str]]:
         if mark == "\\$":
             continue
         if opener is None:
-            if mark in _CLOSER and not (mark == "$" and token.start() > 0 and text[token.start() - 1].isdigit()):
+            if mark in MATH_DELIMITERS and not (mark == "$" and token.start() > 0 and text[token.start() - 1].isdigit()):
                 opener = token
             continue
         content = text[opener.end() : token.start()]
         if opener.group(0) in _INLINE and "\n" in content:
-            opener = token if mark in _CLOSER else None  # the old opener was a stray: start again here
+            opener = token if mark in MATH_DELIMITERS else None  # the old opener was a stray: start again here
             continue
-        if mark == _CLOSER[opener.group(0)]:
+        if mark == MATH_DELIMITERS[opener.group(0)]:
             spans.append((opener.start(), token.end(), content))
             opener = None
     return spans
@@ -336,12 +319,10 @@ def _math_spans(text: str) -> list[tuple[int, int, str]]:
 
 def _blanked(text: str, spans: list[tuple[int, int, str]]) -> str:
     """``text`` with ``spans`` blanked (positions kept)."""
-    pieces, position = [], 0
+    chars = list(text)
     for start, end, _ in spans:
-        pieces += [text[position:start], " " * (end - start)]
-        position = end
-    pieces.append(text[position:])
-    return "".join(pieces)
+        chars[start:end] = " " * (end - start)
+    return "".join(chars)
 
 
 _BARE_FRACTION_RE = re.compile(r"-?\\[dtc]?frac\s*\{[^{}$]*\}\s*\{[^{}$]*\}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import logging
 import os
 import re
@@ -16,7 +17,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from decimal import Decimal
 from typing import Any
 
-from rstitch.grading.extract import Extracted, extract_final
+from rstitch.grading.extract import MATH_DELIMITERS, Extracted, extract_final
 
 logger = logging.getLogger(__name__)
 
@@ -68,13 +69,7 @@ def shaped_like_gold(found: Extracted, gold: str) -> str:
 def _encloses_all(inner: str) -> bool:
     """True when ``inner``, the text between a gold's first and last bracket, never closes the
     first one early ("(1, 2), (3, 4)" is two tuples, not one)."""
-    depth = 0
-    for char in inner:
-        depth += char in "([{"
-        depth -= char in ")]}"
-        if depth < 0:
-            return False
-    return True
+    return all(depth >= 0 for depth in itertools.accumulate((c in "([{") - (c in ")]}") for c in inner))
 
 
 TOLERANCE_SLACK = 1.01  # OlympiadBench's judge accepts |gold - answer| <= error * 1.01 (float rounding)
@@ -179,7 +174,6 @@ def is_equivalent(predicted: str, gold: str, timeout_s: float = 5.0, fast_path: 
 
 # --------------------------------------------------------------------------- fast path
 
-_MATH_DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 _DROPPED_TOKENS = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\displaystyle", "~")
 _DEGREE_RE = re.compile(r"\^\s*\{?\\circ\}?|°")
 _TEXT_WRAPPER_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
@@ -256,7 +250,7 @@ def _is_decimal_comma(text: str) -> bool:
 
 
 def _strip_delimiters(text: str) -> str:
-    for opener, closer in _MATH_DELIMITERS:
+    for opener, closer in MATH_DELIMITERS.items():
         if text.startswith(opener) and text.endswith(closer) and len(text) >= len(opener) + len(closer):
             return text[len(opener) : len(text) - len(closer)].strip()
     return text
