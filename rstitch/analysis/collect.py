@@ -2,7 +2,6 @@
 row per run, or one per sample. Columns, `comparison` and `group`: docs/analysis.md."""
 from __future__ import annotations
 
-import functools
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
@@ -10,12 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
-from rstitch.configs import CONF_DIR
 from rstitch.errors import ConfigError
 from rstitch.methods import baseline_method, method_class, method_rank
-from rstitch.results.keys import comparison_key, is_sharded, short_hash
+from rstitch.results.keys import comparison_key, is_sharded, method_defaults, short_hash
 from rstitch.results.store import RUN_KEY_FILE, SAMPLES_FILE, SUMMARY_FILE, iter_samples
 from rstitch.results.uncertainty import recorded_intervals
 
@@ -139,23 +136,13 @@ def _short(value: Any) -> Any:
     return Path(value).name if isinstance(value, str) and os.sep in value else value
 
 
-@functools.cache
-def method_defaults(method: str) -> tuple[tuple[str, Any], ...]:
-    """The knobs of conf/method/<method>.yaml in file order (empty when not in this checkout)."""
-    path = CONF_DIR / "method" / f"{method}.yaml"
-    if not path.exists():
-        return ()
-    return tuple((k, v) for k, v in (yaml.safe_load(path.read_text()) or {}).items() if k != "name")
-
-
-def shown_knobs(method: str, params: Mapping[str, Any], varying: set[str]) -> list[str]:
-    """The knobs that tell a method's runs apart in tables and plots: those that vary among its
-    runs or differ from the config default; else its first (main) knob, e.g. tau or delta."""
-    defaults = dict(method_defaults(method))
+def shown_knobs(defaults: Mapping[str, Any], params: Mapping[str, Any], varying: set[str]) -> list[str]:
+    """The knobs that tell a method's runs apart in tables and plots: those that vary among its runs or differ
+    from its config defaults (`results.keys.method_defaults`); else its first (main) knob, e.g. tau or delta."""
     keys = [k for k in params if k in varying or (k in defaults and defaults[k] != params[k])]
     if keys or not params:
         return keys
-    first = next((k for k, _ in method_defaults(method) if k in params), None)
+    first = next((k for k in defaults if k in params), None)
     return [first] if first is not None else sorted(params)[:1]
 
 
@@ -224,8 +211,9 @@ def _settings(frame: pd.DataFrame) -> pd.Series:
     for method, runs in frame.groupby("method"):
         keys = set().union(*(p.keys() for p in runs["params"]))
         varying = {k for k in keys if len({repr(p.get(k)) for p in runs["params"]}) > 1}
+        defaults = method_defaults(str(method))
         for index, params in runs["params"].items():
-            settings[index] = setting_label(params, shown_knobs(method, params, varying))
+            settings[index] = setting_label(params, shown_knobs(defaults, params, varying))
     # Configurations that differ only in nested options (e.g. the PRM) keep apart by their hash.
     clash = frame.assign(s=settings).groupby(["method", "s"])["method_id"].transform("nunique") > 1
     return settings.where(~clash, settings + " [" + frame["method_id"] + "]")

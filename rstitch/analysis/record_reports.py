@@ -27,6 +27,7 @@ from rstitch.results.metrics import (
     speedups_against,
     summarize_samples,
 )
+from rstitch.results.store import atomic_write
 
 MANIFEST = "report.json"
 READINGS = "readings.md"
@@ -91,9 +92,7 @@ def load_manifest(folder: Path) -> dict[str, Any]:
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=False) + "\n")
-    tmp.replace(folder / MANIFEST)
+    atomic_write(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=False) + "\n")
 
 
 # Summaries ----------------------------------------------------------------------------------------
