@@ -37,19 +37,14 @@ class ContextCheck:
         to fit even at the tokenizer's longest token is judged without tokenizing it."""
         if self.limit is None:
             return encode(problem), self.budget
-        if len(problem) > self.limit * _longest_token_chars(self.tokenizer):
-            return self._overflow(problem_id, None)
-        ids = encode(problem)
-        room = self.limit - len(ids)
-        if room >= self.budget:
+        ids = None if len(problem) > self.limit * _longest_token_chars(self.tokenizer) else encode(problem)
+        room = 0 if ids is None else self.limit - len(ids)
+        if ids is not None and room >= self.budget:
             return ids, self.budget
-        return self._overflow(problem_id, len(ids), ids, room)
-
-    def _overflow(self, problem_id: str, n_prompt: int | None, ids: list[int] | None = None, room: int = 0):
         if self.policy == "truncate" and ids is not None and room >= 1:
             return ids, room
         if self.policy == "error":
-            size = f"a prompt of {n_prompt} tokens" if n_prompt is not None else "a prompt far longer"
+            size = f"a prompt of {len(ids)} tokens" if ids is not None else "a prompt far longer"
             raise ConfigError(f"problem '{problem_id}': {size} + max_new_tokens={self.budget} exceeds the "
                               f"{self.limit}-token context of the pair (on_overflow=skip or truncate to go on)")
         return None

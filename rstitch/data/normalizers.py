@@ -236,20 +236,13 @@ def _lcb_func_name(value: Any) -> str:
     return str((value or {}).get("func_name") or "")
 
 
-def multiple_choice_record(record_id: str, question: str, choices: list[str], correct: int, extra: dict) -> Record:
-    """Options rendered as "A) ..." lines after the question, gold = the correct option's letter."""
-    lines = "\n".join(f"{LETTERS[i]}) {choice}" for i, choice in enumerate(choices))
-    metadata = {"answer_type": "multiple_choice", "multiple_choice": True, "choices": choices, **extra}
-    letter = LETTERS[correct] if 0 <= correct < len(choices) else ""
-    return Record(record_id, f"{question.strip()}\n\n{lines}", letter, metadata)
-
-
 def normalize_mmlu(row: Row, record_id: str) -> Record:
     """cais/mmlu and edinburgh-dawg/mmlu-redux(-2.0): question, choices (list), answer (index),
     subject; MMLU-Redux adds error_type, source, correct_answer, potential_reason."""
-    choices = _as_strings(row.get("choices"))
-    extra = _rest(row, "question", "choices", "answer", "id")
-    return multiple_choice_record(record_id, first_text(row, "question"), choices, int(row.get("answer", -1)), extra)
+    choices, correct = _as_strings(row.get("choices")), int(row.get("answer", -1))
+    lines = "\n".join(f"{LETTERS[i]}) {choice}" for i, choice in enumerate(choices))  # gold: the correct option's letter
+    metadata = {"answer_type": "multiple_choice", "multiple_choice": True, "choices": choices, **_rest(row, "question", "choices", "answer", "id")}
+    return Record(record_id, f"{first_text(row, 'question')}\n\n{lines}", LETTERS[correct] if 0 <= correct < len(choices) else "", metadata)
 
 
 def ids_by_subject(rows: list[Row]) -> list[Row]:

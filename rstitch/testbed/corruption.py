@@ -33,8 +33,7 @@ def corrupt_steps(problem: TestbedProblem, style: str, rng: random.Random, kind:
         c = apply_op(a, op, bb) if (op != "-" or a >= bb) else abs(a - bb)
         if i == j and kind in ("slip", "carry"):
             c = _perturb(c, rng, carry=(kind == "carry"))
-        true_c = _safe(a, op, bb)
-        if true_c is not None and 0 <= true_c and (op != "*" or a < 100):
+        if 0 <= apply_op(a, op, bb) and (op != "*" or a < 100):  # written as the true chain, its result slipped
             chain = equation_chain(a, op, bb)
             chain[-1] = str(c)  # a slip of the result lands on the last link
             if i == j and kind == "link":
@@ -75,13 +74,6 @@ def _slip_inside(chain: list[str], rng: random.Random) -> tuple[list[str], int]:
         c = _perturb(int(chain[-1]), rng)
         return [*chain[:-1], str(c)], c
     return [chain[0], chain[1], f"{left} {op} {right}", str(partial)], partial
-
-
-def _safe(a: int, op: str, b: int) -> int | None:
-    try:
-        return apply_op(a, op, b)
-    except ValueError:
-        return None
 
 
 def _perturb(x: int, rng: random.Random, lo: int = 0, hi: int = MAX_VALUE, carry: bool = False) -> int:

@@ -192,17 +192,9 @@ class FamilyTrainer:
         digit = self.digit_ids[9] if labels[t] else self.digit_ids[0]
         return prompt + [digit], [-100] * len(prompt) + [digit]
 
-    def llama_config(self, layers: int, hidden: int) -> LlamaConfig:
-        return LlamaConfig(  # type: ignore[call-arg]
-            vocab_size=len(self.tok), hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
-            num_attention_heads=4, num_key_value_heads=4,
-            head_dim=32,  # vLLM's CPU attention takes head sizes 32, 64, 80, ... (not hidden / 4)
-            max_position_embeddings=1024, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
-            bos_token_id=self.tok.bos_token_id, eos_token_id=self.eos, pad_token_id=self.pad,
-        )
-
-    def train_loop(self, model, batches, steps: int, minutes: float, name: str, loss_fn, eval_fn=None, lr: float | None = None) -> dict:
-        lr = self.args.lr if lr is None else lr
+    def train_loop(self, model, batches, steps: int, minutes: float, name: str, eval_fn: Callable[[Any], None]) -> dict:
+        """AdamW on the next-token loss of `batches` for `steps` steps, or until `minutes` pass."""
+        lr = self.args.lr
         opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
         model.train()
         t0, ema, step = time.time(), None, 0
@@ -213,7 +205,9 @@ class FamilyTrainer:
                 break
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, steps, lr, time_frac if self.args.schedule_by_time else 0.0)
-            loss = loss_fn(model, next(batches))
+            ids, lab, att = collate(self.pad, next(batches))
+            logits = model(input_ids=ids, attention_mask=att).logits[:, :-1]
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), lab[:, 1:].reshape(-1), ignore_index=-100)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -221,17 +215,12 @@ class FamilyTrainer:
             ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
             if step % 100 == 0 or step == steps - 1:
                 self.log(f"{name} step {step}/{steps} loss {ema:.4f} lr {opt.param_groups[0]['lr']:.2e}")
-            if eval_fn and self.args.eval_every and step and step % self.args.eval_every == 0:
+            if self.args.eval_every and step and step % self.args.eval_every == 0:
                 model.eval()
                 eval_fn(model)
                 model.train()
         model.eval()
         return {"steps": step + 1, "minutes": round((time.time() - t0) / 60, 2)}
-
-    def lm_loss(self, model, batch):
-        ids, lab, att = collate(self.pad, batch)
-        logits = model(input_ids=ids, attention_mask=att).logits[:, :-1]
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), lab[:, 1:].reshape(-1), ignore_index=-100)
 
     @torch.no_grad()
     def generate(self, model, problems: list[TestbedProblem], max_new: int, temperature: float = 0.0, seed: int = 0, bs: int = 64):
@@ -312,7 +301,13 @@ class FamilyTrainer:
             model = LlamaForCausalLM.from_pretrained(init)
             self.log(f"{name}: continuing from {init}")
         else:
-            model = LlamaForCausalLM(self.llama_config(layers, hidden))
+            model = LlamaForCausalLM(LlamaConfig(  # type: ignore[call-arg]
+                vocab_size=len(self.tok), hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
+                num_attention_heads=4, num_key_value_heads=4,
+                head_dim=32,  # vLLM's CPU attention takes head sizes 32, 64, 80, ... (not hidden / 4)
+                max_position_embeddings=1024, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
+                bos_token_id=self.tok.bos_token_id, eos_token_id=self.eos, pad_token_id=self.pad,
+            ))
         self.log(f"{name}: {model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, {n_params(model) / 1e6:.3f}M params")
         return model
 
@@ -345,7 +340,7 @@ class FamilyTrainer:
         batches = bucketed(lambda: example(next(stream)), args.batch_size, random.Random(args.seed + seeds[1]))
         max_new = getattr(args, f"max_new_{style}")
         self.report[f"{name}_train"] = self.train_loop(
-            model, batches, getattr(args, f"steps_{name}"), getattr(args, f"minutes_{name}"), name, self.lm_loss,
+            model, batches, getattr(args, f"steps_{name}"), getattr(args, f"minutes_{name}"), name,
             eval_fn=lambda m: self.log(f"  {name} quick val acc {self.accuracy(m, self.quick_val, max_new)['accuracy']:.3f}"),
         )
         self.report[f"{name}_train"]["params"] = n_params(model)
