@@ -186,12 +186,11 @@ def _set_limits(config: dict) -> None:
     limits = {
         resource.RLIMIT_CPU: (cpu, cpu + 1),
         resource.RLIMIT_AS: (config["memory_bytes"],) * 2,
-        resource.RLIMIT_FSIZE: (config["max_file_bytes"],) * 2,
+        resource.RLIMIT_FSIZE: (config["disk_bytes"],) * 2,
         resource.RLIMIT_NOFILE: (64, 64),
         resource.RLIMIT_CORE: (0, 0),
+        resource.RLIMIT_NPROC: (config["max_processes"],) * 2,
     }
-    if config["max_processes"] is not None:
-        limits[resource.RLIMIT_NPROC] = (config["max_processes"],) * 2
     for kind, value in limits.items():
         resource.setrlimit(kind, value)
 
@@ -218,7 +217,9 @@ def _supervise(child: int, readers: dict[str, int], config: dict) -> dict:
     _kill_group(child)  # leftovers of a program that exited (gone already in a PID namespace)
     _drain(open_fds, captured, cap)
     captured["setup"] = captured["setup"][:1]  # one byte, whatever was written after it; not an output
-    return {**_verdict(status, timed_out), "output_limit": flooded or _over(captured, cap),
+    code = os.waitstatus_to_exitcode(status)  # -n: killed by signal n
+    return {"exit_code": code if code >= 0 else None, "signal": -code if code < 0 else None, "timed_out": timed_out,
+            "output_limit": flooded or _over(captured, cap),
             **{name: bytes(data[:cap]).decode("utf-8", errors="replace") for name, data in captured.items()}}
 
 
@@ -269,11 +270,6 @@ def _over(captured: dict[str, bytearray], cap: int) -> bool:
 def _kill_group(leader: int) -> None:
     with contextlib.suppress(OSError):
         os.killpg(leader, signal.SIGKILL)
-
-
-def _verdict(status: int, timed_out: bool) -> dict:
-    code = os.waitstatus_to_exitcode(status)  # -n: killed by signal n
-    return {"exit_code": code if code >= 0 else None, "signal": -code if code < 0 else None, "timed_out": timed_out}
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ def grade_code(response: str, tests: Mapping[str, Any], limits: SandboxLimits | 
     """A sample's ``answer`` (the program), ``correct`` and ``code`` (how the tests went)."""
     program = extract_program(response)
     if program is None:
-        return {"answer": None, "correct": False, "code": {"status": "no_program", "passed": 0, "total": _count(tests)}}
+        total = len(tests["cases"]) if tests.get("kind") in ("stdio", "functional") else 1
+        return {"answer": None, "correct": False, "code": {"status": "no_program", "passed": 0, "total": total}}
     outcome = run_tests(program, tests, limits)
     correct = outcome["status"] == "ok" and outcome["passed"] == outcome["total"] > 0
     return {"answer": program, "correct": correct, "code": outcome}
@@ -54,10 +55,6 @@ def run_tests(program: str, tests: Mapping[str, Any], limits: SandboxLimits | No
         expected = [json.loads(case["output"]) for case in tests["cases"]]
         return _run_harness("functional", str(tests["func_name"]), program, "", calls, limits, expected)
     raise ValueError(f"unknown code test kind {kind!r}; valid: script, stdio, functional")
-
-
-def _count(tests: Mapping[str, Any]) -> int:
-    return len(tests["cases"]) if tests.get("kind") in ("stdio", "functional") else 1
 
 
 def _run_stdio(program: str, cases: list[Mapping[str, str]], limits: SandboxLimits | None) -> dict[str, Any]:

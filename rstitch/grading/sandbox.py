@@ -159,7 +159,6 @@ def _config(workdir: Path | None, python: str, uid: int | None, source: str, std
         "cpu_s": max(1, int(limits.cpu_s + 0.999)),
         "memory_bytes": int(limits.memory_bytes),
         "max_output_bytes": int(limits.max_output_bytes),
-        "max_file_bytes": int(limits.disk_bytes),
         "disk_bytes": int(limits.disk_bytes),
         "max_processes": _process_limit(uid, int(limits.max_processes) + overhead),
         "fallback_max_processes": _process_limit(uid, fitting_process_count(limits) + overhead),

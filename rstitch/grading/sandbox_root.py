@@ -80,16 +80,11 @@ def bwrap_argv(python: str, disk_bytes: int, map_to_nobody: bool, seccomp: bool)
 
 
 def read_only_binds(prefix: str) -> list[str]:
-    """The interpreter's prefix and the library directories (as the links they are, where they are
-    links, e.g. ``/lib -> usr/lib`` on a merged-/usr system), read-only."""
+    """The interpreter's prefix and the library directories that exist outside it, read-only."""
     args = ["--ro-bind", prefix, prefix]
     for path in LIBRARY_DIRS:
-        if path == prefix or path.startswith(prefix.rstrip("/") + "/"):
-            continue  # inside the prefix, bound already
-        if os.path.islink(path):
-            args += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
-            args += ["--ro-bind", path, path]
+        if path != prefix and not path.startswith(prefix.rstrip("/") + "/"):
+            args += ["--ro-bind-try", path, path]
     return args
 
 

@@ -18,6 +18,7 @@ from decimal import Decimal
 from typing import Any
 
 from rstitch.grading.extract import MATH_DELIMITERS, Extracted, extract_final
+from rstitch.grading.structured import grade_grid, grade_literal
 
 logger = logging.getLogger(__name__)
 
@@ -139,11 +140,9 @@ def grade_sample(response: str, gold: str, multiple_choice: bool = False, timeou
 def _grade_structured(response: str, gold: str, answer_type: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
     """Code runs in the sandbox only here, for records whose loader marked them as code."""
     if answer_type == "code":
-        from rstitch.grading.code import grade_code
+        from rstitch.grading.code import grade_code  # the sandbox, imported only where code is graded
 
         return grade_code(response, metadata["tests"])
-    from rstitch.grading.structured import grade_grid, grade_literal
-
     if answer_type == "zebra_grid":
         return grade_grid(response, metadata["grid"])
     if answer_type == "python_literal":
