@@ -126,9 +126,8 @@ def _map_ids(uid: int, gid: int) -> None:
 
 
 def _private_tmp(workdir: str, disk_bytes: int) -> tuple[bool, bool]:
-    """One tmpfs of ``disk_bytes`` on /tmp holding the working directory at its usual path, bound
-    on /var/tmp and /dev/shm too, so everything the program can write counts against one size.
-    Returns (all three private, the working directory size-limited)."""
+    """One tmpfs of ``disk_bytes`` on /tmp (the working directory), /var/tmp and /dev/shm: all writes
+    count against one size. Returns (all three private, the working directory size-limited)."""
     if os.path.dirname(workdir) != "/tmp" or _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
         return False, False
     options = f"size={int(disk_bytes)},mode=0700".encode()

@@ -21,8 +21,7 @@ FLOAT_TOLERANCE = 1e-6
 
 
 def extract_program(response: str) -> str | None:
-    """The last fenced Python block of the final answer (text after ``</think>``), else of the whole
-    response; None when there is no fenced block (prose is not run)."""
+    """The last fenced Python block of the final answer, else of the whole response (prose is not run)."""
     for part in search_order(response):
         blocks = [code for tag, code in _FENCE_RE.findall(part) if tag.lower() in _PYTHON_TAGS]
         if blocks and blocks[-1].strip():
@@ -70,8 +69,7 @@ def _run_stdio(program: str, cases: list[Mapping[str, str]], limits: SandboxLimi
 
 
 def outputs_match(printed: str, expected: str) -> bool:
-    """Line by line after trimming trailing whitespace; tokens that are both numbers may differ
-    by 1e-6 (LiveCodeBench's checker allows float answers that way)."""
+    """Line by line, trailing whitespace aside; numbers may differ by 1e-6 (as LiveCodeBench's checker)."""
     got, want = printed.strip().splitlines(), expected.strip().splitlines()
     if [line.rstrip() for line in got] == [line.rstrip() for line in want]:
         return True

@@ -224,15 +224,11 @@ def _answer_statement(text: str, after_box: int | None = None) -> str | None:
     for match in reversed(list(_ANSWER_STATEMENT_RE.finditer(text, after_box or 0))):
         if after_box is not None and "final" not in match.group(0).lower():
             continue
-        value = _statement_value(_rest_of_line(text, match.end()))
+        line = text[match.end() : match.end() + 1000].split("\n", 1)[0]  # bounded: many statements stay linear
+        value = _statement_value(line)
         if value and (after_box is None or re.search(r"[\d\\]", value)):
             return value
     return None
-
-
-def _rest_of_line(text: str, start: int, max_chars: int = 1000) -> str:
-    window = text[start : start + max_chars]  # bounded, so many statements stay linear
-    return window.split("\n", 1)[0]
 
 
 def _statement_value(line: str) -> str | None:
@@ -376,27 +372,19 @@ def _span_value(content: str) -> str:
 
 def _extract_letter(text: str) -> str | None:
     boxed = last_boxed(text)
-    letter = _letter_of(boxed) if boxed is not None else None
-    if letter:
-        return letter
+    if boxed is not None:  # "B", "(B)", "\\text{B}", "B) 42"
+        letter = _BOXED_LETTER_RE.match(_TEXT_WRAPPER_RE.sub(r"\1", boxed).strip().strip("*").strip())
+        if letter:
+            return letter.group(1)
     for pattern in (_MC_ANSWER_RE, _MC_CHOICE_RE):
         found = pattern.findall(text)
         if found:
             return "".join(found[-1])  # one of the two groups is empty
-    return _letter_on_last_line(text) or _letter_opening_the_answer(text)
-
-
-def _letter_of(content: str) -> str | None:
-    """"B", "(B)", "\\text{B}", "B) 42" -> "B"."""
-    unwrapped = _TEXT_WRAPPER_RE.sub(r"\1", content).strip().strip("*").strip()
-    match = _BOXED_LETTER_RE.match(unwrapped)
-    return match.group(1) if match else None
-
-
-def _letter_on_last_line(text: str) -> str | None:
     last_line = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
-    match = _MC_LAST_LINE_RE.match(last_line)
-    return (match.group(1) or match.group(2)) if match else None
+    on_last_line = _MC_LAST_LINE_RE.match(last_line)
+    if on_last_line:
+        return on_last_line.group(1) or on_last_line.group(2)
+    return _letter_opening_the_answer(text)
 
 
 def _letter_opening_the_answer(text: str) -> str | None:

@@ -56,9 +56,8 @@ def our_verdict(case: PeerCase, timeout_s: float = 5.0) -> bool:
 
 
 def math_verify_verdict(case: PeerCase) -> bool:
-    """math-verify as the peer test calls it: both sides through ``parse`` with the test's
-    extraction targets (LaTeX with boxes first, plain expressions, or option letters), then
-    ``verify``. A gold without math delimiters is wrapped in ``$...$`` as the tests write it.
+    """math-verify as the peer test calls it: ``parse`` with the test's extraction targets, then
+    ``verify``; a gold without math delimiters is wrapped in ``$...$`` as the tests write it.
     Runs in this thread: math-verify's timeouts use ``signal.alarm`` (main thread only)."""
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, StringExtractionConfig, parse, verify
 

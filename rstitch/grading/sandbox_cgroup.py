@@ -47,8 +47,7 @@ class SampleCgroup:
 
 
 def sample_cgroup(memory_bytes: int, max_processes: int) -> SampleCgroup | None:
-    """A fresh cgroup limited to ``memory_bytes`` and ``max_processes`` (+1 for the supervisor,
-    which joins it), or None where this process cannot make one."""
+    """A fresh cgroup of ``memory_bytes`` and ``max_processes`` (+1: the supervisor joins it), or None."""
     if os.getuid() != 0:
         return None
     for make in (_make_v2, _make_v1):

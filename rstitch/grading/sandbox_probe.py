@@ -262,8 +262,7 @@ WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock")
 
 
 def probe_host_files(outer_s: float) -> list[ProbeOutcome]:
-    """Class 5: the host's files: a world-readable file beside the project and /etc/passwd read,
-    files left in world-writable places after the sample."""
+    """Class 5: host files read (a world-readable one beside the project, /etc/passwd) or left behind."""
     project = Path(__file__).resolve().parents[2]
     name = f".rstitch-probe-{os.getpid()}"
     canary = project / name

@@ -1,6 +1,5 @@
-"""The sandboxed program's file system: an empty root built by bubblewrap (``bwrap``), every
-namespace new and a seccomp filter (docs/sandbox.md, "What the program sees"). Where bubblewrap is
-missing the caller falls back to the supervisor's namespaces, and says so (``describe_missing``)."""
+"""The program's empty root: bubblewrap (``bwrap``), every namespace new, a seccomp filter
+(docs/sandbox.md, "What the program sees"); without bwrap the supervisor's namespaces (``MISSING``)."""
 from __future__ import annotations
 
 import errno

@@ -92,8 +92,7 @@ def extract_literal(response: str) -> str | None:
 
 
 def literals_equal(predicted: str, gold: str) -> bool:
-    """Equal as Python values when both parse (``'a'`` and ``"a"``, ``[1,2]`` and ``[1, 2]``),
-    else as text."""
+    """Equal as Python values when both parse (``'a'`` and ``"a"``), else as text."""
     if len(predicted) > MAX_LITERAL_CHARS or len(gold) > MAX_LITERAL_CHARS:
         return predicted.strip() == gold.strip()
     try:

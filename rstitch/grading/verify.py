@@ -99,8 +99,7 @@ def within_tolerance(predicted: str, gold: str, tolerance: Sequence[float | None
 
 
 def split_parts(answer: str) -> list[str]:
-    """The comma-separated parts of an answer, commas inside brackets or braces kept
-    ("(1, 2), 3" has two parts)."""
+    """The comma-separated parts of an answer, commas inside brackets kept ("(1, 2), 3" has two)."""
     parts, depth, start = [], 0, 0
     text = _strip_delimiters(answer.strip())
     if _THOUSANDS_RE.match(text):  # "1,000" is one number

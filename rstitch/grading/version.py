@@ -1,9 +1,6 @@
-"""The grader's version, recorded in every run summary (`grader_version`) so that a run graded by
-an older grader can be found (`rstitch-report` flags it) and graded again (`rstitch-regrade`).
-
-Bump it whenever a change to rstitch/grading can turn a verdict: extraction, normalization,
-equivalence or a structured grader. Summaries written before versions were recorded count as 1.
-"""
+"""The grader's version in every run summary, so that `rstitch-report` flags a run graded by an older
+grader and `rstitch-regrade` grades it again. Bump it whenever a change to rstitch/grading can turn a
+verdict: extraction, normalization, equivalence or a structured grader."""
 from __future__ import annotations
 
 from collections.abc import Mapping
