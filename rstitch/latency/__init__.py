@@ -1,2 +1,1 @@
-"""Cost models beyond what the engine counts: per-forward latency estimates (`model.LatencyModel`),
-profiled per runner and fitted by least squares."""
+"""Cost models beyond what the engine counts: the per-forward latency model (`model.LatencyModel`)."""

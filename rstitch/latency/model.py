@@ -90,7 +90,7 @@ class LatencyModel:
             ratio = y / fitted.formula(n_inf, n_kv)
             # A new instance, not an assignment: the sorted scale table is cached on first predict.
             fitted = replace(fitted, scale_by_inf={int(k): float(np.median(ratio[n_inf == k])) for k in np.unique(n_inf)})
-        fitted.r2 = fitted.r2_score(n_inf, n_kv, y)
+        fitted.r2 = r_squared(np.asarray(fitted.predict(n_inf, n_kv)), y)
         return fitted
 
     def formula(self, n_inf: Any, n_kv: Any) -> Any:
@@ -109,9 +109,6 @@ class LatencyModel:
         """`scale_by_inf` sorted once: the runner predicts every forward of every sample."""
         known = sorted(self.scale_by_inf)
         return known, [self.scale_by_inf[k] for k in known]
-
-    def r2_score(self, n_inf: Any, n_kv: Any, seconds: Any) -> float:
-        return r_squared(np.asarray(self.predict(n_inf, n_kv)), np.asarray(seconds, dtype=np.float64))
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -144,8 +141,7 @@ def runner_identity(runner: ModelRunner) -> tuple[str, str, str, str]:
     return identity.model, identity.device, identity.precision, identity.engine
 
 
-# The forwards a run's estimates cover: up to USE_MAX_INF new tokens (a prompt's prefill) over up
-# to USE_MAX_KV cached ones (a long reasoning trace).
+# The forwards a run's estimates cover: a prompt's prefill over a long reasoning trace's cache.
 USE_MAX_INF, USE_MAX_KV = 4096, 32768
 
 
@@ -186,7 +182,6 @@ class ProfilePoint:
     seconds: float  # over repeats of the engine-measured forward time (min, median or mean)
 
 
-# How profile_runners reduces the repeats of one forward shape to its time.
 PROFILE_STATISTICS: dict[str, Callable[..., Any]] = {"min": np.min, "median": np.median, "mean": np.mean}
 
 
@@ -270,9 +265,6 @@ class ForwardTrace:
     def wrap(self, pair: ModelPair) -> ModelPair:
         # A _TracedRunner stands in for a ModelRunner: what it does not define is the wrapped runner's.
         return ModelPair(cast(ModelRunner, _TracedRunner(pair.slm, "slm", self)), cast(ModelRunner, _TracedRunner(pair.llm, "llm", self)))
-
-    def clear(self) -> None:
-        self.forwards = []
 
     def watch(self, seq: Sequence, key: str) -> Sequence:
         process = seq._ensure_processed

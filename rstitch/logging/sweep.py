@@ -1,7 +1,5 @@
-"""The console table and W&B summary of a sweep, a Hydra callback (`hydra.callbacks`; docs/analysis.md
-and docs/scale-out.md). The sweep's runs are its points' run directories composed from the sweep's
-overrides as the launcher composed them, so another sweep writing under the same `results_root`
-does not enter its table."""
+"""The console table and W&B summary of a sweep (a Hydra callback: docs/scale-out.md), over its points'
+run directories composed again from its overrides: another sweep's runs in the same `results_root` stay out."""
 from __future__ import annotations
 
 import hashlib
@@ -36,9 +34,7 @@ class SweepSummary(Callback):
         self.run_dirs = []
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
-        run_dir = Path(config.hydra.runtime.output_dir)
-        if (run_dir / SUMMARY_FILE).exists():
-            self.run_dirs.append(run_dir)
+        self.run_dirs.append(Path(config.hydra.runtime.output_dir))  # kept where it wrote a summary
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra import compose

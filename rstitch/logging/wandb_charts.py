@@ -1,14 +1,11 @@
-"""The sweep summary's native W&B chart of accuracy vs latency with 95% error bars.
-
-W&B's presets draw no error bar, so each interval is a two-point segment of the built-in line
-preset (a two-point segment is the same line in whichever order the chart sorts its points)."""
+"""The sweep summary's W&B chart of accuracy vs latency with 95% error bars: W&B's presets draw none, so each
+interval is a two-point segment of the line preset (the same line in whichever order the chart sorts points)."""
 from __future__ import annotations
 
 from typing import Any
 
 import pandas as pd
 
-SEGMENT_COLUMNS = ("interval", "latency_s", "accuracy")
 INTERVAL_ENDS = ("accuracy_ci_low", "accuracy_ci_high", "latency_ci_low", "latency_ci_high")
 
 
@@ -22,7 +19,7 @@ def interval_segments(points: pd.DataFrame) -> pd.DataFrame:
                  (f"{name}: accuracy 95% CI", run.latency_s, run.accuracy_ci_high),
                  (f"{name}: latency 95% CI", run.latency_ci_low, run.accuracy),
                  (f"{name}: latency 95% CI", run.latency_ci_high, run.accuracy)]
-    return pd.DataFrame(rows, columns=list(SEGMENT_COLUMNS))
+    return pd.DataFrame(rows, columns=["interval", "latency_s", "accuracy"])
 
 
 def accuracy_latency_error_bars(points: pd.DataFrame) -> Any:

@@ -7,9 +7,8 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
-# Contention: the load average (which counts this process's own threads) above the CPUs it may use
-# by this factor, or a CPU decode whose process got less CPU time than this per wall-clock second
-# (a busy decode thread gets ~1.0 on a quiet core).
+# Contention: a load average (this process's threads included) above this factor x its CPUs, or a CPU decode
+# with less CPU time than this per wall-clock second (a busy decode thread gets ~1.0 on a quiet core).
 LOAD_PER_CPU_LIMIT = 1.25
 MIN_CPU_PER_WALL = 0.8
 CONTENTION_ADVICE = ("on a CPU, read the estimated speedup (est_speedup, `speedup_estimate`: the forwards a decode ran, each at "

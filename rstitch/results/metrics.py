@@ -76,10 +76,6 @@ def _pair(interval: tuple[float, float] | None) -> list[float] | None:
     return None if interval is None else [interval[0], interval[1]]
 
 
-def comparison_key_matches(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return a.get("comparison_key") == b.get("comparison_key")
-
-
 def find_speedup(summary: dict[str, Any], others: Iterable[dict[str, Any]]) -> float | None:
     """Lat(llm_only) / Lat(method) against the LLM-only run of the same pair, data, budget, seed."""
     return find_speedups(summary, others)["speedup"]
@@ -87,13 +83,11 @@ def find_speedup(summary: dict[str, Any], others: Iterable[dict[str, Any]]) -> f
 
 def find_speedups(summary: dict[str, Any], others: Iterable[dict[str, Any]]) -> dict[str, float | None]:
     """Against the matching LLM-only run: SPEEDUP_LATENCIES' ratios and the throughput ratio EASD reports."""
-    baseline = baseline_method()
-    match = next((o for o in others if o.get("method") == baseline and comparison_key_matches(summary, o)), None)
-    return speedups_against(summary, match) if match else dict.fromkeys([*SPEEDUP_LATENCIES.values(), "speedup_tokens_per_s"])
+    found = find_baseline_run(summary, ((None, other) for other in others))
+    return speedups_against(summary, found[1]) if found else dict.fromkeys([*SPEEDUP_LATENCIES.values(), "speedup_tokens_per_s"])
 
 
-# Each speedup and the latency it is the ratio of: wall clock, the decode's CPU time (CPU runs),
-# and the latency model's estimate from the forwards counted (runs with a latency_dir).
+# Each speedup and the latency it is the ratio of (docs/analysis.md, "Timings on a shared machine").
 SPEEDUP_LATENCIES = {"latency_s": "speedup", "latency_cpu_s": "speedup_cpu", "latency_estimate_s": "speedup_estimate"}
 
 
@@ -111,30 +105,27 @@ COMPARISON_KEYS = tuple(Comparison.__annotations__)  # None where there is no ba
 
 def self_comparison(summary: dict[str, Any]) -> dict[str, Any]:
     """The baseline against itself: exact, so every interval is a point."""
-    on_cpu, estimated = summary.get("latency_cpu_s") is not None, summary.get("latency_estimate_s") is not None
-    return {"speedup": 1.0, "speedup_cpu": 1.0 if on_cpu else None, "speedup_cpu_ci": [1.0, 1.0] if on_cpu else None,
-            "speedup_estimate": 1.0 if estimated else None, "speedup_estimate_ci": [1.0, 1.0] if estimated else None,
-            "speedup_tokens_per_s": 1.0, "speedup_ci": [1.0, 1.0], "token_ratio": 1.0,
-            "token_ratio_ci": [1.0, 1.0], "token_reduction": 0.0, "per_token_latency_ratio": 1.0,
-            "per_token_latency_ratio_ci": [1.0, 1.0], "accuracy_diff": 0.0, "accuracy_diff_se": 0.0,
+    ratios = {"speedup": 1.0, "speedup_cpu": 1.0 if summary.get("latency_cpu_s") is not None else None,
+              "speedup_estimate": 1.0 if summary.get("latency_estimate_s") is not None else None,
+              "token_ratio": 1.0, "per_token_latency_ratio": 1.0}
+    return {**ratios, **{f"{name}_ci": None if ratio is None else [ratio, ratio] for name, ratio in ratios.items()},
+            "speedup_tokens_per_s": 1.0, "token_reduction": 0.0, "accuracy_diff": 0.0, "accuracy_diff_se": 0.0,
             "accuracy_diff_p": 1.0, "accuracy_diff_test": None, "paired_problems": summary.get("n_problems")}
 
 
-def find_baseline_run(summary: dict[str, Any], root: str | Path) -> tuple[dict[str, Any], Path] | None:
-    """The LLM-only run under `root` with the summary's comparison key, and its directory."""
-    baseline = baseline_method()
-    matching = ((other, run_dir) for run_dir, other in run_summaries(root)
-                if other.get("method") == baseline and comparison_key_matches(summary, other))
-    return next(matching, None)
+def find_baseline_run(summary: dict[str, Any], runs: Iterable[tuple[Any, dict[str, Any]]]) -> tuple[Any, dict[str, Any]] | None:
+    """The LLM-only run among `runs` ((run directory, summary) pairs) with the summary's comparison key."""
+    baseline, key = baseline_method(), summary.get("comparison_key")
+    return next(((where, other) for where, other in runs if other.get("method") == baseline and other.get("comparison_key") == key), None)
 
 
 def compare_with_baseline(summary: dict[str, Any], samples: list[dict[str, Any]], root: str | Path) -> dict[str, Any]:
     """Every key of COMPARISON_KEYS against the matching LLM-only run under `root`."""
     out: dict[str, Any] = dict.fromkeys(COMPARISON_KEYS)
-    found = find_baseline_run(summary, root)
+    found = find_baseline_run(summary, run_summaries(root))
     if found is None:
         return out
-    baseline, run_dir = found
+    run_dir, baseline = found
     out.update(speedups_against(summary, baseline))
     out.update(speedup_split(summary, baseline, out["speedup"]))
     path = run_dir / SAMPLES_FILE

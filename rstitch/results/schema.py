@@ -18,17 +18,14 @@ class SampleRecord(TypedDict, total=False):
     answer: Annotated[str | None, "extracted answer, graded equivalence, reference"]
     correct: bool
     gold: Any
-    grading_error: Annotated[str, "where the grader says more: why it failed, a program's tests (`status`, `passed`, `total`), "
-                             "a grid's share of right cells"]
+    grading_error: Annotated[str, "where the grader says more: why it failed, a program's tests, a grid's share of right cells"]
     code: dict[str, Any]
     cell_accuracy: float
     latency_s: Annotated[float, "wall clock of `decode` after warm-up; with `batch_size` > 1 the latency model's estimate"]
-    latency_estimated: Annotated[bool, "batched runs only: `latency_s` is estimated (from `latency_estimate_s` plus the sample's "
-                                 "own work between forwards); the wall clock the sample spent in the batch"]
+    latency_estimated: Annotated[bool, "batched runs: `latency_s` is the estimate plus the sample's own work; its wall clock in the batch"]
     latency_overhead_s: float
     batch_wall_s: float
-    latency_estimate_s: Annotated[float | None, "the fitted latency model's sum over the sample's forwards (`latency_dir`; null "
-                                  "when the pair was not profiled)"]
+    latency_estimate_s: Annotated[float | None, "the latency model's sum over the sample's forwards (null without `latency_dir`)"]
     tokens: Annotated[int, "output tokens in total and per model"]
     tokens_slm: int
     tokens_llm: int
@@ -37,34 +34,28 @@ class SampleRecord(TypedDict, total=False):
     finish_reason: str
     finished_by_eos: bool
     max_new_tokens: Annotated[int, "the sample's token budget, where `on_overflow=truncate` cut it below the run's"]
-    cost: Annotated[dict[str, dict[str, float]], "per model (`slm`, `llm`): `prefill_tokens`, `decode_steps`, `forward_calls`, "
-                    "`forward_time_s`"]
-    flops: Annotated[float, "2 x parameters x processed tokens over the pair's models, plus `stats[\"extra_flops\"]`, the models "
-                     "outside the pair (PRM, routers; judges run on the LLM)"]
+    cost: Annotated[dict[str, dict[str, float]], "per model: `prefill_tokens`, `decode_steps`, `forward_calls`, `forward_time_s`"]
+    flops: Annotated[float, "2 x parameters x processed tokens of the pair, plus `stats[\"extra_flops\"]` (PRM, routers; judges run on the LLM)"]
     stats: Annotated[dict[str, Any], "method-specific (acceptance, steps, scores, ...)"]
-    measurement: Annotated[dict[str, Any], "what the latency was measured under (`results/measurement.py`): `threads`, `device`, "
-                           "`cpus` (this process's affinity), `load_1m`, `cpu_s` and `cpu_per_wall` (null when batched), `cpu_clock`"]
+    measurement: Annotated[dict[str, Any], "what the latency was measured under: threads, device, CPUs, load, CPU time (results/measurement.py)"]
 
 
 class Comparison(TypedDict, total=False):
     """The comparison with the `llm_only` run of the same comparison key (null without one)."""
 
-    speedup: Annotated[float | None, "Lat(`llm_only`) / Lat(method) in wall clock, CPU time, the latency model's estimate "
-                       "([analysis.md](analysis.md#timings-on-a-shared-machine)); the throughput ratio"]
+    speedup: Annotated[float | None, "Lat(`llm_only`) / Lat(method) in wall clock, CPU time, the latency model's estimate; the throughput ratio"]
     speedup_cpu: float | None
     speedup_estimate: float | None
     speedup_tokens_per_s: float | None
     speedup_ci: Annotated[list[float] | None, "their 95% paired bootstrap intervals, [low, high]"]
     speedup_cpu_ci: list[float] | None
     speedup_estimate_ci: list[float] | None
-    token_ratio: Annotated[float | None, "the speedup split: speedup = per_token_latency_ratio / token_ratio; token_reduction = "
-                           "1 - token_ratio"]
+    token_ratio: Annotated[float | None, "the speedup split: speedup = per_token_latency_ratio / token_ratio; reduction = 1 - token_ratio"]
     token_ratio_ci: list[float] | None
     token_reduction: float | None
     per_token_latency_ratio: float | None
     per_token_latency_ratio_ci: list[float] | None
-    accuracy_diff: Annotated[float | None, "the paired accuracy difference over the problems both ran, its standard error, p-value "
-                             "and test"]
+    accuracy_diff: Annotated[float | None, "the paired accuracy difference over the problems both ran, its standard error, p-value, test"]
     accuracy_diff_se: float | None
     accuracy_diff_p: float | None
     accuracy_diff_test: str | None
@@ -89,8 +80,7 @@ class RunSummary(Comparison, total=False):
     latency_s: Annotated[float, "mean latency, its 95% interval, the median"]
     latency_ci: list[float] | None
     latency_median_s: float
-    latency_estimate_s: Annotated[float | None, "the latency model's mean estimate; the mean CPU time (CPU runs only); whether "
-                                  "`latency_s` is estimated (batched)"]
+    latency_estimate_s: Annotated[float | None, "the latency model's mean estimate; mean CPU time (CPU runs); whether `latency_s` is estimated"]
     latency_cpu_s: float | None
     latency_estimated: bool
     tokens: Annotated[float, "means over the samples; the LLM's share of all output tokens"]
@@ -114,7 +104,6 @@ class RunSummary(Comparison, total=False):
     samples_per_s: float | None
     decode_tokens_per_s: float | None
     grader_version: Annotated[int, "`rstitch-regrade` grades a run of an older grader again ([grading.md](grading.md))"]
-    measurement: Annotated[dict[str, Any] | None, "`measurement` aggregated over the samples; `contention`: why the latency is not "
-                           "a quiet machine's (load, threads, CPU time per wall second: `results/measurement.py`), or null"]
+    measurement: Annotated[dict[str, Any] | None, "the samples' `measurement` aggregated; `contention`: why the latency is not a quiet machine's"]
     contention: str | None
     merged_from: Annotated[list[str], "the shard runs `rstitch-merge` merged ([scale-out.md](scale-out.md))"]

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -134,18 +133,15 @@ def write_samples(run_dir: str | os.PathLike, samples: list[dict[str, Any]]) -> 
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """Readers see the old file or the whole new one, with the old one's mode (else the umask's)."""
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
-        tmp.write(text)
-        tmp.flush()
-        os.fsync(tmp.fileno())
+    """Readers see the old file or the whole new one, with the old one's mode (a new one's: the umask's)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # one writer per process: sweep jobs may share a file
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     if path.exists():
-        shutil.copymode(path, tmp.name)  # not the temporary file's 0600
-    else:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp.name, 0o666 & ~umask)
-    os.replace(tmp.name, path)
+        shutil.copymode(path, tmp)
+    os.replace(tmp, path)
 
 
 def run_summaries(root: str | os.PathLike) -> Iterator[tuple[Path, dict[str, Any]]]:

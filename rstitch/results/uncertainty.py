@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -41,12 +42,11 @@ class ProblemMeans:
 
 
 def problem_means(values: Iterable[float], problems: Iterable[Hashable]) -> ProblemMeans:
-    sums: dict[str, float] = {}
-    counts: dict[str, int] = {}
+    sums: defaultdict[str, float] = defaultdict(float)
+    counts: Counter[str] = Counter()
     for value, problem in zip(values, problems):
-        key = str(problem)
-        sums[key] = sums.get(key, 0.0) + float(value)
-        counts[key] = counts.get(key, 0) + 1
+        sums[str(problem)] += float(value)
+        counts[str(problem)] += 1
     ids = tuple(sorted(sums))
     return ProblemMeans(ids, np.array([sums[i] / counts[i] for i in ids]), np.array([counts[i] for i in ids], dtype=float))
 
@@ -218,10 +218,8 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
         return float("nan")
 
 
-def roc_auc_interval(
-    scores: Sequence[float], labels: Sequence[bool], groups: Sequence[Hashable],
-    level: float = 0.95, n_boot: int = 2000, seed: int = 0,
-) -> tuple[float, float]:
+def roc_auc_interval(scores: Sequence[float], labels: Sequence[bool], groups: Sequence[Hashable],
+                     level: float = LEVEL, n_boot: int = N_BOOT, seed: int = SEED) -> tuple[float, float]:
     """Percentile bootstrap interval of `roc_auc`, resampling whole groups (the steps of one problem:
     wrong steps cluster in the problems a model gets wrong). One-class resamples are skipped."""
     by_group: dict[Hashable, list[int]] = {}
@@ -280,12 +278,10 @@ def _latency_statistic(latency: str) -> tuple[str, Callable[[np.ndarray], np.nda
 def with_intervals(runs: pd.DataFrame, samples: pd.DataFrame, latency: str = "latency_s",
                    n_boot: int = N_BOOT, seed: int = SEED) -> pd.DataFrame:
     """`runs` with INTERVAL_COLUMNS from `samples` and `frontier_share`; runs without samples keep what they recorded."""
-    out = runs.copy()
-    for column in INTERVAL_COLUMNS:
-        if column not in out:
-            out[column] = np.nan
+    out = runs.reindex(columns=[*runs.columns, *(column for column in INTERVAL_COLUMNS if column not in runs)])
     by_run = {run_dir: block for run_dir, block in samples.groupby("run_dir", sort=False)}
-    baselines = _baseline_runs(runs)
+    base = runs[runs["method"] == baseline_method()].sort_values("latency_s")  # the fastest per comparison, as in load_runs
+    baselines = {comparison: block.iloc[0] for comparison, block in base.groupby("comparison", sort=False)}
     column, statistic = _latency_statistic(latency)
     for index, run in runs.iterrows():
         mine = by_run.get(run["run_dir"])
@@ -299,12 +295,6 @@ def with_intervals(runs: pd.DataFrame, samples: pd.DataFrame, latency: str = "la
             out.at[index, key] = np.nan if value is None else value
     out["frontier_share"] = frontier_stability(runs, by_run, latency, n_boot, seed)
     return out
-
-
-def _baseline_runs(runs: pd.DataFrame) -> dict[str, pd.Series]:
-    """Per comparison, the LLM-only run speedups are measured against (the fastest, as in `load_runs`)."""
-    base = runs[runs["method"] == baseline_method()].sort_values("latency_s")
-    return {comparison: block.iloc[0] for comparison, block in base.groupby("comparison", sort=False)}
 
 
 def _run_intervals(mine: pd.DataFrame, latency_column: str, statistic: Callable[[np.ndarray], np.ndarray],
