@@ -62,10 +62,8 @@ def main() -> None:
     child = os.fork()
     if child == 0:
         _exec_program(config, stdin, {name: write for name, (_, write) in pipes.items()}, isolation, extra)
-    for fd in (stdin, *extra.values()):
+    for fd in (stdin, *extra.values(), *(write for _, write in pipes.values())):
         os.close(fd)
-    for _, write in pipes.values():
-        os.close(write)
     verdict = _supervise(child, {name: read for name, (read, _) in pipes.items()}, config)
     _reap_orphans()
     setup = verdict.pop("setup")  # before exec (no bubblewrap), or the program's first act inside it

@@ -51,16 +51,18 @@ def sample_cgroup(memory_bytes: int, max_processes: int) -> SampleCgroup | None:
     if os.getuid() != 0:
         return None
     for make in (_make_v2, _make_v1):
+        made: list[Path] = []  # the directories made so far, removed again when a later step fails
         try:
-            made = make(memory_bytes, max_processes + 1)
+            version = make(memory_bytes, max_processes + 1, made)
         except OSError:
-            made = None
-        if made is not None:
-            return made
+            SampleCgroup(0, tuple(made)).remove()
+            continue
+        if version is not None:
+            return SampleCgroup(version, tuple(made))
     return None
 
 
-def _make_v2(memory_bytes: int, pids: int) -> SampleCgroup | None:
+def _make_v2(memory_bytes: int, pids: int, made: list[Path]) -> int | None:
     controllers = CGROUP_ROOT / "cgroup.controllers"
     if not controllers.exists() or not {"memory", "pids"} <= set(controllers.read_text().split()):
         return None
@@ -70,18 +72,14 @@ def _make_v2(memory_bytes: int, pids: int) -> SampleCgroup | None:
     (parent / "cgroup.subtree_control").write_text("+memory +pids")
     directory = parent / uuid.uuid4().hex
     directory.mkdir()
-    cgroup = SampleCgroup(2, (directory,))
-    try:
-        (directory / "memory.max").write_text(str(memory_bytes))
-        _write_quietly(directory / "memory.swap.max", "0")
-        (directory / "pids.max").write_text(str(pids))
-    except OSError:
-        cgroup.remove()
-        raise
-    return cgroup
+    made.append(directory)
+    (directory / "memory.max").write_text(str(memory_bytes))
+    _write_quietly(directory / "memory.swap.max", "0")
+    (directory / "pids.max").write_text(str(pids))
+    return 2
 
 
-def _make_v1(memory_bytes: int, pids: int) -> SampleCgroup | None:
+def _make_v1(memory_bytes: int, pids: int, made: list[Path]) -> int | None:
     own = _own_v1_paths()
     memory_root, pids_root = CGROUP_ROOT / "memory", CGROUP_ROOT / "pids"
     if "memory" not in own or "pids" not in own or not (memory_root / "memory.limit_in_bytes").exists():
@@ -89,18 +87,13 @@ def _make_v1(memory_bytes: int, pids: int) -> SampleCgroup | None:
     name = f"rstitch-sandbox-{uuid.uuid4().hex}"
     memory_dir = memory_root / own["memory"].lstrip("/") / name
     pids_dir = pids_root / own["pids"].lstrip("/") / name
-    memory_dir.mkdir()
-    cgroup = SampleCgroup(1, (memory_dir,))
-    try:
-        pids_dir.mkdir()
-        cgroup = SampleCgroup(1, (memory_dir, pids_dir))
-        (memory_dir / "memory.limit_in_bytes").write_text(str(memory_bytes))
-        _write_quietly(memory_dir / "memory.memsw.limit_in_bytes", str(memory_bytes))  # no swap beyond it
-        (pids_dir / "pids.max").write_text(str(pids))
-    except OSError:
-        cgroup.remove()
-        raise
-    return cgroup
+    for directory in (memory_dir, pids_dir):
+        directory.mkdir()
+        made.append(directory)
+    (memory_dir / "memory.limit_in_bytes").write_text(str(memory_bytes))
+    _write_quietly(memory_dir / "memory.memsw.limit_in_bytes", str(memory_bytes))  # no swap beyond it
+    (pids_dir / "pids.max").write_text(str(pids))
+    return 1
 
 
 def _own_v1_paths() -> dict[str, str]:

@@ -29,11 +29,8 @@ def grid_from_solution(solution: Mapping[str, Any]) -> Grid:
     """The hub's ``{"header": ["House", "Name", ...], "rows": [["1", "Arnold", ...], ...]}`` as
     ``{"House 1": {"Name": "Arnold", ...}}``, the shape the prompt asks the model to answer in."""
     header = list(solution["header"])
-    grid: Grid = {}
-    for row in solution["rows"]:
-        values = list(row)
-        grid[f"{header[0]} {values[0]}"] = {column: str(value) for column, value in zip(header[1:], values[1:])}
-    return grid
+    return {f"{header[0]} {row[0]}": {column: str(value) for column, value in zip(header[1:], list(row)[1:])}
+            for row in solution["rows"]}
 
 
 def extract_grid(response: str) -> Grid | None:

@@ -32,8 +32,7 @@ def grade(response: str, gold: str, multiple_choice: bool = False, timeout_s: fl
           tolerance: Sequence[float | None] | None = None) -> bool:
     """True iff the final answer in ``response`` is equivalent to ``gold``; past ``timeout_s`` it is not.
     ``tolerance``: a record's ``metadata["tolerance"]`` (``within_tolerance``)."""
-    found = extract_final(response, multiple_choice=multiple_choice)
-    return _grade_found(found, gold, multiple_choice, timeout_s, tolerance)
+    return _grade_found(extract_final(response, multiple_choice=multiple_choice), gold, multiple_choice, timeout_s, tolerance)
 
 
 def _grade_found(found: Extracted | None, gold: str, multiple_choice: bool, timeout_s: float,
@@ -100,18 +99,12 @@ def within_tolerance(predicted: str, gold: str, tolerance: Sequence[float | None
 
 def split_parts(answer: str) -> list[str]:
     """The comma-separated parts of an answer, commas inside brackets kept ("(1, 2), 3" has two)."""
-    parts, depth, start = [], 0, 0
     text = _strip_delimiters(answer.strip())
     if _THOUSANDS_RE.match(text):  # "1,000" is one number
         return [text]
-    for index, char in enumerate(text):
-        depth += char in "([{"
-        depth -= char in ")]}"
-        if char == "," and depth == 0:
-            parts.append(text[start:index].strip())
-            start = index + 1
-    parts.append(text[start:].strip())
-    return parts
+    depths = itertools.accumulate((c in "([{") - (c in ")]}") for c in text)
+    commas = [i for i, (char, depth) in enumerate(zip(text, depths)) if char == "," and depth == 0]
+    return [text[start + 1 : end].strip() for start, end in zip([-1, *commas], [*commas, len(text)])]
 
 
 ANSWER_TYPES = ("math", "multiple_choice", "code", "zebra_grid", "python_literal")
