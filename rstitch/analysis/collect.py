@@ -56,8 +56,7 @@ def find_run_dirs(paths: PathsLike) -> list[Path]:
 
 
 def distinct_runs(run_dirs: list[Path]) -> list[Path]:
-    """Each run key once (a copy, or the configuration measured again elsewhere), the first found:
-    the first root given wins; `repeated_runs` lists the others."""
+    """Each run key once (a copy, or a configuration measured again), the first root's; `repeated_runs` lists the others."""
     kept: dict[str, Path] = {}
     for run_dir in run_dirs:
         kept.setdefault(run_identity(run_dir), run_dir)
@@ -65,8 +64,7 @@ def distinct_runs(run_dirs: list[Path]) -> list[Path]:
 
 
 def repeated_runs(paths: PathsLike) -> list[tuple[Path, Path]]:
-    """(left out, kept) for every run directory under `paths` that holds a run found first
-    elsewhere with other samples (the same configuration measured twice); copies are not listed."""
+    """(left out, kept) for each run found first elsewhere with other samples (measured twice); copies are not listed."""
     kept: dict[str, Path] = {}
     repeated = []
     for run_dir in _dirs_holding(paths, SUMMARY_FILE):
@@ -194,8 +192,7 @@ def runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def load_runs(paths: PathsLike) -> pd.DataFrame:
-    """One row per finished run under `paths`, but shard runs (`rstitch-merge` combines them). A speedup is
-    the recorded one where the LLM-only run is not among `paths`."""
+    """One row per finished run under `paths` but shard runs (`rstitch-merge`); recorded speedups where LLM-only is absent."""
     rows = []
     for run_dir in find_run_dirs(paths):
         summary = read_summary(run_dir)
@@ -253,8 +250,7 @@ def _with_settings(labels: pd.Series, frame: pd.DataFrame, separator: str) -> pd
 
 
 def comparison_settings(frame: pd.DataFrame) -> pd.Series:
-    """Per run, `key=value` (dotted paths) for each comparison-key setting that differs among the
-    comparisons of its pair, dataset and budget; empty where there is one comparison."""
+    """Per run, `path=value` for each comparison-key setting that differs among its pair, dataset and budget's comparisons."""
     out = pd.Series("", index=frame.index, dtype=object)
     for _, block in frame.groupby(LABEL_BASE, sort=False, dropna=False):
         keys = {c: flat_key(k) for c, k in zip(block["comparison"], block["comparison_key"])}

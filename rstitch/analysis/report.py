@@ -65,8 +65,7 @@ def slug(text: str) -> str:
 
 def build_report(runs: pd.DataFrame, latency: str = "latency_s", entropy: bool = False,
                  entropy_samples: int | None = None, title: str = "rstitch results") -> Report:
-    """Every section that the runs support. `entropy` scores stored traces with the pair's SLM
-    (loads the models) for the entropy and token-consistency figures."""
+    """Every section the runs support; `entropy` loads the pair's SLM to score the stored traces."""
     runs = mark_frontier(runs, latency)
     samples = load_samples(runs)
     runs = with_intervals(runs, samples, latency)  # error bars, paired comparisons, frontier shares
@@ -215,8 +214,7 @@ def _consistency_section(runs: pd.DataFrame, paired: pd.DataFrame, max_samples: 
 
 
 def write_report(report: Report, path: str | Path) -> list[Path]:
-    """Write `report` to `path` (.html: one self-contained file; .md: plus `<stem>_files/`
-    with the figures). Returns the files written."""
+    """Write `report` as .html (self-contained) or .md (figures in `<stem>_files/`); returns the files written."""
     path = Path(path)
     if path.suffix not in FORMATS:
         raise ConfigError(f"report file must end in {' or '.join(FORMATS)}, got '{path.name}'")

@@ -21,8 +21,7 @@ def _missing(value: Any) -> bool:
 
 
 def number_format(fmt: str, suffix_md: str = "", suffix_tex: str = "") -> Formatter:
-    """A number; `(value, se)` renders as `value ± se`, `(value, low, high)` as `value [low, high]`
-    (an uncertainty that is missing is left out)."""
+    """A number; `(value, se)` as `value ± se`, `(value, low, high)` as `value [low, high]` (missing ones left out)."""
     def render(value: Any) -> tuple[str, str]:
         estimate, *spread = value if isinstance(value, tuple) else (value,)
         if _missing(estimate):

@@ -47,8 +47,7 @@ class Regraded:
 
 
 def find_runs(roots: Sequence[str | Path]) -> tuple[list[Path], list[Path]]:
-    """(finished run directories, unfinished ones) under `roots`; an unfinished run has no resolved config to
-    load its records with (it is regraded with --force once finished)."""
+    """(finished run directories, unfinished ones) under `roots`: an unfinished one has no config yet (--force later)."""
     finished: dict[Path, None] = {}
     unfinished: dict[Path, None] = {}
     for root in map(Path, roots):

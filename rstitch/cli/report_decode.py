@@ -136,8 +136,7 @@ def refresh_page(folder: Path, spec: ReportSpec) -> None:
 
 
 def decode_report(folder: Path, spec: ReportSpec, minutes: float) -> int:
-    """Decode the problems the report lacks, in order, while the longest of this sitting still fits in `minutes`;
-    rewrite the page. Returns the number of problems decoded."""
+    """Decode the missing problems in order while this sitting's longest still fits in `minutes`; rewrite the page."""
     if minutes <= 0:
         raise ConfigError(f"--minutes must be > 0, got {minutes}")
     with tempfile.TemporaryDirectory(prefix="report-") as scratch:
