@@ -179,8 +179,7 @@ def _joins_boxes(separator: str) -> bool:
     if len(separator) > MAX_BOX_SEPARATOR_CHARS or _SENTENCE_BREAK_RE.search(separator):
         return False
     words = _SEPARATOR_NOISE_RE.sub(" ", separator).split()
-    plain = " ".join(words)
-    if _CONJUNCTION_RE.match(plain):
+    if _CONJUNCTION_RE.match(" ".join(words)):
         return True
     tokens = [w.strip(",;").lower() for w in words]
     return len(tokens) <= MAX_SEPARATOR_WORDS and bool({"and", "or"} & set(tokens))
@@ -194,9 +193,8 @@ def _last_boxes(text: str) -> tuple[list[_Box], int] | None:
         return None
     joined = [last]
     for box in boxes:
-        if len(joined) == MAX_JOINED_BOXES or box.end > joined[-1].start:
-            break
-        if box.content == joined[-1].content or not _joins_boxes(text[box.end : joined[-1].start]):
+        if (len(joined) == MAX_JOINED_BOXES or box.end > joined[-1].start or box.content == joined[-1].content
+                or not _joins_boxes(text[box.end : joined[-1].start])):
             break
         joined.append(box)
     return joined[::-1], last.end
@@ -240,8 +238,7 @@ def _statement_value(line: str) -> str | None:
     if boxed:
         return boxed
     # Plain prose: the value ends at the first sentence break ("." not inside a number).
-    value = re.split(r"\.(?:\s|$)|;|\*\*", line, maxsplit=1)[0]
-    value = value.strip().rstrip(".").strip()
+    value = re.split(r"\.(?:\s|$)|;|\*\*", line, maxsplit=1)[0].strip().rstrip(".").strip()
     # a lone delimiter ("$" of a span that goes on below) states nothing
     return _stated_value(value) if re.search(r"[A-Za-z0-9]", value) else None
 

@@ -22,6 +22,7 @@ from rstitch.grading.sandbox_root import (
     BWRAP_PROCESSES,
     INSIDE_WORKDIR,
     MISSING,
+    NOBODY_UID,
     STARTED_FD,
     bubblewrap,
     bubblewrap_version,
@@ -31,7 +32,6 @@ from rstitch.grading.sandbox_root import (
 )
 
 SUPERVISOR = Path(__file__).with_name("_sandbox_supervisor.py")
-NOBODY_UID = 65534
 # The program reads its source by a relative path and runs it as __main__ (runpy would resolve
 # 'main.py' to an absolute path first).
 RUN_MAIN = ("import sys; sys.argv = ['main.py']; source = open('main.py', encoding='utf-8').read(); "
@@ -42,7 +42,6 @@ RUN_MAIN_IN_ROOT = f"import os; os.write({STARTED_FD}, b'F'); os.closerange({STA
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
 SUPERVISOR_GRACE_S = 5.0  # the supervisor enforces the timeout; this only guards the supervisor itself
 WORK_PARENT = "/tmp"  # the supervisor mounts the sample's own sized tmpfs here
-REPORT_FD = 3  # a pipe the program may write to; it comes back as ``SandboxResult.report``
 MACHINE_SHARE = 0.5  # without a cgroup: processes x per-process memory stays under this share of RAM
 log = logging.getLogger(__name__)
 
@@ -68,7 +67,7 @@ class SandboxLimits:
 @dataclass(frozen=True)
 class SandboxResult:
     """What one program did. ``status``: ok (exit 0), error (other exit code), timeout, output_limit,
-    killed (by a signal: a limit or its own kill) or sandbox_error. ``report``: what it wrote to fd 3."""
+    killed (by a signal: a limit or its own kill) or sandbox_error. ``report``: what it wrote to fd 3, a pipe."""
 
     status: str
     exit_code: int | None
@@ -137,11 +136,10 @@ def _config(workdir: Path | None, python: str, uid: int | None, source: str, std
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "PYTHONIOENCODING": "utf-8"}
     seccomp, seccomp_note = seccomp_program() if workdir is None else (None, "not applied: no bubblewrap")
     root: list[str] | None = None
-    overhead = 0
+    overhead = BWRAP_PROCESSES if workdir is None else 0
     if workdir is None:
         python = os.path.realpath(python)  # inside the root only the installation it belongs to exists
         root = bwrap_argv(python, int(limits.disk_bytes), os.getuid() == 0 and uid is None, seccomp is not None)
-        overhead = BWRAP_PROCESSES
     return {
         "workdir": inside,
         "uid": uid,

@@ -18,7 +18,7 @@ SOURCE_FD, SECCOMP_FD = 5, 6  # what bwrap reads main.py and the seccomp program
 STARTED_FD = 4  # the program's first act inside the root: one byte here (else the root never came up)
 SHM_BYTES = 1024**2  # /dev/shm: its own tmpfs, enough for multiprocessing's semaphores
 BWRAP_PROCESSES = 2  # bwrap itself and its PID 1 inside, counted by the process limits
-NOBODY = "65534"
+NOBODY_UID = 65534
 LIBRARY_DIRS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/lib32")
 MISSING = "bubblewrap (bwrap) is not installed: code runs on the host's file system; install it (apt-get install bubblewrap)"
 # Refused with EPERM: tracing, mounting, namespaces, kernel modules and keys, eBPF, clocks,
@@ -67,7 +67,7 @@ def bwrap_argv(python: str, disk_bytes: int, map_to_nobody: bool, seccomp: bool)
     gets a user namespace of its own in which it is uid 65534 with no capabilities."""
     argv = [str(bubblewrap()), "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     if map_to_nobody:
-        argv += ["--unshare-user", "--uid", NOBODY, "--gid", NOBODY]
+        argv += ["--unshare-user", "--uid", str(NOBODY_UID), "--gid", str(NOBODY_UID)]
     # The sample's tmpfs first, so that nothing bound later can end up under it unseen.
     argv += ["--perms", "1777", "--size", str(int(disk_bytes)), "--tmpfs", "/tmp", "--symlink", "/tmp", "/var/tmp"]
     argv += read_only_binds(interpreter_prefix(python))
