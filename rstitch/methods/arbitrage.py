@@ -1,18 +1,10 @@
 """Arbitrage: escalate a step to the target model only where it is expected to do better (Arbitrage
-§4; Algorithm 1 in appendix D).
-
-* `arbitrage_oracle`: draft (pair.slm) and target (pair.llm) both write the step from the same
-  prefix, the PRM scores both, and the target's step is kept iff delta = s_target - s_draft > tau
-  (§4.1: the advantage of Definition 4.1, eq. 4.2; the thresholding policy, eq. 4.4). The upper
-  bound a router is trained to imitate; it runs the target at every step.
-* `arbitrage`: a router reads (problem, earlier steps tagged "Model 0: " / "Model 1: " by who
-  wrote them, draft step; §6.2's step annotation) and predicts y_hat = P(delta > 0) (§4.2, the
-  label y = 1[delta > 0]); the target writes the step iff y_hat > tau (§4.2, Algorithm 1). The target runs only when escalating.
+§4; Algorithm 1 in appendix D; docs/step-level.md). `arbitrage_oracle` runs both models and the PRM
+at every step, the upper bound a router imitates; `arbitrage` runs the target only when escalating.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from rstitch.errors import ConfigError
@@ -20,20 +12,6 @@ from rstitch.methods.base import LLM, SLM, register_method, require_number
 from rstitch.methods.drafts import Step, Verdict
 from rstitch.methods.steps import DEFAULT_PRM, DraftVerifyMethod, StepDecoder, StepMethod, StepRun
 from rstitch.scorers.arbitrage_router import ArbitrageRouter
-
-
-@dataclass
-class StepPair:
-    draft: Step
-    target: Step
-    draft_score: float
-    target_score: float
-
-    @property
-    def gain(self) -> float:
-        """delta = s_target - s_draft: what escalating this step would buy."""
-        return self.target_score - self.draft_score
-
 
 _ROUTERS: dict[str, ArbitrageRouter] = {}  # loaded once per process, like PRMs and model pairs
 
@@ -57,18 +35,16 @@ class ArbitrageOracle(StepMethod):
         self.tau = require_number("arbitrage_oracle", "tau", tau, infinite_ok=True)  # +-inf: never / always the target
         self.use_prm(DEFAULT_PRM if prm is None else prm)
 
-    def compare(self, run: StepRun, path: StepDecoder) -> StepPair:
-        """Both models' step after `path`'s committed steps, with their rewards."""
-        draft, target = path.generate(SLM), path.generate(LLM)
-        return StepPair(draft, target, self.last_step_score(run, path, draft), self.last_step_score(run, path, target))
-
     def next_step(self, run: StepRun, path: StepDecoder) -> Step:
-        pair = self.compare(run, path)
-        if pair.gain > self.tau:
-            run.log.add(LLM, "escalate", pair.draft_score, pair.target_score)
-            return pair.target
-        run.log.add(SLM, "accept", pair.draft_score, pair.target_score)
-        return pair.draft
+        """Keep the target's step iff delta = s_target - s_draft > tau (§4.1: Definition 4.1's
+        advantage, eq. 4.2; the thresholding policy, eq. 4.4)."""
+        draft, target = path.generate(SLM), path.generate(LLM)
+        s_draft, s_target = self.last_step_score(run, path, draft), self.last_step_score(run, path, target)
+        if s_target - s_draft > self.tau:
+            run.log.add(LLM, "escalate", s_draft, s_target)
+            return target
+        run.log.add(SLM, "accept", s_draft, s_target)
+        return draft
 
 
 @register_method("arbitrage")
@@ -84,6 +60,8 @@ class ArbitrageRouted(DraftVerifyMethod):
         return resolve_router(self.router_spec)
 
     def verify(self, run: StepRun, path: StepDecoder, draft: Step) -> Verdict:
+        """y_hat = P(delta > 0) from (problem, earlier steps tagged "Model 0: " / "Model 1: " by who
+        wrote them (§6.2), draft step); the target writes the step iff y_hat > tau (§4.2)."""
         history = [(step.source, step.text) for step in path.steps]
         y_hat = self.router().predict(run.problem, history, draft.text)
         return Verdict(not y_hat > self.tau, y_hat)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -148,4 +148,16 @@ def require_number(method: str, key: str, value: Any, low: float | None = None, 
 def require_int(method: str, key: str, value: Any, low: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ConfigError(f"method.{key} of '{method}' must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def require_bool(method: str, key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"method.{key} of '{method}' must be true or false, got {value!r}")
+    return value
+
+
+def require_choice(method: str, key: str, value: Any, options: Iterable[str]) -> str:
+    if value not in options:
+        raise ConfigError(f"method.{key} of '{method}' must be one of {', '.join(options)}, got {value!r}")
     return value

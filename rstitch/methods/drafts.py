@@ -1,7 +1,6 @@
-"""What a drafter proposes and what a verifier rules, in vLLM's spec_decode terms: a proposal
-(`SpeculativeProposals`: the draft tokens and the distributions they were drawn from) that the
-target scores and a verifier accepts or rejects. The token family (SpecDec, EASD) proposes a
-`Draft` of tokens; the step family (RSD, SpecReason, Arbitrage) a `Step`, ruled on by a `Verdict`."""
+"""What a drafter proposes and what a verifier rules, in vLLM's spec_decode terms (a proposal the
+target scores): the token family (SpecDec, EASD) proposes a `Draft` of tokens ruled on by a
+`TokenVerdict`; the step family (RSD, SpecReason, Arbitrage) a `Step` ruled on by a `Verdict`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,6 +16,14 @@ class Draft:
     tokens: list[int]
     dists: list[TokenDistribution]  # the draft model's raw distributions (entropy, log-probs)
     probs: list[torch.Tensor]  # the processed distributions the tokens were drawn from
+
+
+@dataclass
+class TokenVerdict:
+    """The target's ruling on a `Draft`: how many of its tokens stay and the token it adds."""
+    accepted: int  # draft tokens kept
+    target_token: int | None  # replacement or bonus; None when an accepted EOS ends the output
+    rejected: bool  # the block ended on a rejection (not on EOS or after the whole draft)
 
 
 @dataclass

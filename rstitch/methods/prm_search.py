@@ -1,17 +1,7 @@
 """Sampling-and-selection baselines of the RSD paper (RSD §3 "Baselines", Tables 2-3; EASD §4.1 and
-Table 1 use maj and beam search), all with one model (`model: llm|slm`).
-
-* `maj`: N full solutions; the output is the first one whose answer is the most frequent.
-* `best_of_n`: N full solutions; the output is the one whose last step the PRM scores highest.
-* `process_bon`: at every step N candidate steps; the best-scored one is kept.
-* `beam_search`: `beam_size` partial solutions; each is expanded by `expansions` candidate steps,
-  and the `beam_size` best-scored candidates survive (finished ones leave the beam); the output is
-  the finished solution with the best last-step score.
-
-Candidates are sampled at `temperature` and `top_p` (null: the run's decoding settings); the RSD
-paper's baselines sample at temperature 0.7, top_p 0.8 (RSD §3 "Default Setting", EASD §4.1), the
-defaults of the yaml files. The cost is every
-generated token: unchosen candidates count as discarded tokens, and all forwards go into FLOPs.
+Table 1 use maj and beam search), all with one model (`model: llm|slm`; docs/step-level.md).
+Candidates sample at temperature 0.7, top_p 0.8 by default (RSD §3 "Default Setting", EASD §4.1).
+Unchosen candidates count as discarded tokens, and all forwards go into FLOPs.
 """
 from __future__ import annotations
 
@@ -55,8 +45,7 @@ class _SampledCandidates(StepMethod):
         return path.generate(self.source, candidate_sampler(run.ctx, self.temperature, self.top_p))
 
     def next_step(self, run: StepRun, path: StepDecoder) -> Step:
-        """Full solutions take every sampled step."""
-        return self.sample_step(run, path)
+        return self.sample_step(run, path)  # full solutions take every sampled step
 
     def full_solutions(self, run: StepRun) -> list[tuple[StepDecoder, str]]:
         """N complete solutions, one after the other on the sample's sequences."""

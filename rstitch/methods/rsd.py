@@ -1,21 +1,6 @@
-"""Reward-guided speculative decoding (RSD; Liao et al. 2025, §2.1 Algorithms 1 and 2, Table 1, eq. 2).
-
-The draft model (pair.slm) writes a step ("\\n\\n"-terminated, §3 "Default Setting"); the PRM scores it
-(r, the reward of the last step given the problem and all earlier steps, Algorithm 1 "Compute reward");
-the step is accepted with probability omega(r) (Algorithm 2), else the target model (pair.llm) writes
-the step from the same prefix. Steps sampled this way follow the mixture of eq. 2,
-P_RSD = omega_r P_m + nu P_M. The weighting functions are Table 1's rows:
-
-    constant   omega = p                                   (constant, p in (0, 1))
-    binary     omega = 1[r >= delta]                        (the binary step; the paper's choice, §3: delta = 0.7)
-    clipping   omega = min(1, max(0, r))                    (clipping r within [0, 1])
-    sigmoidal  omega = max(0, r / (1 + r))                  (sigmoidal transformation; 0 for every r <= 0)
-    logistic   omega = 1 / (1 + exp(-alpha (r - delta)))    (logistic function)
-    scaled_clipping  omega = min(1, max(0, r / delta))      (ours, not in Table 1: clipping whose ramp ends at delta)
-
-Algorithm 2: omega in {0, 1} decides without randomness; strictly between, a uniform draw u accepts iff
-u < omega (the paper's 1(omega >= u), equal but for u == omega, probability 0), from the method's own
-generator so coins never shift the sampled tokens.
+"""Reward-guided speculative decoding (RSD; Liao et al. 2025, §2.1 Algorithms 1 and 2, Table 1, eq. 2):
+each draft step is accepted with probability omega(r) of its PRM reward r, else the target writes
+the step, so steps follow eq. 2's mixture P_RSD = omega_r P_m + nu P_M (docs/step-level.md "RSD").
 """
 from __future__ import annotations
 
@@ -25,8 +10,7 @@ from typing import Any
 
 import torch
 
-from rstitch.errors import ConfigError
-from rstitch.methods.base import DecodeContext, register_method, require_number
+from rstitch.methods.base import DecodeContext, register_method, require_choice, require_number
 from rstitch.methods.drafts import Step, Verdict
 from rstitch.methods.steps import DEFAULT_PRM, DraftVerifyMethod, StepDecoder, StepRun, decision_generator
 
@@ -56,11 +40,11 @@ def _logistic(r: float, alpha: float, delta: float) -> float:
     return small / (1.0 + small)
 
 
-WEIGHTINGS: dict[str, Callable[[float, RSD], float]] = {
+WEIGHTINGS: dict[str, Callable[[float, RSD], float]] = {  # Table 1's rows
     "constant": lambda r, m: m.p,
-    "binary": lambda r, m: 1.0 if r >= m.delta else 0.0,
+    "binary": lambda r, m: 1.0 if r >= m.delta else 0.0,  # the paper's choice (§3: delta = 0.7)
     "clipping": lambda r, m: _clip01(r),
-    "scaled_clipping": lambda r, m: _scaled_clipping(r, m.delta),
+    "scaled_clipping": lambda r, m: _scaled_clipping(r, m.delta),  # ours, not in Table 1: the ramp ends at delta
     "sigmoidal": lambda r, m: _sigmoidal(r),
     "logistic": lambda r, m: _logistic(r, m.alpha, m.delta),
 }
@@ -83,9 +67,7 @@ class RSD(DraftVerifyMethod):
         **step_options: Any,
     ):
         super().__init__(**step_options)
-        if weighting not in WEIGHTINGS:
-            raise ConfigError(f"method.weighting of 'rsd' must be one of {', '.join(WEIGHTINGS)}, got {weighting!r}")
-        self.weighting = weighting
+        self.weighting = require_choice("rsd", "weighting", weighting, WEIGHTINGS)
         self.delta = require_number("rsd", "delta", delta)
         self.p = require_number("rsd", "p", p, 0.0, 1.0)
         self.alpha = require_number("rsd", "alpha", alpha, low=0.0)
@@ -108,6 +90,8 @@ class RSD(DraftVerifyMethod):
 
 
 def accepts(omega: float, coins: torch.Generator) -> bool:
+    """Algorithm 2's 1(omega >= u) as u < omega (equal but for u == omega, probability 0); omega in
+    {0, 1} decides without a draw. `coins` are the method's own, so they never shift sampled tokens."""
     if omega >= 1.0:
         return True
     if omega <= 0.0:

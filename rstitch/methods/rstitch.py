@@ -1,11 +1,6 @@
 """R-Stitch: entropy-guided token-level switching between SLM and LLM (R-Stitch §3.2.2, eqs. 1-2;
-Algorithm 1 in appendix A.3, the R-Stitch branch).
-
-The SLM decodes while confident. When its normalized entropy (eq. 1: H_t = -sum_i p_ti log p_ti /
-log V) exceeds tau, its token is discarded and the LLM writes that position; the LLM keeps control
-until it emits a token whose own normalized entropy is <= tau, then hands back to the SLM (eq. 2).
-Each model keeps its KV cache and prefills only the other model's new tokens (§3.2.2, "KV Cache
-management"; the shared loop in token_switch.py).
+Algorithm 1 in appendix A.3, the R-Stitch branch): an SLM token whose normalized entropy exceeds tau
+is discarded and the LLM writes the position, keeping control until its own token's is <= tau.
 """
 from __future__ import annotations
 

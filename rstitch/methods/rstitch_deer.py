@@ -2,21 +2,9 @@
 
 R-Stitch states the combination ("Our integration retains DEER's stopping criterion but substitutes
 its single-model decoding with R-Stitch") but none of DEER's values: those are DEER's code's.
-
-R-Stitch's entropy switching (`EntropySwitch` on the shared token loop) writes the reasoning.
-At each reasoning-transition point (DEER: the model starts a "Wait"), a trial answer is induced
-with DEER's answer prompt and decoded greedily by one model; if the mean of its tokens' maximum
-probabilities exceeds `exit_threshold`, the reasoning stops there (the transition is dropped)
-and either the end-of-thinking text is appended and decoding goes on to write the answer
-(DEER's code) or the trial answer is kept as the final answer. Otherwise the trial is rolled
-back and decoding continues with the transition. Trial forwards are real and land in the
-models' cost counters; trial tokens reach the output only when kept.
-
-`switch_decode` runs to EOS or its budget and has no hook to stop at a transition, so this
-method steps it one position at a time (`max_new_tokens=1`) over per-model sequences that
-persist across the steps (`_PooledRunner`), carrying the model that writes the next position
-from one step to the next (`_CarrySwitch`). With no transition the steps reproduce one call of
-the loop exactly: the same forwards on the same caches, the same sampler draws.
+`switch_decode` has no hook to stop at a transition, so this method steps it one position at a
+time over per-model sequences that persist across the steps (`_PooledRunner`, `_CarrySwitch`):
+with no transition that is one call of the loop exactly (the same forwards, the same draws).
 """
 from __future__ import annotations
 
@@ -28,7 +16,7 @@ from typing import Any, cast
 from rstitch.engines import ModelPair, ModelRunner, Sequence, TokenDistribution
 from rstitch.engines.base import StopWatcher
 from rstitch.errors import ConfigError
-from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, Method, register_method, require_int, require_number
+from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, Method, register_method, require_choice, require_int, require_number
 from rstitch.methods.rstitch import EntropySwitch
 from rstitch.methods.token_switch import SwitchPolicy, switch_decode
 
@@ -36,12 +24,6 @@ NAME = "rstitch_deer"
 CONFIDENCES = ("mean", "min", "geometric")  # DEER's --policy avg1, min, avg2
 TRIAL_MODELS = {"llm": LLM, "slm": SLM, "active": None}
 ON_EXIT = ("answer", "trial")
-
-
-def _choice(key: str, value: Any, options: Seq[str]) -> str:
-    if value not in options:
-        raise ConfigError(f"method.{key} of '{NAME}' must be one of {', '.join(options)}, got {value!r}")
-    return value
 
 
 def _text(key: str, value: Any, empty_ok: bool) -> str:
@@ -137,15 +119,15 @@ class RStitchDeer(Method):
         self.early_exit = early_exit
         # Confidences lie in [0, 1] and the exit needs confidence > threshold: 1 runs trials that never exit.
         self.exit_threshold = require_number(NAME, "exit_threshold", exit_threshold, 0.0, 1.0)
-        self.confidence = _choice("confidence", confidence, CONFIDENCES)
-        self.trial_model = _choice("trial_model", trial_model, tuple(TRIAL_MODELS))
+        self.confidence = require_choice(NAME, "confidence", confidence, CONFIDENCES)
+        self.trial_model = require_choice(NAME, "trial_model", trial_model, TRIAL_MODELS)
         if isinstance(transitions, str) or not isinstance(transitions, Seq) or not transitions:
             raise ConfigError(f"method.transitions of '{NAME}' must be a non-empty list of strings, got {transitions!r}")
         self.transitions = [_text("transitions", t, empty_ok=False) for t in transitions]
         self.answer_prompt = _text("answer_prompt", answer_prompt, empty_ok=False)
         self.trial_max_tokens = require_int(NAME, "trial_max_tokens", trial_max_tokens, low=2)
         self.max_trials = require_int(NAME, "max_trials", max_trials, low=1)
-        self.on_exit = _choice("on_exit", on_exit, ON_EXIT)
+        self.on_exit = require_choice(NAME, "on_exit", on_exit, ON_EXIT)
         self.exit_text = _text("exit_text", exit_text, empty_ok=True)
         self.think_end = None if think_end is None else _text("think_end", think_end, empty_ok=False)
         self.think_ratio = require_number(NAME, "think_ratio", think_ratio, 0.0, 1.0)
@@ -252,11 +234,13 @@ class _DeerDecoder:
                 return start
         return len(out) - 1
 
+    def _active_at(self, cut: int) -> int:
+        """The model that wrote output position `cut` (or writes it next)."""
+        return self.sources[cut] if cut < len(self.sources) else self.policy.source
+
     def _trial_source(self, cut: int) -> int:
         chosen = TRIAL_MODELS[self.m.trial_model]
-        if chosen is not None:
-            return chosen
-        return self.sources[cut] if cut < len(self.sources) else self.policy.source
+        return self._active_at(cut) if chosen is None else chosen
 
     def _trial(self, cut: int) -> tuple[list[int], float]:
         """Greedy trial answer after `answer_prompt` at output position `cut`; rolled back, so the
@@ -289,7 +273,7 @@ class _DeerDecoder:
         decodes the answer (False)."""
         self.stats["deer_exit"], self.stats["deer_exit_position"] = reason, cut
         writer = self._trial_source(cut)
-        resume = self.sources[cut] if cut < len(self.sources) else self.policy.source
+        resume = self._active_at(cut)
         del self.prefix[self.n_prompt + cut:]
         del self.sources[cut:]
         for runner in self.pool.values():

@@ -1,18 +1,7 @@
 """R-Stitch+: R-Stitch's entropy gate with a learned router at the uncertain positions (R-Stitch §3.3;
-Algorithm 1 in appendix A.3, the R-Stitch+ branch; the router of appendix A.13).
-
-Algorithm 1, lines 10-22: low-entropy tokens (normalized entropy <= tau) go to the
-SLM, exactly as in R-Stitch. The router (`rstitch.scorers.rstitch_router`) is consulted only
-while the SLM is active and uncertain, and reads the SLM's last hidden state:
-
-* SLM active: its token is kept iff H <= tau or the router says SLM; otherwise it is discarded
-  and the LLM writes the position.
-* LLM active: it keeps going until it writes a confident token (H <= tau); the SLM takes the
-  next position after that one. The router is not consulted.
-
+Algorithm 1 in appendix A.3, the R-Stitch+ branch; the router of appendix A.13; docs/rstitch-plus.md).
 A router that always answers LLM is R-Stitch at the same tau; one that always answers SLM is
-SLM-only decoding. The router is trained with DAPO (`scripts/train_router.py`: the reward of
-eqs. 3-4, the latency estimate of eqs. 5-6, the objective of eqs. 7-8).
+SLM-only decoding. It is trained with DAPO (`scripts/train_router.py`, eqs. 3-8).
 """
 from __future__ import annotations
 
@@ -57,8 +46,8 @@ class RouterDecision:
 
 
 class RouterSwitch:
-    """The R-Stitch+ `SwitchPolicy`. `sample=True` draws actions from the router's policy (for
-    training rollouts); otherwise it takes the argmax."""
+    """The R-Stitch+ `SwitchPolicy` (Algorithm 1, lines 10-22): the router is consulted only while
+    the SLM is active and uncertain. `sample=True` draws its actions (training rollouts)."""
 
     want_hidden = True
 
@@ -142,7 +131,9 @@ class RStitchPlus(Method):
         if isinstance(router, RStitchRouter):
             self.router = router
         elif router:
-            self.router = _load_router(router)
+            if not (Path(router) / "config.json").is_file():
+                raise ConfigError(f"rstitch_plus: no router checkpoint at {router} (train one with scripts/train_router.py)")
+            self.router = load_router(router)
             trained_tau = router_metadata(router).get("config", {}).get("tau")
         else:  # the testbed's router comes from the config too (conf/method/rstitch_plus.yaml)
             raise ConfigError("method.router of 'rstitch_plus' is not set: a router directory from scripts/train_router.py")
@@ -184,9 +175,3 @@ class RStitchPlus(Method):
             out["trace_latency_estimate_s"] = statistics.fmean(e for e, _ in estimated)
             out["trace_latency_estimate_rel_error"] = statistics.fmean(abs(e - m) / m for e, m in estimated)
         return out
-
-
-def _load_router(path: str | Path) -> RStitchRouter:
-    if not (Path(path) / "config.json").is_file():
-        raise ConfigError(f"rstitch_plus: no router checkpoint at {path} (train one with scripts/train_router.py)")
-    return load_router(path)

@@ -1,10 +1,5 @@
-"""Statistics of draft-and-verify decoding (SpecDec, EASD) and of small/large model agreement.
-
-Per sample, `SpecStats` counts what the draft proposed and the target accepted, with acceptance
-per draft position in the style of vLLM's SpecDecodingStats: position i's rate is the number of
-drafts accepted at i over the number of verifications that reached i (every earlier draft token
-accepted). `summarize_spec` pools these counts over the samples of a run.
-"""
+"""Statistics of draft-and-verify decoding (SpecDec, EASD), per position as vLLM's SpecDecodingStats
+(docs/speculative.md "Statistics"), and of small/large model agreement."""
 from __future__ import annotations
 
 import math
@@ -12,6 +7,7 @@ import statistics
 from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from typing import Any
 
 from rstitch.engines import ModelPair, ModelRunner, Sampler
@@ -33,8 +29,7 @@ class SpecStats:
         self.reached_per_position = self.reached_per_position or [0] * self.k
 
     def record(self, drafted: int, accepted: int, rejected: bool) -> None:
-        """One target pass over `drafted` draft tokens of which the first `accepted` were kept;
-        `rejected` when the pass stopped on a rejection (not on EOS or after the whole draft)."""
+        """One target pass over `drafted` draft tokens (see `TokenVerdict`)."""
         self.target_forward_calls += 1
         if drafted == 0:
             return
@@ -70,9 +65,8 @@ def summarize_spec(samples: Iterable[dict[str, Any]]) -> dict[str, Any]:
         return {}
     stats = [r["stats"] for r in rows]
     total = lambda key: sum(s[key] for s in stats)  # noqa: E731
-    width = max(len(s["accepted_per_position"]) for s in stats)
-    accepted_at = [sum(_padded(s["accepted_per_position"], width)[i] for s in stats) for i in range(width)]
-    reached_at = [sum(_padded(s["reached_per_position"], width)[i] for s in stats) for i in range(width)]
+    accepted_at = [sum(c) for c in zip_longest(*(s["accepted_per_position"] for s in stats), fillvalue=0)]
+    reached_at = [sum(c) for c in zip_longest(*(s["reached_per_position"] for s in stats), fillvalue=0)]
     mean = lambda key: statistics.fmean(s[key] for s in stats)  # noqa: E731
     return {
         "spec_acceptance_rate": _ratio(total("draft_tokens_accepted"), total("draft_tokens_proposed")),
@@ -129,7 +123,3 @@ def _ratio(numerator: float, denominator: float) -> float | None:
 
 def _rates(accepted: Seq[int], reached: Seq[int]) -> list[float | None]:
     return [_ratio(a, r) for a, r in zip(accepted, reached)]
-
-
-def _padded(values: Seq[int], width: int) -> list[int]:
-    return list(values) + [0] * (width - len(values))

@@ -1,31 +1,19 @@
-"""Speculative decoding (Leviathan et al. 2023; Chen et al. 2023), as EASD §3.1 eq. 1 writes its
-acceptance test (eps_i <= p_t(c_i) / p_d(c_i)); the papers' SD baselines use k = 7 (RSD §3) and
-k = 5 (SpecReason §5.1).
-
-Each block: the draft (SLM) samples up to k tokens x_1..x_k from its processed distributions q_i;
-the target (LLM) scores all of them in one forward, giving p_1..p_{k+1}. Token x_i is accepted
-with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection the target draws a
-replacement from norm(max(0, p_i - q_i)) and the block ends; if all are accepted the target adds
-a bonus token from p_{k+1}. The output then follows the target's distribution exactly. p and q
-are the Sampler's processed distributions (temperature, top-p), so under greedy decoding both are
-one-hot: a draft token is kept iff it is the target's argmax, and the replacement is that argmax.
-
-Both models keep their KV caches across blocks: rejected tokens are rolled back and the target's
-token is appended, so the draft never re-processes a token and the target runs once per block.
-A hook (`DraftPenalty`) lets a variant reject draft tokens by its own rule (EASD).
+"""Speculative decoding (Leviathan et al. 2023; Chen et al. 2023) with EASD §3.1 eq. 1's acceptance
+test (eps_i <= p_t(c_i) / p_d(c_i)); the papers' SD baselines use k = 7 (RSD §3) and k = 5 (SpecReason
+§5.1). The algorithm, its caches and result fields: docs/speculative.md. p and q are the Sampler's
+processed distributions, so under greedy decoding the output is the target's, token for token.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
-from rstitch.engines import Sampler, Sequence, TokenDistribution, require
+from rstitch.engines import ModelPair, Sampler, Sequence, TokenDistribution, require
 from rstitch.engines.base import StopWatcher
 from rstitch.errors import ConfigError
 from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, Method, register_method, require_int
-from rstitch.methods.drafts import Draft
+from rstitch.methods.drafts import Draft, TokenVerdict
 from rstitch.methods.spec_stats import SpecStats, summarize_spec
 
 
@@ -37,20 +25,9 @@ class DraftPenalty(Protocol):
         """The distribution the target draws the replacement of a penalized `token` from."""
 
 
-# --- the acceptance kernel ----------------------------------------------------------------
 def draw(sampler: Sampler, probs: torch.Tensor) -> int:
     """A token from `probs`; the argmax under greedy decoding (one-hot inputs) without using the RNG."""
     return int(probs.argmax()) if sampler.greedy else sampler.sample_from(probs)
-
-
-def accept_draft_token(p: torch.Tensor, q: torch.Tensor, token: int, sampler: Sampler) -> bool:
-    """Accept with probability min(1, p(token) / q(token)); draws a uniform only when it matters."""
-    p_token, q_token = float(p[token]), float(q[token])
-    if p_token >= q_token:
-        return True
-    if p_token <= 0.0:
-        return False
-    return sampler.uniform() < p_token / q_token
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -62,18 +39,12 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def verify_draft_token(p: torch.Tensor, q: torch.Tensor, token: int, sampler: Sampler) -> int | None:
-    """None when the draft token is accepted, else the target's replacement token."""
-    if accept_draft_token(p, q, token, sampler):
+    """None when the draft token is accepted (with probability min(1, p(token) / q(token)), a
+    uniform drawn only when that is below 1), else the target's replacement token."""
+    p_token, q_token = float(p[token]), float(q[token])
+    if p_token >= q_token or (p_token > 0.0 and sampler.uniform() < p_token / q_token):
         return None
     return draw(sampler, residual_distribution(p, q))
-
-
-# --- the decoding loop --------------------------------------------------------------------
-@dataclass
-class _Verdict:
-    accepted: int  # draft tokens kept
-    target_token: int | None  # replacement or bonus; None when an accepted EOS ends the output
-    rejected: bool
 
 
 def check_vocabularies(ctx: DecodeContext) -> None:
@@ -101,7 +72,7 @@ class SpeculativeDecoder:
         target = ctx.pair.llm.new_sequence(prompt_ids)
         stats = SpecStats(self.k)
         output, sources, finish = self.extend(draft, target, ctx, ctx.max_new_tokens, stats)
-        return self._result(output, sources, finish, stats)
+        return DecodeResult(output, sources, finish, stats.proposed - stats.accepted, stats.verifications, stats.as_dict())
 
     def extend(
         self, draft: Sequence, target: Sequence, ctx: DecodeContext, limit: int, stats: SpecStats, stop: tuple[str, ...] = ()
@@ -147,23 +118,23 @@ class SpeculativeDecoder:
 
     def _verify(
         self, proposal: Draft, target_dists: list[TokenDistribution], sampler: Sampler, eos: set[int], stats: SpecStats
-    ) -> _Verdict:
+    ) -> TokenVerdict:
         for i, token in enumerate(proposal.tokens):
             target_dist = target_dists[i]
             if self.penalty is not None and self.penalty.applies(proposal.dists[i], target_dist):
                 stats.penalties += 1
-                return _Verdict(i, draw(sampler, self.penalty.replacement_probs(sampler, target_dist, token)), True)
+                return TokenVerdict(i, draw(sampler, self.penalty.replacement_probs(sampler, target_dist, token)), True)
             p = sampler.probs_from_logits(target_dist.logits)
             replacement = verify_draft_token(p, proposal.probs[i], token, sampler)
             if replacement is not None:
-                return _Verdict(i, replacement, True)
+                return TokenVerdict(i, replacement, True)
             if token in eos:
-                return _Verdict(i + 1, None, False)
+                return TokenVerdict(i + 1, None, False)
         bonus = draw(sampler, sampler.probs_from_logits(target_dists[-1].logits))
-        return _Verdict(len(proposal.tokens), bonus, False)
+        return TokenVerdict(len(proposal.tokens), bonus, False)
 
     @staticmethod
-    def _advance(draft: Sequence, target: Sequence, proposal: Draft, verdict: _Verdict) -> list[int]:
+    def _advance(draft: Sequence, target: Sequence, proposal: Draft, verdict: TokenVerdict) -> list[int]:
         """Drop the rejected draft tokens from both caches and append the target's token."""
         produced = proposal.tokens[: verdict.accepted]
         rejected = len(proposal.tokens) - verdict.accepted
@@ -175,27 +146,21 @@ class SpeculativeDecoder:
             produced.append(verdict.target_token)
         return produced
 
-    @staticmethod
-    def _result(output: list[int], sources: list[int], finish: str, stats: SpecStats) -> DecodeResult:
-        return DecodeResult(
-            output, sources, finish,
-            discarded_tokens=stats.proposed - stats.accepted,
-            switches=stats.verifications,
-            stats=stats.as_dict(),
-        )
-
 
 @register_method("specdec")
 class SpecDec(Method):
-    """Lossless speculative decoding with a fixed draft length k."""
+    """Lossless speculative decoding with a fixed draft length k; EASD adds its `penalty_for`."""
 
     family = "speculative"
 
     def __init__(self, k: int = 5):
-        self.k = require_int("specdec", "k", k)
+        self.k = require_int(self.name, "k", k)
+
+    def penalty_for(self, pair: ModelPair) -> DraftPenalty | None:
+        return None
 
     def decode(self, prompt_ids: list[int], ctx: DecodeContext) -> DecodeResult:
-        return SpeculativeDecoder(self.k).decode(prompt_ids, ctx)
+        return SpeculativeDecoder(self.k, self.penalty_for(ctx.pair)).decode(prompt_ids, ctx)
 
     def summarize(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
         return summarize_spec(samples)

@@ -1,24 +1,8 @@
 """SpecReason: the small model drafts each reasoning step, the base model judges it (SpecReason §4.1;
 SpecReason+Decode, §4.2, is specreason_decode). The paper has no numbered equations: §4.1's
 single-token 0-9 score in one prefill-only pass and a static threshold (e.g. score >= 7) are it.
-
-The judge is the base model (pair.llm) itself. As in the paper (section 4.1) it reads the draft on
-its own decoding sequence: the base model's KV cache already holds the prompt and the reasoning so
-far, so a judgement prefills only what the base model has not seen (the draft step, without its
-trailing separator) and the scoring prompt, JUDGE_INSTRUCTION as the next user turn of the chat
-template followed by the generation prompt and JUDGE_PREFIX (`judge_suffix_ids`, ~70 tokens on Qwen
-templates). Then the scoring prompt is rolled back: an accepted draft stays in the base model's
-cache, so the base model never prefills a step twice. Its next-token distribution over the digits
-0-9 gives the score: the most likely digit (`score_mode: greedy`) or the probability-weighted mean
-digit (`expected`). The draft is kept iff score >= threshold, else the base model writes the step
-(`regenerate_step`, the hook for SpecReason+Decode). The judgement's forwards (draft prefill
-included) are reported apart (`judge_tokens`, `judge_time_s`, `flops_judge`).
-
-`judge_context: chat` keeps the earlier form: a separate judge conversation [user: problem,
-assistant: the steps joined by the separator, user: JUDGE_INSTRUCTION] on a second sequence of the
-base model, which prefills every step there and again in the reasoning it continues. Both forms
-read the same text where the decoding prompt is the chat template's user turn (prompt=chat, as on
-the testbed), so they make the same decisions there (tested).
+The judge reads the draft on the base model's own sequence (§4.1), so it prefills only the draft
+and the scoring prompt, then rolls the prompt back: docs/step-level.md "SpecReason".
 """
 from __future__ import annotations
 
@@ -29,7 +13,7 @@ import torch
 from rstitch.engines import ModelRunner
 from rstitch.errors import ConfigError
 from rstitch.judge_prompt import JUDGE_INSTRUCTION, JUDGE_PREFIX, judge_prompt  # noqa: F401  (the method's prompt, re-exported)
-from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, register_method, require_int, require_number
+from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, register_method, require_choice, require_int, require_number
 from rstitch.methods.drafts import Step, Verdict
 from rstitch.methods.spec_stats import SpecStats
 from rstitch.methods.specdec import SpeculativeDecoder, check_vocabularies
@@ -85,12 +69,8 @@ class SpecReason(DraftVerifyMethod):
                  judge_context: str = "reasoning", **step_options: Any):
         super().__init__(**step_options)
         self.threshold = require_number("specreason", "threshold", threshold)
-        if score_mode not in SCORE_MODES:
-            raise ConfigError(f"method.score_mode of 'specreason' must be one of {', '.join(SCORE_MODES)}, got {score_mode!r}")
-        if judge_context not in JUDGE_CONTEXTS:
-            raise ConfigError(f"method.judge_context of 'specreason' must be one of {', '.join(JUDGE_CONTEXTS)}, "
-                              f"got {judge_context!r}")
-        self.score_mode, self.judge_context = score_mode, judge_context
+        self.score_mode = require_choice("specreason", "score_mode", score_mode, SCORE_MODES)
+        self.judge_context = require_choice("specreason", "judge_context", judge_context, JUDGE_CONTEXTS)
         self.first_n_by_base = require_int("specreason", "first_n_by_base", first_n_by_base, low=0)
 
     def start(self, prompt_ids: list[int], ctx: DecodeContext) -> StepRun:
@@ -113,8 +93,7 @@ class SpecReason(DraftVerifyMethod):
         return Verdict(score >= self.threshold, score)
 
     def judge_in_reasoning(self, run: StepRun, path: StepDecoder, draft: Step) -> float:
-        """The base model's 0-9 score of `draft`, read on its own decoding sequence: the draft and
-        the scoring prompt are prefilled after the cached reasoning, then the prompt is rolled back."""
+        """The base model's 0-9 score of `draft`, read on its own decoding sequence."""
         step = without_trailing_space(run.ctx.pair.llm.tokenizer, draft.token_ids)
         suffix = run.state["suffix"]
         with run.meter.judging():
@@ -124,8 +103,7 @@ class SpecReason(DraftVerifyMethod):
         return digit_score(logits, run.state["digits"], self.score_mode)
 
     def judge(self, run: StepRun, steps: list[str]) -> float:
-        """The base model's 0-9 score of the last of `steps` in a separate judge conversation
-        (`judge_context: chat`)."""
+        """The 0-9 score of the last of `steps` in a separate conversation (`judge_context: chat`)."""
         base = run.ctx.pair.llm
         text = judge_prompt(base.tokenizer, run.problem, steps, run.config.separator)
         ids = base.tokenizer.encode(text, add_special_tokens=False)
@@ -136,9 +114,8 @@ class SpecReason(DraftVerifyMethod):
 
 @register_method("specreason_decode")
 class SpecReasonDecode(SpecReason):
-    """SpecReason+Decode: the base model's steps are decoded with speculative decoding (the small
-    model drafting k tokens at a time), which is lossless, so the output equals SpecReason's under
-    greedy decoding while the base model runs fewer forwards."""
+    """SpecReason+Decode: the base model's steps are decoded speculatively (lossless: SpecReason's
+    output under greedy decoding, in fewer base-model forwards)."""
 
     def __init__(self, k: int = 5, **specreason_options: Any):
         super().__init__(**specreason_options)

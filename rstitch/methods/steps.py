@@ -1,20 +1,8 @@
 """The loop shared by step-level methods (RSD, SpecReason, Arbitrage, PRM search baselines): the
 papers' steps (RSD §3, a generation ended with "\\n\\n"; Arbitrage §3.1, a separator token;
-SpecReason §4.1, semantically self-contained units).
-
-A *step* is what one model writes from the current prefix until the separator ("\\n\\n" by
-default) appears in its text, EOS, the per-step token cap, or the sample's token budget. Steps
-are token-exact: a step is exactly the tokens its model sampled, so a loop that accepts every
-step of one model reproduces plain decoding of that model token for token.
-
-Each model keeps one KV-cached `Sequence` per sample. Before a model writes, its sequence is
-aligned to the current output: rolled back to the longest common prefix (this drops a rejected
-draft step from the draft's cache) and extended by what the other model wrote since (partial
-prefill). A sample ends on its own conditions only: EOS, the budget, `max_steps`, or
-`max_repeats` identical steps in a row.
-
-Costs: FLOPs = 2 x parameters x processed tokens, summed over draft, target, judge, PRM and
-router (RSD section 3.3); every decode reports them in `DecodeResult.stats`.
+SpecReason §4.1, semantically self-contained units). Steps are token-exact, so a loop that accepts
+every step of one model is that model's plain decoding (docs/step-level.md "Steps"). FLOPs =
+2 x parameters x processed tokens over draft, target, judge, PRM and router (RSD section 3.3).
 """
 from __future__ import annotations
 
@@ -31,16 +19,13 @@ import torch
 
 from rstitch.engines import CostCounter, ModelPair, Sampler, Sequence
 from rstitch.errors import ConfigError
-from rstitch.methods.base import EXTRA_FLOPS, LLM, SLM, DecodeContext, DecodeResult, Method, model_flops, require_int
+from rstitch.methods.base import EXTRA_FLOPS, LLM, SLM, DecodeContext, DecodeResult, Method, model_flops, require_choice, require_int
 from rstitch.methods.drafts import Step, Verdict
 from rstitch.scorers import ProcessRewardModel, check_prm_spec, resolve_prm
 from rstitch.scorers.prefix_cache import common_prefix_length
 
 DEFAULT_PRM = {"name": "testbed"}
 MODEL_SOURCES = {"slm": SLM, "llm": LLM}
-
-
-# --------------------------------------------------------------------------- steps
 
 
 @dataclass(frozen=True)
@@ -68,9 +53,7 @@ def step_text(text: str, separator: str) -> str:
 
 
 def choose_source(method: str, model: Any) -> int:
-    if model not in MODEL_SOURCES:
-        raise ConfigError(f"method.model of '{method}' must be one of {', '.join(MODEL_SOURCES)}, got {model!r}")
-    return MODEL_SOURCES[model]
+    return MODEL_SOURCES[require_choice(method, "model", model, MODEL_SOURCES)]
 
 
 class ModelSequences:
@@ -123,9 +106,8 @@ class StepDecoder:
         return self.as_step(source, gen.token_ids, gen.finish_reason)
 
     def as_step(self, source: int, token_ids: list[int], generation_finish: str) -> Step:
-        """A step from tokens `source` generated after the committed prefix with the stop string
-        `config.separator` and at most `step_limit` tokens (`generation_finish` is the engine's
-        "stop" | "eos" | "length"); counted in `calls`. For step writers other than `generate`."""
+        """The step of tokens `source` generated as `generate` would (stop at the separator, at
+        most `step_limit` tokens; the engine's "stop" | "eos" | "length"), counted in `calls`."""
         finish = {"stop": "separator", "eos": "eos"}.get(generation_finish)
         if finish is None:
             finish = "budget" if len(token_ids) >= self.budget_left else "step_cap"
@@ -176,9 +158,6 @@ class StepDecoder:
         return sum(1 for a, b in zip(self.steps, self.steps[1:]) if a.source != b.source)
 
 
-# --------------------------------------------------------------------------- per-step log
-
-
 @dataclass
 class StepRecord:
     source: int  # the model whose step was kept
@@ -220,9 +199,6 @@ class StepLog:
         }
 
 
-# --------------------------------------------------------------------------- costs
-
-
 class CostMeter:
     """Costs of one sample since it started, per component; FLOPs = 2 x params x tokens."""
 
@@ -261,9 +237,6 @@ class CostMeter:
         return out
 
 
-# --------------------------------------------------------------------------- methods
-
-
 @dataclass
 class StepRun:
     """Everything one sample of a step-level method works with."""
@@ -282,9 +255,9 @@ class StepRun:
     def problem(self) -> str:
         return self.ctx.problem
 
-    def new_path(self, models: ModelSequences | None = None) -> StepDecoder:
-        """Another path of this sample (sharing this sample's sequences unless given others)."""
-        return StepDecoder(self.prompt_ids, self.ctx, self.config, models or self.models, self.calls)
+    def new_path(self) -> StepDecoder:
+        """Another path of this sample, on this sample's sequences."""
+        return StepDecoder(self.prompt_ids, self.ctx, self.config, self.models, self.calls)
 
     def result(self, path: StepDecoder, finish: str, **extra: Any) -> DecodeResult:
         generated = self.calls[f"tokens_{SLM}"] + self.calls[f"tokens_{LLM}"]
@@ -309,7 +282,6 @@ class StepMethod(Method):
         self.step_config = StepConfig.checked(self.name, separator, max_step_tokens, max_steps, max_repeats)
         self._prm_spec: ProcessRewardModel | dict | None = None
 
-    # --- PRM ----------------------------------------------------------------------------
     def use_prm(self, spec: Any) -> None:
         self._prm_spec = check_prm_spec(spec, self.name)
 
@@ -334,7 +306,6 @@ class StepMethod(Method):
         """A learned router whose costs count in this method's FLOPs (none by default)."""
         return None
 
-    # --- decoding -----------------------------------------------------------------------
     def start(self, prompt_ids: list[int], ctx: DecodeContext) -> StepRun:
         models, calls = ModelSequences(ctx), Counter[str]()
         meter = CostMeter(ctx.pair, self.prm, self.router())
@@ -356,8 +327,7 @@ class StepMethod(Method):
 
 
 class DraftVerifyMethod(StepMethod):
-    """The draft model writes a step; `verify` accepts it, or the target model rewrites the step
-    from the same prefix (`regenerate_step`). RSD, SpecReason and Arbitrage's router share this."""
+    """The SLM drafts a step; `verify` accepts it or the LLM rewrites it (RSD, SpecReason, Arbitrage)."""
 
     @abstractmethod
     def verify(self, run: StepRun, path: StepDecoder, draft: Step) -> Verdict:
@@ -368,8 +338,7 @@ class DraftVerifyMethod(StepMethod):
         return False
 
     def regenerate_step(self, run: StepRun, path: StepDecoder) -> Step:
-        """The target model's step after `path`'s committed steps. Override to decode it another
-        way (e.g. speculative decoding for SpecReason+Decode); it must not commit the step."""
+        """The LLM's step after `path` (uncommitted; SpecReason+Decode decodes it speculatively)."""
         return path.generate(LLM)
 
     def next_step(self, run: StepRun, path: StepDecoder) -> Step:
@@ -401,9 +370,6 @@ def decision_generator(seed: int, prompt_ids: list[int]) -> torch.Generator:
     digest = hashlib.sha256(f"{seed}/{prompt_ids}".encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
 
-
-# --------------------------------------------------------------------------- run summary
-
 _MEAN_KEYS = (  # "flops" itself is the common summary's (the mean of the samples' totals)
     "steps", "draft_calls", "target_calls", "generated_tokens", "flops_draft", "flops_target",
     "flops_judge", "flops_prm", "flops_router", "prm_tokens", "prm_time_s", "judge_tokens", "judge_time_s",
@@ -426,17 +392,8 @@ def summarize_step_stats(samples: list[dict[str, Any]]) -> dict[str, Any]:
     out["acceptance_rate"] = total("accepted_steps") / drafted if drafted else None
     out["escalation_rate"] = total("escalations") / drafted if drafted else None
     out["wasted_escalation_rate"] = total("wasted_escalations") / scored if scored else None
-    out.update(step_cap_counts(samples))
-    return out
-
-
-def step_cap_counts(samples: list[dict[str, Any]]) -> dict[str, int]:
-    """How often the step caps (ours, not the papers') fired in a run: steps cut at
-    `max_step_tokens` (generated steps, kept or not), samples ended by `max_steps` or by
-    `max_repeats` identical steps. Each changes latency when it fires."""
+    # How often the step caps (ours, not the papers') fired: each changes latency when it does.
     finishes = Counter(s.get("finish_reason") for s in samples)
-    return {
-        "step_caps_max_step_tokens": sum((s.get("stats") or {}).get("capped_steps") or 0 for s in samples),
-        "step_caps_max_steps": finishes["step_cap"],
-        "step_caps_max_repeats": finishes["repeat"],
-    }
+    out["step_caps_max_step_tokens"] = total("capped_steps")
+    out["step_caps_max_steps"], out["step_caps_max_repeats"] = finishes["step_cap"], finishes["repeat"]
+    return out

@@ -1,15 +1,7 @@
 """The loop shared by token-level hybrid methods: at every position one model produces the token
 (R-Stitch §3.2.2 and Algorithm 1 in appendix A.3, with the partial prefill of its KV cache management).
-
-A `SwitchPolicy` picks the starting model, may reject the SLM's token at a position (the LLM then
-produces that position instead), and picks the model for the next position. Each model keeps its
-own sequence (KV cache) and catches up by partial prefill of the tokens the other model wrote
-since it last ran.
-
-A policy whose decisions are thresholds on the normalized entropy also gives them as a
-`SwitchRule` per model (`rule(source)`): the loop then asks the engine for a whole run of tokens
-(`Sequence.decode_until`), which the vLLM engine serves with one request instead of one per
-token. Same tokens, same books: the base engine evaluates the rule token by token.
+A policy whose decisions are entropy thresholds also gives them as a `SwitchRule` per model, so
+the engine decodes a whole run in one call (one vLLM request instead of one per token).
 """
 from __future__ import annotations
 

@@ -22,10 +22,6 @@ for _name, _entry in {
 _LOADED: dict[str, ProcessRewardModel] = {}  # reused across the jobs of a sweep, like model pairs
 
 
-def check_prm_name(name: Any) -> str:
-    return PRMS.canonical(name)
-
-
 def load_prm(name: str, **options: Any) -> ProcessRewardModel:
     """The PRM `name` with its options checked against its constructor (one error line)."""
     return PRMS.build(name, **options)
@@ -48,7 +44,7 @@ def check_prm_spec(spec: Any, owner: str) -> ProcessRewardModel | dict[str, Any]
         return spec
     if not isinstance(spec, dict) or "name" not in spec:
         raise ConfigError(f"method.prm of '{owner}' must be a mapping with a 'name', got {spec!r}")
-    check_prm_name(spec["name"])
+    PRMS.canonical(spec["name"])  # an unknown name: one error line listing the valid ones
     return dict(spec)
 
 

@@ -1,15 +1,8 @@
-"""Arbitrage's router: a sequence classifier predicting whether the target model would write a
-better step than the draft model's step (P(delta > 0), delta = PRM(target step) - PRM(draft step)).
-
-Input: the problem, every earlier step prefixed with the model that wrote it, then the draft step::
-
-    {problem}\\nModel 0: {step 1}\\n\\nModel 1: {step 2}\\n\\nModel 0: {draft step}\\n\\n
-
-(0 = draft model, 1 = target model). The prediction is class 1 of a standard Hugging Face
-`...ForSequenceClassification` (num_labels=2) at the last token. Pieces are tokenized one by one
-so a decision's input is a prefix of the next one; the KV cache of the shared prefix is reused.
-The classifier runs through the engine interface (`rewards/prefix_cache.py`); its head is the
-checkpoint's own, which the HF engine reads (`auto_class`).
+"""Arbitrage's router: a sequence classifier predicting P(delta > 0), delta = PRM(target step) -
+PRM(draft step) (Arbitrage §4.2). Input: the problem, every earlier step tagged with the model that
+wrote it (§6.2: 0 = draft, 1 = target), then the draft step; the prediction is class 1 of its
+num_labels=2 head at the last token. Pieces are tokenized one by one so a decision's input is a
+prefix of the next one, whose KV cache `PrefixCachedScorer` reuses.
 """
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Settings presets of Arbitrage router training (`scripts/train_arbitrage_router.py --settings`).
-
-`paper` is the paper's recipe (section 4, Table C.1): the router starts from the PRM's checkpoint (a
-compact PRM), batch 1024, learning rate 1e-5, 3 epochs. `testbed` (the default) is ours for the
-embedded testbed: its class-balanced training set has ~400 steps, so a batch of 1024 would be one
-optimizer step per epoch; it starts from the SLM, which shares the testbed tokenizer. A flag given
-on the command line wins over its preset.
+"""Settings presets of Arbitrage router training (`scripts/train_arbitrage_router.py --settings`):
+`paper` is Table C.1's recipe; `testbed` (the default) ours, as docs/fidelity.md "Arbitrage" explains.
 """
 from __future__ import annotations
 

@@ -1,27 +1,13 @@
-"""Transformer PRMs: a backbone, a scoring head, and one reward read per step at a marker token.
-(The testbed PRM, a causal LM read through its own predictions, is `likelihood_prm`.)
-
-* `SkyworkPRM` (Skywork-o1-Open-PRM-Qwen-2.5-1.5B / -7B): the checkpoint is a Qwen2 causal LM
-  plus a value head (``v_head.summary.weight`` [1, H] and ``v_head.summary.bias`` [1]) that
-  Skywork's own code attaches. The engine runs the backbone (the HF engine loads it with
-  `AutoModel`: the ``lm_head`` is not needed; any engine that gives last hidden states can) and
-  the value head is rebuilt as a `Linear(H, 1)` from those two tensors. Input as in
-  the RSD code: ``bos + problem + "\\n"``, then each step's tokens followed by the last token of
-  the separator; reward = sigmoid of the value at that separator token.
-* `QwenMathPRM` (Qwen2.5-Math-PRM-7B, remote code): chat template [system, user: problem,
-  assistant: steps each followed by ``<extra_0>``]; reward = softmax of the two-class head at each
-  ``<extra_0>``, probability of class 1 (the step is correct). Its head is the checkpoint's own
-  module: the HF engine reads it (`auto_class`).
-
-Both run through the engine interface (`rewards/prefix_cache.py`): one sequence per sample, the
-shared prefix reused.
+"""Transformer PRMs: a backbone, a scoring head, and one reward read per step at a marker token
+(inputs and heads: docs/step-level.md "Process reward models"). Skywork's value head is rebuilt from
+its checkpoint over a bare backbone; Qwen2.5-Math-PRM's head is the checkpoint's own module. Both
+run through the engine interface and `PrefixCachedScorer`.
 """
 from __future__ import annotations
 
 import json
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 
@@ -74,8 +60,8 @@ class SkyworkPRM(HFProcessRewardModel):
         hf_only = {"auto_class": "AutoModel"} if engine_class(engine).checkpoint_heads else {}
         runner = load_scoring_model(engine, path, "PRM skywork (its value head reads hidden states)", ("hidden_states",),
                                     dtype=dtype, device=device, **hf_only)
-        head = _value_head(path, runner.hidden_size).to(dtype=torch_dtype(dtype))
-        super().__init__("skywork", runner, HeadOnHidden(head), want_hidden=True, extra_parameters=_count(head))
+        self.head = _value_head(path, runner.hidden_size).to(dtype=torch_dtype(dtype))
+        super().__init__("skywork", runner, self._values, want_hidden=True, extra_parameters=sum(p.numel() for p in self.head.parameters()))
         self.separator_id = self._ids(separator)[-1]
 
     def encode(self, problem: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
@@ -85,6 +71,13 @@ class SkyworkPRM(HFProcessRewardModel):
             ids += (self._ids(step) if step else []) + [self.separator_id]
             positions.append(len(ids) - 1)
         return ids, positions
+
+    @torch.inference_mode()
+    def _values(self, dists: list[TokenDistribution]) -> torch.Tensor:
+        """The value head on the last hidden states, on the device the engine gives them on."""
+        hidden = torch.stack([d.hidden for d in dists if d.hidden is not None])
+        self.head = self.head.to(hidden.device)
+        return self.head(hidden.to(self.head.weight.dtype))
 
     def reward(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(rows[:, 0])
@@ -131,22 +124,6 @@ class QwenMathPRM(HFProcessRewardModel):
         return torch.softmax(rows, dim=-1)[:, 1]
 
 
-class HeadOnHidden:
-    """A PRM's own head on the last hidden states of the distributions, in the head's dtype, on
-    the device the engine gives them on."""
-
-    def __init__(self, head: torch.nn.Module):
-        self.head = head.eval()
-
-    @torch.inference_mode()
-    def __call__(self, dists: list[TokenDistribution]) -> torch.Tensor:
-        hidden = torch.stack([d.hidden for d in dists if d.hidden is not None])
-        weight = next(self.head.parameters())
-        if weight.device != hidden.device:
-            self.head = self.head.to(hidden.device)
-        return self.head(hidden.to(weight.dtype))
-
-
 def _value_head(path: str, hidden_size: int) -> torch.nn.Linear:
     """Skywork's value head, read from whichever checkpoint shard holds it."""
     from safetensors import safe_open
@@ -170,7 +147,3 @@ def _value_head(path: str, hidden_size: int) -> torch.nn.Linear:
         head.weight.copy_(weight.reshape(1, hidden_size))
         head.bias.copy_(bias.reshape(1))
     return head
-
-
-def _count(module: Any) -> int:
-    return sum(p.numel() for p in module.parameters())

@@ -1,19 +1,7 @@
 """A stand-in PRM for pairs that have none: an instruct model judges each step (`prm=llm_judge`).
 
-It is *not* a trained process reward model. The papers score steps with Skywork-o1-Open-PRM
-(RSD) or Qwen2.5-Math-PRM (Arbitrage); where those cannot run (no hub, no GPU) or do not share the
-pair's domain, this stand-in lets every step-level method run on any pair with a chat model,
-usually the pair's own LLM. Its scores rank steps by the model's own judgement, so accuracies
-obtained with it are not the papers' numbers (docs/real-pair.md).
-
-The model reads a chat: [user: problem, assistant: the steps so far joined by the separator,
-user: JUDGE_QUESTION] and the generation prompt; the step's score is the probability of "Yes"
-renormalized over {"Yes", "No"} at the first answer token. Causal by construction (step i's
-prompt holds steps 0..i only). Scores are memoized per problem and the model's KV cache is reused
-over the prefix shared with the previous call, so scoring a solution step by step costs each
-step's tokens plus the question once per step. The model runs through the engine interface
-(`engine`, default: the run config's; the weights are the pair's LLM's when it is the same checkpoint on the HF
-engine), so the judge works on every engine with exact full-vocabulary distributions.
+It is *not* a trained process reward model: accuracies obtained with it are not the papers'
+numbers (docs/real-pair.md). Its prompt and reading: docs/step-level.md "Process reward models".
 """
 from __future__ import annotations
 

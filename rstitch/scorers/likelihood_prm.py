@@ -1,20 +1,8 @@
-"""A PRM read off a causal LM's own predictions: the testbed PRM.
+"""A PRM read off a causal LM's own predictions: the testbed PRM (docs/testbed.md "The PRM").
 
-A frozen causal LM reads the PRM input (``problem + "\\n"``, then each step and ``"\\n\\n"``). At
-every *checked* token of the solution (a digit or an operator: what an arithmetic slip or a
-misread operation changes) it gives the probability of the written token among the tokens of its
-kind: "7" among the ten digits, an operator among the operators, a digit written with a leading
-space counted with its bare twin. Only the value is judged, not the style, so one model rates
+Only digits and operators are checked, each among the tokens of its kind, so one model rates
 concise and verbose steps alike (its raw probability of a concise step's first digit is tiny
 because it would have started with "Adding", not because the digit is wrong).
-
-Step k gets two features: the lowest checked log-probability over the whole solution up to the end
-of step k (a step built on a wrong value is wrong too: the checker labels it so) and the lowest
-within step k. A logistic head fitted on step-checker labels (``scripts/train_testbed.py``) turns
-them into a score in [0, 1], read at the token ending the step, as Skywork-PRM is read.
-
-On disk: the causal LM as a standard Hugging Face checkpoint plus ``prm_head.json`` (the checked
-values of each kind, the floor, the head's weights).
 """
 from __future__ import annotations
 

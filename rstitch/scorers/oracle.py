@@ -1,9 +1,5 @@
-"""The exact step checker of the testbed as a PRM: 1.0 for a correct step, 0.0 otherwise.
-
-Only testbed problems can be checked: the problem text is parsed back into its start value and
-operations (the inverse of `rstitch.testbed.problems.problem_text`), then `check_steps` judges the
-steps against the true running values.
-"""
+"""The exact step checker of the testbed as a PRM: 1.0 for a correct step, 0.0 otherwise (testbed
+problems only: the text is parsed back into its start value and operations)."""
 from __future__ import annotations
 
 import re

@@ -1,15 +1,10 @@
-"""Scoring rows through any engine, reusing the KV cache of the longest common prefix.
-
-Step-level methods score a growing solution: each call repeats the problem and the earlier steps.
-A scorer (a PRM, a judge, a router) keeps one engine `Sequence` per sample and, like the engines'
-partial prefill, runs only the tokens after the prefix shared with the previous call (a rollback
-to that prefix, then one forward of the rest), so a step costs its own tokens, not the whole
-solution again. Everything goes through the engine interface (engines/base.py), so a scorer runs
-on every engine that can give what it reads: the distributions' logits (the judge, the testbed
-PRM), or the last hidden states for a head of its own (Skywork's value head).
+"""Scoring rows through any engine, reusing the KV cache of the longest common prefix, so that a
+scorer of a growing solution (a PRM, a judge, a router) pays each step's own tokens, not the whole
+solution again (docs/reference.md "PRMs, judges and routers run on engines").
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -20,11 +15,7 @@ from rstitch.engines.base import Sequence as EngineSequence
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    return len(os.path.commonprefix([list(a), list(b)]))
 
 
 def logit_rows(dists: list[TokenDistribution]) -> torch.Tensor:
@@ -59,10 +50,6 @@ class PrefixCachedScorer:
                  want_hidden: bool = False, use_cache: bool = True):
         self.runner, self.read, self.want_hidden, self.use_cache = runner, read, want_hidden, use_cache
         self._own = _Prefix()
-
-    @property
-    def cost(self):
-        return self.runner.cost
 
     @property
     def _prefix(self) -> _Prefix:

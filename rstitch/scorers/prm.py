@@ -1,9 +1,6 @@
 """What a process reward model (PRM) is: a score in [0, 1] for every step of a partial solution.
-
-PRMs are causal: the score of step i depends only on the problem and steps 0..i, so scoring a
-prefix of the steps returns the first scores of scoring all of them. Step-level methods rely on
-this to read the score of an earlier step (e.g. a target step that replaced a rejected draft)
-from a later call at no extra cost.
+PRMs are causal (a prefix's scores are the first scores of all the steps): RSD reads a replacing
+target step's score from a later call at no extra cost.
 """
 from __future__ import annotations
 

@@ -1,19 +1,7 @@
-"""R-Stitch+'s router: reads the SLM's last hidden state and picks SLM (0) or LLM (1).
-
-Architecture (per the paper): an input projection, 6 feed-forward blocks `x + GELU(W x + b)`,
-a LayerNorm and a two-way linear head. Algorithm 1 consults the router only while the SLM is
-active and uncertain, on the SLM's last hidden state, so the router has one input projection, the
-SLM's; its parameters (and the FLOPs billed per call) are that projection, the trunk and the head.
-
-Width rule: `width = max(MIN_WIDTH, round(max(slm_hidden, llm_hidden) / WIDTH_DIVISOR))` (the LLM's
-hidden size only sets the width). With the paper's LLM hidden size 3584 this gives width 45; a
-1536-wide SLM's projection is then 69K parameters and the trunk and head ~13K. The testbed pair
-(hidden 64 / 112) hits the floor of 16 (1.9K parameters). Inputs go through a parameter-free
-LayerNorm first, because raw last hidden states carry a few huge-magnitude channels.
-
-A checkpoint is a directory: `router.safetensors` (weights) and `config.json` (sizes and any
-training metadata). Checkpoints written before the LLM input projection was dropped (it was
-trained but never used under Algorithm 1) load: their SLM projection is kept, the other ignored.
+"""R-Stitch+'s router (R-Stitch appendix A.13; docs/rstitch-plus.md "Router"): reads the SLM's last
+hidden state and picks SLM (0) or LLM (1). Algorithm 1 consults it only on the SLM's states, so it
+has the SLM's input projection only. Inputs go through a parameter-free LayerNorm first, because
+raw last hidden states carry a few huge-magnitude channels.
 """
 from __future__ import annotations
 
