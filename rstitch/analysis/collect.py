@@ -185,7 +185,8 @@ def runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     frame["speedup"] = _speedups(frame)
     frame["speedup_cpu"] = _speedups(frame, "latency_cpu_s", "speedup_cpu_recorded")
     frame["speedup_estimate"] = _speedups(frame, "latency_estimate_s", "speedup_estimate_recorded")
-    frame["group"] = _group_labels(frame)
+    # `pair / dataset / budget N`, plus the settings that tell its comparison apart (`comparison_settings`)
+    frame["group"] = _with_settings(frame["pair"] + " / " + frame["dataset"] + " / budget " + frame["budget"].astype(str), frame, ", ")
     order = frame["method"].map(method_rank)
     frame = frame.assign(_order=order).sort_values(["pair", "dataset", "budget", "comparison", "_order", "latency_s"])
     return frame.drop(columns="_order").reset_index(drop=True)
@@ -232,11 +233,6 @@ def _speedups(frame: pd.DataFrame, latency: str = "latency_s", recorded: str = "
 LABEL_BASE = ["pair", "dataset", "budget"]  # what every group label names
 MAX_LABEL_VALUE_CHARS = 24  # longer values (prompt texts) are shown by their hash
 _UNSET = "default"  # a key a comparison does not record (e.g. batch_size 1, on_overflow error)
-
-
-def _group_labels(frame: pd.DataFrame) -> pd.Series:
-    """`pair / dataset / budget N`, plus the settings that tell its comparison apart (`comparison_settings`)."""
-    return _with_settings(frame["pair"] + " / " + frame["dataset"] + " / budget " + frame["budget"].astype(str), frame, ", ")
 
 
 def dataset_labels(runs: pd.DataFrame) -> pd.Series:

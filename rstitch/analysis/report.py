@@ -70,19 +70,12 @@ def build_report(runs: pd.DataFrame, latency: str = "latency_s", entropy: bool =
     samples = load_samples(runs)
     runs = with_intervals(runs, samples, latency)  # error bars, paired comparisons, frontier shares
     paired = paired_with_baseline(samples) if (samples["method"] == BASELINE).any() else samples.iloc[:0]
-    report = Report(title)
-    report.sections.append(Section("Runs", contention_text(runs), tables=[tables.runs_table(runs, latency)]))
-    report.sections.append(_frontier_section(runs, latency))
-    report.sections.append(Section(
-        "Paper tables",
-        tables=[*tables.accuracy_latency_tables(runs, latency), *tables.token_tables(runs),
-                *tables.benchmark_accuracy_tables(runs)]))
-    report.sections.append(_acceptance_section(runs))
-    report.sections.append(_sample_speedup_section(runs, paired))
+    paper_tables = [*tables.accuracy_latency_tables(runs, latency), *tables.token_tables(runs), *tables.benchmark_accuracy_tables(runs)]
+    sections = [Section("Runs", contention_text(runs), tables=[tables.runs_table(runs, latency)]), _frontier_section(runs, latency),
+                Section("Paper tables", tables=paper_tables), _acceptance_section(runs), _sample_speedup_section(runs, paired)]
     if entropy:
-        report.sections.append(_entropy_section(runs, entropy_samples))
-        report.sections.append(_consistency_section(runs, paired, entropy_samples))
-    return report
+        sections += [_entropy_section(runs, entropy_samples), _consistency_section(runs, paired, entropy_samples)]
+    return Report(title, sections)
 
 
 def contention_text(runs: pd.DataFrame) -> str:
@@ -224,11 +217,9 @@ def write_report(report: Report, path: str | Path) -> list[Path]:
         return [path]
     figure_dir = path.with_name(f"{path.stem}_files")
     figure_dir.mkdir(exist_ok=True)
-    written = []
-    for figure in report.all_figures():
-        target = figure_dir / f"{figure.name}.png"
+    written = [figure_dir / f"{figure.name}.png" for figure in report.all_figures()]
+    for target, figure in zip(written, report.all_figures()):
         target.write_bytes(figure.png)
-        written.append(target)
     path.write_text(_markdown(report, figure_dir.name))
     return [path, *written]
 
