@@ -111,10 +111,9 @@ def _run_harness(kind: str, func_name: str, program: str, tests: str, calls: lis
 
 def _result_matches(line: str, want: Any) -> bool:
     try:
-        got = json.loads(line)
+        return bool(json.loads(line) == want)
     except ValueError:
         return False
-    return bool(got == want)
 
 
 def _summary(results: list[SandboxResult], total: int, passed: int | None = None) -> dict[str, Any]:

@@ -4,19 +4,14 @@
 HARNESS = r'''
 def _rstitch_harness(kind, func_name, program, tests, calls):
     import builtins, collections, functools, json, linecache, os, sys, types
-    secret = b""
-    while True:
-        chunk = os.read(0, 4096)
-        if not chunk:
-            break
-        secret += chunk
+    secret = b"".join(iter(functools.partial(os.read, 0, 4096), b""))
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
     report = os.dup(3)
     os.close(3)
     finish = functools.partial(os.write, report, b"done " + secret.strip() + b"\n")
-    del secret, chunk
+    del secret
     write, dumps, builtin_snapshot = os.write, json.dumps, dict(vars(builtins))
     plain_scalars = (type(None), bool, int, float, str)
     plain_containers = (list, tuple, dict, set, frozenset)

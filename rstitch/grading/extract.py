@@ -144,10 +144,8 @@ def _box_argument(text: str, start: int, limit: int, closers: list[int]) -> tupl
         if end is None:
             return None, i, start
         return text[i + 1 : end].strip(), i, end + 1
-    if i == start:  # "\\boxed5" is not LaTeX for a box; only "\\boxed 5" is
-        return None, None, start
     token = re.match(r"[^\s$]+", text[i : i + 200])
-    if not token:
+    if i == start or not token:  # "\\boxed5" is not LaTeX for a box; only "\\boxed 5" is
         return None, None, start
     return token.group(0).rstrip(".,;"), None, i + len(token.group(0))
 

@@ -238,8 +238,7 @@ def check_code_sandbox(allow_weak: bool = False) -> dict[str, Any]:
     if not (result.ok and result.stdout == "ok\n"):
         reason = (result.stderr.strip().splitlines() or [result.status])[-1]
         raise ConfigError(f"the code sandbox cannot run a program here ({reason[:300]}); docs/sandbox.md lists what it needs")
-    note = str(result.isolation.get("empty_root", ""))
-    if note.startswith("none"):
+    if str(result.isolation.get("empty_root", "")).startswith("none"):
         if not allow_weak:
             raise ConfigError(f"code benchmarks run model-written programs, and {MISSING}; "
                               "or accept programs that can read the host's files with weak_code_sandbox=true")
