@@ -43,16 +43,13 @@ def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, A
     return summary
 
 
-def _number(key: str, fmt: str) -> Callable[[dict[str, Any]], str | None]:
-    return lambda s: None if s.get(key) is None else fmt.format(s[key])
-
-
-def beside(key: str, fmt: str, extra: str) -> Callable[[dict[str, Any]], str | None]:
-    """`value +/- se` (`extra="se"`: `<key>_se`) or `value [low, high]` (`"ci"`: its 95% interval `<key>_ci`), where present."""
+def cell(key: str, fmt: str, extra: str = "") -> Callable[[dict[str, Any]], str | None]:
+    """A summary's `key` as `fmt`, beside its standard error (`extra="se"`: `value +/- se`) or its 95% interval
+    (`"ci"`: `value [low, high]`) where the summary has it; None where the key is missing."""
     def render(s: dict[str, Any]) -> str | None:
         if s.get(key) is None:
             return None
-        found = s.get(f"{key}_{extra}")
+        found = s.get(f"{key}_{extra}") if extra else None
         if extra == "se":
             return fmt.format(s[key]) + ("" if found is None else " +/- " + fmt.format(found).lstrip("+"))
         return fmt.format(s[key]) + ("" if not found else f" [{fmt.format(found[0])}, {fmt.format(found[1])}]")
@@ -63,17 +60,17 @@ def beside(key: str, fmt: str, extra: str) -> Callable[[dict[str, Any]], str | N
 # (header, cell of a summary; None shows "-"). The speedups lead with the one other jobs on the cores move
 # least (docs/analysis.md, "Timings on a shared machine"; SPEEDUP_LEGEND under the table).
 TABLE_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str | None]], ...] = (
-    ("method", _number("method", "{}")), ("tag", lambda s: s.get("setting_tag") or s.get("run_tag")),  # an older summary has no setting_tag
-    ("n", _number("n_samples", "{}")),
-    ("accuracy +/- se", beside("accuracy", "{:.3f}", "se")), ("acc_diff +/- se", beside("accuracy_diff", "{:+.3f}", "se")),
-    ("p", _number("accuracy_diff_p", "{:.2g}")), ("latency_s", _number("latency_s", "{:.3f}")),
-    ("tokens", _number("tokens", "{:.1f}")), ("slm_tok", _number("tokens_slm", "{:.1f}")),
-    ("llm_tok", _number("tokens_llm", "{:.1f}")), ("switches", _number("switches", "{:.1f}")),
-    ("est_speedup [95% CI]", beside("speedup_estimate", "{:.2f}", "ci")),
-    ("cpu_speedup [95% CI]", beside("speedup_cpu", "{:.2f}", "ci")), ("wall_speedup [95% CI]", beside("speedup", "{:.2f}", "ci")),
-    ("tok_ratio", _number("token_ratio", "{:.2f}")),
+    ("method", cell("method", "{}")), ("tag", lambda s: s.get("setting_tag") or s.get("run_tag")),  # an older summary has no setting_tag
+    ("n", cell("n_samples", "{}")),
+    ("accuracy +/- se", cell("accuracy", "{:.3f}", "se")), ("acc_diff +/- se", cell("accuracy_diff", "{:+.3f}", "se")),
+    ("p", cell("accuracy_diff_p", "{:.2g}")), ("latency_s", cell("latency_s", "{:.3f}")),
+    ("tokens", cell("tokens", "{:.1f}")), ("slm_tok", cell("tokens_slm", "{:.1f}")),
+    ("llm_tok", cell("tokens_llm", "{:.1f}")), ("switches", cell("switches", "{:.1f}")),
+    ("est_speedup [95% CI]", cell("speedup_estimate", "{:.2f}", "ci")),
+    ("cpu_speedup [95% CI]", cell("speedup_cpu", "{:.2f}", "ci")), ("wall_speedup [95% CI]", cell("speedup", "{:.2f}", "ci")),
+    ("tok_ratio", cell("token_ratio", "{:.2f}")),
     ("reduction_%", lambda s: None if s.get("token_reduction") is None else f"{100 * s['token_reduction']:.1f}"),  # R-Stitch's token reduction
-    ("per_tok_x", _number("per_token_latency_ratio", "{:.2f}")), ("tok/s_speedup", _number("speedup_tokens_per_s", "{:.2f}")),
+    ("per_tok_x", cell("per_token_latency_ratio", "{:.2f}")), ("tok/s_speedup", cell("speedup_tokens_per_s", "{:.2f}")),
 )
 
 
