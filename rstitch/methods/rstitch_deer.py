@@ -2,23 +2,21 @@
 
 R-Stitch states the combination ("Our integration retains DEER's stopping criterion but substitutes
 its single-model decoding with R-Stitch") but none of DEER's values: those are DEER's code's.
-`switch_decode` has no hook to stop at a transition, so this method steps it one position at a
-time over per-model sequences that persist across the steps (`_PooledRunner`, `_CarrySwitch`):
-with no transition that is one call of the loop exactly (the same forwards, the same draws).
+`switch_decode` has no hook to stop at a transition, so this method drives its one-position step
+(`switch_step`) itself: with no transition that is one call of the loop exactly (the same
+forwards, the same draws).
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence as Seq
-from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
-from rstitch.engines import ModelPair, ModelRunner, Sequence, TokenDistribution
 from rstitch.engines.base import StopWatcher
 from rstitch.errors import ConfigError
 from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, Method, register_method, require_choice, require_int, require_number
 from rstitch.methods.rstitch import EntropySwitch
-from rstitch.methods.token_switch import SwitchPolicy, switch_decode
+from rstitch.methods.token_switch import ModelCatchup, SwitchPolicy, SwitchState, switch_decode, switch_step
 
 NAME = "rstitch_deer"
 CONFIDENCES = ("mean", "min", "geometric")  # DEER's --policy avg1, min, avg2
@@ -58,50 +56,6 @@ def closes_box(text: str) -> bool:
             if depth <= 0:
                 return True
     return False
-
-
-class _PooledRunner:
-    """A runner whose `new_sequence(prefix)` returns this sample's single sequence of the model,
-    brought up to `prefix` by appending what it lacks, so that the KV cache survives the
-    one-position calls of `switch_decode`. Every other attribute is the wrapped runner's."""
-
-    def __init__(self, runner: ModelRunner, prompt_ids: list[int]):
-        self._runner, self._prompt_ids = runner, prompt_ids
-        self.seq: Sequence | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._runner, name)
-
-    def new_sequence(self, prefix: Seq[int], want_hidden: bool = False) -> Sequence:
-        if self.seq is None:
-            self.seq = self._runner.new_sequence(self._prompt_ids, want_hidden)
-        # Never ahead of the prefix: trials and exits roll their tokens back (truncate).
-        self.seq.append(list(prefix[len(self.seq):]))
-        return self.seq
-
-    def truncate(self, n_tokens: int) -> None:
-        if self.seq is not None and len(self.seq) > n_tokens:
-            self.seq.rollback(len(self.seq) - n_tokens)
-
-
-class _CarrySwitch:
-    """`policy` with `first()` answering the model chosen for the next position by the previous
-    one-position call (the loop would have kept it in its local `source`)."""
-
-    def __init__(self, policy: SwitchPolicy):
-        self.policy = policy
-        self.want_hidden = policy.want_hidden
-        self.source = policy.first()
-
-    def first(self) -> int:
-        return self.source
-
-    def keep(self, source: int, dist: TokenDistribution) -> bool:
-        return self.policy.keep(source, dist)
-
-    def next(self, source: int, dist: TokenDistribution) -> int:
-        self.source = self.policy.next(source, dist)
-        return self.source
 
 
 @register_method(NAME)
@@ -157,24 +111,14 @@ class _DeerDecoder:
     """One sample: the stepped R-Stitch loop, the trials at transitions and the exit."""
 
     def __init__(self, method: RStitchDeer, prompt_ids: list[int], ctx: DecodeContext, policy: SwitchPolicy):
-        self.m, self.ctx = method, ctx
+        self.m, self.ctx, self.policy = method, ctx, policy
         self.tokenizer = ctx.pair.tokenizer
         self.eos = ctx.eos_ids
-        self.n_prompt = len(prompt_ids)
-        self.pool = {SLM: _PooledRunner(ctx.pair.slm, prompt_ids), LLM: _PooledRunner(ctx.pair.llm, prompt_ids)}
-        # A _PooledRunner stands in for a ModelRunner: what it does not define is the wrapped runner's.
-        self.step_ctx = replace(ctx, pair=ModelPair(cast(ModelRunner, self.pool[SLM]), cast(ModelRunner, self.pool[LLM])), max_new_tokens=1)
-        self.policy = _CarrySwitch(policy)
-        self.prefix = list(prompt_ids)  # prompt + output: the "prompt" of each one-position call
-        self.sources: list[int] = []
-        self.discarded = self.switches = 0
+        self.models = ModelCatchup(prompt_ids, ctx, policy.want_hidden)
+        self.state = SwitchState(policy.first())  # the output, its sources and the model writing next
         self.answer_ids = self._encode(method.answer_prompt)
         self.stats: dict[str, Any] = {"deer_trials": 0, "deer_trial_tokens": 0, "deer_confidences": [],
                                       "deer_exit": None, "deer_exit_position": None, "deer_forced_tokens": 0}
-
-    @property
-    def output(self) -> list[int]:
-        return self.prefix[self.n_prompt:]
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False) if text else []
@@ -185,15 +129,16 @@ class _DeerDecoder:
         transitions = StopWatcher(self.tokenizer, self.m.transitions)
         think_end = StopWatcher(self.tokenizer, [self.m.think_end] if self.m.think_end else [])
         thinking, finish = True, "length"
-        while len(self.sources) < budget:
-            if thinking and len(self.sources) >= think_limit:
+        while len(self.state.output) < budget:
+            if thinking and len(self.state.output) >= think_limit:
                 # DEER's thinking budget: force the answer at think_ratio x the token budget.
-                if self._exit(len(self.sources), "think_limit", trial=None):
+                if self._exit(len(self.state.output), "think_limit", trial=None):
                     finish = "early_exit"
                     break
                 thinking = False
                 continue
-            token = self._step()
+            switch_step(self.models, self.ctx, self.policy, self.state)  # one position of R-Stitch
+            token = self.state.output[-1]
             if token in self.eos:
                 finish = "eos"
                 break
@@ -212,22 +157,13 @@ class _DeerDecoder:
                 # Fresh watcher: the transition just judged (and kept, if no exit) is not found again.
                 transitions = StopWatcher(self.tokenizer, self.m.transitions)
         stats = {**self.stats, "deer_confidences": [round(c, 6) for c in self.stats["deer_confidences"]]}
-        return DecodeResult(self.output, self.sources, finish, self.discarded, self.switches, stats)
-
-    def _step(self) -> int:
-        """One position of R-Stitch through the shared loop; returns the token written."""
-        result = switch_decode(self.prefix, self.step_ctx, self.policy)
-        [token], [source] = result.token_ids, result.sources
-        self.prefix.append(token)
-        self.sources.append(source)
-        self.discarded += result.discarded_tokens
-        self.switches += result.switches
-        return token
+        state = self.state
+        return DecodeResult(state.output, state.sources, finish, state.discarded, state.switches, stats)
 
     def _transition_start(self) -> int:
         """Output index of the token where the transition string just completed begins: the
         trial sees the reasoning before it, as DEER's generation stops before "Wait"."""
-        out = self.output
+        out = self.state.output
         for start in range(len(out) - 1, -1, -1):
             tail = self.tokenizer.decode(out[start:])
             if any(t in tail for t in self.m.transitions):
@@ -236,7 +172,7 @@ class _DeerDecoder:
 
     def _active_at(self, cut: int) -> int:
         """The model that wrote output position `cut` (or writes it next)."""
-        return self.sources[cut] if cut < len(self.sources) else self.policy.source
+        return self.state.sources[cut] if cut < len(self.state.sources) else self.state.source
 
     def _trial_source(self, cut: int) -> int:
         chosen = TRIAL_MODELS[self.m.trial_model]
@@ -246,9 +182,9 @@ class _DeerDecoder:
         """Greedy trial answer after `answer_prompt` at output position `cut`; rolled back, so the
         model's cache ends where it was (or at `cut`). Greedy: no sampler draw, so the token
         stream of the reasoning is the one plain R-Stitch samples."""
-        runner = self.pool[self._trial_source(cut)]
-        runner.truncate(self.n_prompt + cut)
-        seq = runner.new_sequence(self.prefix[: self.n_prompt + cut])
+        source = self._trial_source(cut)
+        self.models.truncate(cut, source)
+        seq = self.models.synced(source, self.state.output[:cut])
         seq.append(self.answer_ids)
         tokens: list[int] = []
         max_probs: list[float] = []
@@ -274,23 +210,22 @@ class _DeerDecoder:
         self.stats["deer_exit"], self.stats["deer_exit_position"] = reason, cut
         writer = self._trial_source(cut)
         resume = self._active_at(cut)
-        del self.prefix[self.n_prompt + cut:]
-        del self.sources[cut:]
-        for runner in self.pool.values():
-            runner.truncate(len(self.prefix))
+        del self.state.output[cut:]
+        del self.state.sources[cut:]
+        self.models.truncate(cut, SLM, LLM)
         if self.m.on_exit == "trial":
             if trial is None:
                 trial, _ = self._trial(cut)
             self._force(self.answer_ids + trial, writer)
             return True
         self._force(self._encode(self.m.exit_text), resume)
-        self.policy.source = resume  # the model active at the cut writes on after the exit text
+        self.state.source = resume  # the model active at the cut writes on after the exit text
         return False
 
     def _force(self, ids: list[int], source: int) -> None:
         """Append text no model sampled (answer prompt, exit text), cut to the budget; it counts
         as written by `source`, whose sequence processes it like any other catch-up."""
-        ids = ids[: self.ctx.max_new_tokens - len(self.sources)]
-        self.prefix.extend(ids)
-        self.sources.extend([source] * len(ids))
+        ids = ids[: self.ctx.max_new_tokens - len(self.state.output)]
+        self.state.output.extend(ids)
+        self.state.sources.extend([source] * len(ids))
         self.stats["deer_forced_tokens"] += len(ids)

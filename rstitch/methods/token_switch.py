@@ -31,7 +31,7 @@ class RuledPolicy(SwitchPolicy, Protocol):
         the other model's first token must be kept: its rule may only end with `keep_last`."""
 
 
-class _Catchup:
+class ModelCatchup:
     """Lazily opened per-model sequences that are brought up to date with the shared output."""
 
     def __init__(self, prompt_ids: list[int], ctx: DecodeContext, want_hidden: bool):
@@ -47,20 +47,27 @@ class _Catchup:
         seq.append(output[len(seq) - len(self.prompt_ids):])
         return seq
 
+    def truncate(self, n_output: int, *sources: int) -> None:
+        """Roll the sequences of `sources` back to the prompt and the first `n_output` output tokens."""
+        for seq in (self.seqs[s] for s in sources if s in self.seqs):
+            seq.rollback(max(0, len(seq) - len(self.prompt_ids) - n_output))
+
 
 def switch_decode(prompt_ids: list[int], ctx: DecodeContext, policy: SwitchPolicy) -> DecodeResult:
-    models = _Catchup(prompt_ids, ctx, policy.want_hidden)
-    state = _State(policy.first())
+    models = ModelCatchup(prompt_ids, ctx, policy.want_hidden)
+    state = SwitchState(policy.first())
     ruled = callable(getattr(policy, "rule", None))
     while len(state.output) < ctx.max_new_tokens and state.finish != "eos":
         if ruled:  # the policy has a `rule`: a RuledPolicy
             _run(models, ctx, cast(RuledPolicy, policy), state)
         else:
-            _step(models, ctx, policy, state)
+            switch_step(models, ctx, policy, state)
     return DecodeResult(state.output, state.sources, state.finish, state.discarded, state.switches)
 
 
-class _State:
+class SwitchState:
+    """The shared output of one sample, and the model that writes its next position."""
+
     def __init__(self, source: int):
         self.source = source
         self.output: list[int] = []
@@ -80,7 +87,7 @@ class _State:
         self.source = LLM if self.source == SLM else SLM
 
 
-def _step(models: _Catchup, ctx: DecodeContext, policy: SwitchPolicy, state: _State) -> None:
+def switch_step(models: ModelCatchup, ctx: DecodeContext, policy: SwitchPolicy, state: SwitchState) -> None:
     """One position, decided by the policy's Python code."""
     dist = models.synced(state.source, state.output).next_distribution()
     if not policy.keep(state.source, dist):
@@ -91,7 +98,7 @@ def _step(models: _Catchup, ctx: DecodeContext, policy: SwitchPolicy, state: _St
         state.hand_over(dropped=False)
 
 
-def _run(models: _Catchup, ctx: DecodeContext, policy: RuledPolicy, state: _State) -> None:
+def _run(models: ModelCatchup, ctx: DecodeContext, policy: RuledPolicy, state: SwitchState) -> None:
     """One model's run of tokens under its rule, in one engine call."""
     seq = models.synced(state.source, state.output)
     run = seq.decode_until(ctx.max_new_tokens - len(state.output), ctx.sampler, policy.rule(state.source),
