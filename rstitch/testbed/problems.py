@@ -129,19 +129,9 @@ class TestbedProblem:
         return STEP_SEPARATOR.join(self.steps(style))
 
     def to_record(self) -> dict:
-        return {
-            "id": self.id,
-            "problem": self.problem,
-            "answer": self.answer,
-            "metadata": {
-                "source": "rstitch-testbed",
-                "split": self.split,
-                "start": self.start,
-                "ops": [[op, b] for op, b in self.ops],
-                "num_ops": len(self.ops),
-                **self.metadata,
-            },
-        }
+        metadata = {"source": "rstitch-testbed", "split": self.split, "start": self.start, "ops": [[op, b] for op, b in self.ops],
+                    "num_ops": len(self.ops), **self.metadata}
+        return {"id": self.id, "problem": self.problem, "answer": self.answer, "metadata": metadata}
 
 
 def canonical_form(start: int, ops: Sequence[tuple[str, int]]) -> str:
@@ -206,15 +196,14 @@ def generate_problems(split: str, n: int, seed: int = 0, difficulty: Difficulty 
     rng = random.Random(_stable_hash(f"rstitch-testbed/{split}/{seed}"))
     out: list[TestbedProblem] = []
     seen: set[str] = set()
-    attempts = 0
-    while len(out) < n:
-        attempts += 1
-        if attempts > 200 * n + 10_000:
-            raise RuntimeError(f"could not generate {n} distinct {split} problems with {d}")
+    for _ in range(200 * n + 10_000):
+        if len(out) == n:
+            return out
         start, ops = _sample_ops(rng, d)
         canon = canonical_form(start, ops)
-        if canon in seen or split_of(start, ops) != split:
-            continue
-        seen.add(canon)
-        out.append(make_problem(start, ops, split))
+        if canon not in seen and split_of(start, ops) == split:
+            seen.add(canon)
+            out.append(make_problem(start, ops, split))
+    if len(out) < n:
+        raise RuntimeError(f"could not generate {n} distinct {split} problems with {d}")
     return out

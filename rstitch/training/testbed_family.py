@@ -21,14 +21,7 @@ from rstitch.engines.hf import cache_kwargs
 from rstitch.judge_prompt import judge_prompt
 from rstitch.methods.specreason import digit_ids
 from rstitch.results.uncertainty import roc_auc
-from rstitch.scorers.likelihood_prm import (
-    CheckedLogProbs,
-    CheckedValues,
-    LikelihoodHead,
-    encode_prm_input,
-    fit_head,
-    step_features,
-)
+from rstitch.scorers.likelihood_prm import CheckedLogProbs, CheckedValues, LikelihoodHead, encode_prm_input, fit_head, step_features
 from rstitch.testbed import (
     ASSETS_DIR,
     STEP_SEPARATOR,
@@ -154,15 +147,14 @@ class FamilyTrainer:
         return prompt + target, [-100] * len(prompt) + target
 
     def stitched_example(self, prob: TestbedProblem, style: str, rng: random.Random) -> tuple[list[int], list[int]]:
-        """A solution begun by the other model, cut at any token, continued by a model of `style`.
-
-        R-Stitch hands single tokens between the models mid-step, so each model must continue the
-        other's text wherever it stops. The LLM ("verbose") continues concise text concisely: it
-        adapts to the text it is given, so a stitched solution keeps one style. The SLM ("concise")
-        finishes a verbose step as written, then goes on concisely. Loss on the continuation only.
-        """
+        """A solution begun by the other model, cut at any token, continued by a model of `style` (loss
+        on the continuation only). R-Stitch hands single tokens between the models mid-step, so each
+        must continue the other's text wherever it stops. The LLM ("verbose") continues concise text
+        concisely, so a stitched solution keeps one style; the SLM ("concise") finishes a verbose step
+        as written, then goes on concisely."""
         if style == "verbose":
-            text, cut_lo, cut_hi = prob.solution("concise"), 1, None
+            text = prob.solution("concise")
+            cut_lo, cut_hi = 1, len(text)
         else:
             verbose = prob.steps("verbose")
             i = rng.randrange(len(verbose))  # step the cut falls in: 0 opening, 1..n operations, n+1 closing
@@ -174,8 +166,7 @@ class FamilyTrainer:
         prompt = self.tok.encode(render_prompt(self.tok, prob.problem), add_special_tokens=False)
         enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
         starts = [a for a, _ in enc["offset_mapping"]]
-        hi = len(text) if cut_hi is None else cut_hi
-        cuts = [j for j, a in enumerate(starts) if j >= 1 and cut_lo <= a < hi] or [len(starts)]
+        cuts = [j for j, a in enumerate(starts) if j >= 1 and cut_lo <= a < cut_hi] or [len(starts)]
         cut = rng.choice(cuts)
         body = enc["input_ids"] + [self.eos]
         return prompt + body, [-100] * (len(prompt) + cut) + body[cut:]
