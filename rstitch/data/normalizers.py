@@ -201,7 +201,9 @@ def normalize_livecodebench(row: Row, record_id: str) -> Record:
     starter = str(row.get("starter_code") or "")
     instruction = f"{LCB_STARTER}\n```python\n{starter}\n```" if starter.strip() else LCB_STDIN
     problem = f"{first_text(row, 'question_content')}\n\n{instruction}"
-    func_name = _lcb_func_name(row.get("metadata"))
+    meta = row.get("metadata")
+    meta = json.loads(meta) if isinstance(meta, str) and meta.strip() else meta
+    func_name = str((meta or {}).get("func_name") or "")
     functional = bool(cases) and all(c.get("testtype") == "functional" for c in cases)
     simple = [{"input": str(c["input"]), "output": str(c["output"])} for c in cases]
     tests = {"kind": "functional", "func_name": func_name, "cases": simple} if functional else {"kind": "stdio", "cases": simple}
@@ -228,12 +230,6 @@ class _StringsOnly(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         raise ConfigError(f"livecodebench private tests reference {module}.{name}; only a pickled string is accepted")
-
-
-def _lcb_func_name(value: Any) -> str:
-    if isinstance(value, str) and value.strip():
-        value = json.loads(value)
-    return str((value or {}).get("func_name") or "")
 
 
 def normalize_mmlu(row: Row, record_id: str) -> Record:

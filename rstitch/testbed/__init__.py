@@ -1,7 +1,5 @@
-"""Offline CPU-scale testbed: a synthetic arithmetic reasoning task and a
-family of tiny models (SLM, LLM, PRM) sharing one tokenizer: problems.py
-(generation, solutions, splits), checking.py (the exact step checker),
-corruption.py (wrong solutions), tokenizer.py."""
+"""Offline CPU-scale testbed: a synthetic arithmetic reasoning task and a family of tiny models
+(SLM, LLM, PRM) sharing one tokenizer (docs/testbed.md)."""
 
 from pathlib import Path
 

@@ -43,9 +43,7 @@ def dataset_prompts(tokenizer, dataset: str, limit: int, fmt: PromptFormat, path
 
 def calibrate(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int, top_fraction: float) -> dict[str, Any]:
     eos = set(pair.llm.eos_token_ids) | set(pair.slm.eos_token_ids)
-    entropies: list[float] = []
-    for prompt in tqdm(prompts, desc="target greedy", unit="prompt"):
-        entropies += greedy_entropies(pair.llm, prompt, max_new_tokens, eos)
+    entropies = [h for prompt in tqdm(prompts, desc="target greedy", unit="prompt") for h in greedy_entropies(pair.llm, prompt, max_new_tokens, eos)]
     return {
         "tau_h": mean_of_top_fraction(entropies, top_fraction),
         "slm": pair.slm.name,

@@ -22,17 +22,8 @@ from rstitch.engines import ModelPair
 from rstitch.latency.model import LatencyModel
 from rstitch.methods.base import LLM
 from rstitch.scorers.rstitch_router import RouterConfig, RStitchRouter, load_router
-from rstitch.training.dapo import (
-    CLIP_HIGHER,
-    Rollout,
-    RolloutSettings,
-    dapo_update,
-    decision_batch,
-    group_advantages,
-    is_informative,
-    rollout,
-    trajectory_reward,
-)
+from rstitch.training import dapo
+from rstitch.training.dapo import Rollout, RolloutSettings, trajectory_reward
 
 TRAINING_DATA = {"testbed": "the testbed's train split", "dapo": "DAPO-Math-17k (dataset dapo_math)"}
 
@@ -85,12 +76,12 @@ def step_rollouts(step: int, batch: list[tuple[str, str]], pair: ModelPair, prom
     kept = []
     for i, (problem, gold) in enumerate(batch):
         prompt_ids = prompt.encode(pair.tokenizer, problem)
-        rollouts = [rollout(prompt_ids, gold, pair, router, latency, generator, settings.rollout,
+        rollouts = [dapo.rollout(prompt_ids, gold, pair, router, latency, generator, settings.rollout,
                             token_seed=settings.seed + 1000 * step + 10 * i + g) for g in range(settings.group)]
         all_rollouts += rollouts
         rewards = torch.tensor([trajectory_reward(r.correct, r.latency_ms, settings.lam) for r in rollouts])
-        if is_informative(rewards) and any(r.decisions for r in rollouts):
-            kept.append((rollouts, group_advantages(rewards)))
+        if dapo.is_informative(rewards) and any(r.decisions for r in rollouts):
+            kept.append((rollouts, dapo.group_advantages(rewards)))
     return all_rollouts, kept
 
 
@@ -134,8 +125,8 @@ def train_router(router: RStitchRouter, pair: ModelPair, problems: list[tuple[st
         router.train()
         loss, info = math.nan, {"clip_fraction": math.nan, "ratio_mean": math.nan}
         if kept:
-            loss, info = dapo_update(router, optimizer, decision_batch(kept, width), settings.updates,
-                                     settings.clip_eps, CLIP_HIGHER if settings.clip_higher else None)
+            loss, info = dapo.dapo_update(router, optimizer, dapo.decision_batch(kept, width), settings.updates,
+                                          settings.clip_eps, dapo.CLIP_HIGHER if settings.clip_higher else None)
         step_times.append(time.perf_counter() - t0)
         row = {**step_row(step, rollouts, len(kept), settings.lam, loss, info), "step_time_s": step_times[-1],
                "elapsed_min": (time.perf_counter() - start) / 60}

@@ -216,14 +216,11 @@ class FamilyTrainer:
     @torch.no_grad()
     def generate(self, model, problems: list[TestbedProblem], max_new: int, temperature: float = 0.0, seed: int = 0, bs: int = 64):
         """Greedy (or sampled) decoding with the KV cache; returns decoded completions."""
-        self.tok.padding_side = "left"
         outs = []
         g = torch.Generator().manual_seed(seed)
         for i in range(0, len(problems), bs):
             chunk = problems[i : i + bs]
-            prompts = [render_prompt(self.tok, q.problem) for q in chunk]
-            enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-            ids, att = enc["input_ids"], enc["attention_mask"]
+            ids, att = padded([self.tok.encode(render_prompt(self.tok, q.problem), add_special_tokens=False) for q in chunk], self.pad, side="left")
             pos = (att.cumsum(-1) - 1).clamp(min=0)
             cache = cache_kwargs(model, DynamicCache(config=model.config))  # filled in place by each forward
             logits = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=True, **cache).logits[:, -1]
@@ -248,7 +245,6 @@ class FamilyTrainer:
                 if self.eos in row:
                     row = row[: row.index(self.eos)]
                 outs.append(self.tok.decode(row))
-        self.tok.padding_side = "right"
         return outs
 
     def accuracy(self, model, problems, max_new: int) -> dict:
