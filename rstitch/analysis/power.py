@@ -26,15 +26,10 @@ def _z_sum(alpha: float, power: float) -> tuple[float, float]:
 
 def problems_needed(accuracy: float, baseline_accuracy: float, difference: float | None = None,
                     discordant: float | None = None, alpha: float = ALPHA, power: float = POWER) -> int:
-    """Problems a comparison of two methods needs to detect an accuracy `difference` (default:
-    the measured one, accuracy - baseline_accuracy) with a two-sided test at `alpha` and the given
-    `power`, one sample per problem.
-
-    Without `discordant`, for independent samples (Fleiss' normal approximation without continuity
-    correction): n = (z_a + z_b)^2 (p1 q1 + p2 q2) / d^2. With `discordant`, the share of problems
-    on which exactly one of the two methods is right (measured on a pilot run: `discordant_share`),
-    for a paired comparison on the same problems (Connor 1987, McNemar's test):
-    n = (z_a sqrt(psi) + z_b sqrt(psi - d^2))^2 / d^2."""
+    """Problems two methods need to detect an accuracy `difference` (default: the measured one) by a two-sided test at
+    `alpha` with `power`, one sample per problem. Independent samples (Fleiss, no continuity correction):
+    n = (z_a + z_b)^2 (p1 q1 + p2 q2) / d^2. Paired, with `discordant` psi, the share of problems exactly one
+    solves (`discordant_share` of a pilot run; Connor 1987, McNemar): n = (z_a sqrt(psi) + z_b sqrt(psi - d^2))^2 / d^2."""
     _check_share("accuracy", accuracy)
     _check_share("baseline_accuracy", baseline_accuracy)
     delta = abs(accuracy - baseline_accuracy if difference is None else difference)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 import tempfile
 import time
@@ -49,14 +50,9 @@ class ReportSpec:
 
 
 def machine_label() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpuinfo = Path("/proc/cpuinfo")  # Linux names the CPU model there; platform.processor() is often empty
+    found = re.search(r"^model name\s*:(.*)$", cpuinfo.read_text(), re.M) if cpuinfo.is_file() else None
+    model = found.group(1).strip() if found else platform.processor() or platform.machine()
     return f"{model}, {os.cpu_count()} CPUs"
 
 
