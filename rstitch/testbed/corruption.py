@@ -64,16 +64,14 @@ def _misread(ops: list[tuple[str, int]], i: int, value: int, rng: random.Random)
 def _slip_inside(chain: list[str], rng: random.Random) -> tuple[list[str], int]:
     """The chain with a slip on its partial result (``77 + 8`` -> ``78 + 8``), computed on
     from there; a chain without a partial result gets the slip on its result."""
-    if len(chain) < 4:
-        c = _perturb(int(chain[-1]), rng)
-        return [*chain[:-1], str(c)], c
-    left, op, right = chain[2].split(" ")
-    left = str(_perturb(int(left), rng, hi=MAX_VALUE))
-    partial = eval_expr(f"{left} {op} {right}")
-    if partial is None or not 0 <= partial <= MAX_VALUE:
-        c = _perturb(int(chain[-1]), rng)
-        return [*chain[:-1], str(c)], c
-    return [chain[0], chain[1], f"{left} {op} {right}", str(partial)], partial
+    if len(chain) >= 4:
+        left, op, right = chain[2].split(" ")
+        left = str(_perturb(int(left), rng, hi=MAX_VALUE))
+        partial = eval_expr(f"{left} {op} {right}")
+        if partial is not None and 0 <= partial <= MAX_VALUE:
+            return [chain[0], chain[1], f"{left} {op} {right}", str(partial)], partial
+    c = _perturb(int(chain[-1]), rng)
+    return [*chain[:-1], str(c)], c
 
 
 def _perturb(x: int, rng: random.Random, lo: int = 0, hi: int = MAX_VALUE, carry: bool = False) -> int:

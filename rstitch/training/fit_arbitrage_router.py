@@ -182,11 +182,6 @@ def encode(tokenizer, examples: list[Example], max_length: int) -> list[list[int
     return [encode_router_input(tokenizer, e.problem, e.history, e.draft)[-max_length:] for e in examples]
 
 
-def batch_tensors(ids: list[list[int]], pad_id: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    input_ids, mask = padded(ids, pad_id)  # right padding: the classifier pools the last non-pad token
-    return input_ids.to(device), mask.to(device)
-
-
 def train(model, ids: list[list[int]], labels: list[int], args: FitSettings) -> dict:
     """Fine-tune `model` on router inputs `ids` with labels y = 1[delta > 0]."""
     order = list(range(len(ids)))
@@ -202,7 +197,8 @@ def train(model, ids: list[list[int]], labels: list[int], args: FitSettings) -> 
         total = 0.0
         for b in range(0, len(order), args.batch_size):
             chunk = order[b: b + args.batch_size]
-            input_ids, mask = batch_tensors([ids[i] for i in chunk], model.config.pad_token_id, args.device)
+            # right padding: the classifier pools the last non-pad token
+            input_ids, mask = padded([ids[i] for i in chunk], model.config.pad_token_id, device=args.device)
             logits = model(input_ids=input_ids, attention_mask=mask).logits
             loss = F.cross_entropy(logits, torch.tensor([labels[i] for i in chunk], device=args.device))
             opt.zero_grad(set_to_none=True)
@@ -221,7 +217,7 @@ def train(model, ids: list[list[int]], labels: list[int], args: FitSettings) -> 
 def predict(model, ids: list[list[int]], device: str, batch_size: int = 32) -> np.ndarray:
     out = []
     for b in range(0, len(ids), batch_size):
-        input_ids, mask = batch_tensors(ids[b: b + batch_size], model.config.pad_token_id, device)
+        input_ids, mask = padded(ids[b: b + batch_size], model.config.pad_token_id, device=device)
         out += torch.softmax(model(input_ids=input_ids, attention_mask=mask).logits.float(), -1)[:, 1].tolist()
     return np.asarray(out)
 

@@ -79,11 +79,11 @@ def labelled_sample(prob: TestbedProblem, rng: random.Random, pools: list[list])
         steps = mixed_steps(prob, rng, corrupt=rng.random() < 0.6)
     return prob, steps, check_steps(prob, steps)
 
-def padded(rows: list[list[int]], pad: int, side: str = "right") -> tuple[torch.Tensor, torch.Tensor]:
-    """Token rows as one tensor padded with ``pad`` on ``side``, and its attention mask."""
+def padded(rows: list[list[int]], pad: int, side: str = "right", device: Any = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows as one tensor padded with ``pad`` on ``side``, and its attention mask, on ``device``."""
     ids = pad_sequence([torch.tensor(row, dtype=torch.long) for row in rows], batch_first=True, padding_value=pad, padding_side=side)
     mask = pad_sequence([torch.ones(len(row), dtype=torch.long) for row in rows], batch_first=True, padding_side=side)
-    return ids, mask
+    return ids.to(device), mask.to(device)
 
 
 def collate(pad: int, batch: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
