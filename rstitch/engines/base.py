@@ -1,15 +1,7 @@
-"""The narrow engine interface every decoding method is written against.
-
-An engine wraps one model (`ModelRunner`). Each decoded sample opens one `Sequence` per model:
-its own token list and KV cache. Tokens are *appended* lazily and processed on the next call
-that needs a distribution (partial prefill: only tokens not yet in the cache run through the
-model). `rollback(n)` drops the last n tokens and their cache entries. Backends implement only
-`ModelRunner.new_sequence`, `Sequence._forward` and `Sequence._crop`; everything else is shared.
-
-Every runner declares, once, what it is (`identity`: engine, model, device, dtype or weight
-format; latency profiles are stored and found under it) and what it can do (`capabilities`:
-hidden states, batched forwards, exact full-vocabulary distributions); `require` is the one
-check of a capability, a one-line `ConfigError` naming the engines that have it.
+"""The narrow engine interface every decoding method is written against (docs/architecture.md,
+docs/adding-an-engine.md): a `ModelRunner` per model, a `Sequence` per model and sample whose tokens
+are appended lazily and processed by the next call that needs a distribution (partial prefill);
+backends implement only `ModelRunner.new_sequence`, `Sequence._forward` and `Sequence._crop`.
 """
 from __future__ import annotations
 
@@ -51,18 +43,16 @@ SMALL_MODEL_PARAMETERS = 100_000_000
 
 
 def default_torch_threads(device: str, largest_model_parameters: int, cpus: int, torch_default: int) -> int:
-    """Compute threads for a torch engine left at `num_threads: null`: one on a GPU (the CPU only
-    launches kernels) and for small models on a CPU; otherwise torch's default, capped at the CPUs
-    this process may use."""
+    """Threads for `num_threads: null`: one on a GPU (the CPU only launches kernels) and for small
+    models; else torch's default, capped at the CPUs this process may use."""
     if not device.startswith("cpu") or largest_model_parameters < SMALL_MODEL_PARAMETERS:
         return 1
     return max(1, min(torch_default, cpus))
 
 @dataclass(frozen=True)
 class EngineIdentity:
-    """What a runner is, for everything keyed by it (latency profiles): the engine's registry
-    name, the model's name, the device type and the precision (a dtype, or a weight format such as
-    a GGUF file's `gguf-Q4_K_Medium`)."""
+    """What a runner is, for everything keyed by it (latency profiles); `precision` is a dtype or a
+    weight format (`gguf-Q4_K_Medium`)."""
 
     engine: str
     model: str
@@ -72,8 +62,7 @@ class EngineIdentity:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What an engine can do beyond the interface every engine has (distributions, scoring,
-    rollback, partial prefill, generation)."""
+    """What an engine can do beyond the interface every engine has."""
 
     hidden_states: bool = True  # `want_hidden` sequences return the last hidden state
     batched_forward: bool = False  # `forward_batch` runs many sequences in one call (else one by one)
@@ -88,8 +77,7 @@ class Capabilities:
 
 @dataclass(frozen=True)
 class ConformanceEntry:
-    """How the engine contract (tests/engines/test_engine_conformance.py) loads this engine on the
-    embedded testbed, and how close its logits must come to a fresh forward."""
+    """How the engine contract (tests/engines/test_engine_conformance.py) loads this engine on the testbed."""
 
     id: str
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -128,6 +116,7 @@ class CostCounter:
     # (tokens processed, cache size before) of each forward since the last clear: the inputs of
     # the fitted latency model (rstitch/latency/model.py). The runner clears it per sample.
     forward_shapes: list[tuple[int, int]] = field(default_factory=list, repr=False)
+    SCALARS: ClassVar[tuple[str, ...]] = ("prefill_tokens", "decode_steps", "forward_calls", "forward_time_s")
 
     def __post_init__(self) -> None:
         _LIVE_COUNTERS[id(self)] = self  # batched runs give each sample its own view (engines/batching.py)
@@ -146,25 +135,16 @@ class CostCounter:
         return self.prefill_tokens + self.decode_steps
 
     def copy(self) -> CostCounter:
-        return _snapshot(CostCounter(self.prefill_tokens, self.decode_steps, self.forward_calls, self.forward_time_s))
+        return _snapshot(CostCounter(*(getattr(self, k) for k in self.SCALARS)))
 
     def since(self, earlier: CostCounter) -> CostCounter:
-        return _snapshot(CostCounter(
-            self.prefill_tokens - earlier.prefill_tokens,
-            self.decode_steps - earlier.decode_steps,
-            self.forward_calls - earlier.forward_calls,
-            self.forward_time_s - earlier.forward_time_s,
-        ))
+        return _snapshot(CostCounter(*(getattr(self, k) - getattr(earlier, k) for k in self.SCALARS)))
 
     def as_dict(self) -> dict[str, float]:
-        return {
-            "prefill_tokens": self.prefill_tokens, "decode_steps": self.decode_steps,
-            "forward_calls": self.forward_calls, "forward_time_s": self.forward_time_s,
-        }
+        return {k: getattr(self, k) for k in self.SCALARS}
 
 
-# The counters that book work (a model's, a PRM's, a router's); snapshots (`copy`, `since`) are
-# values, not counters, and are left out.
+# The counters that book work (a model's, a PRM's, a router's); snapshots (`copy`, `since`) are not.
 _LIVE_COUNTERS: weakref.WeakValueDictionary[int, CostCounter] = weakref.WeakValueDictionary()
 
 
@@ -221,11 +201,10 @@ class Generation:
 
 @dataclass(frozen=True)
 class SwitchRule:
-    """How long one model keeps writing in a token-level hybrid: while each token's normalized
-    entropy stays on one side of `tau`. The first token on the other side ends the run: kept as
-    the run's last token (`keep_last`), or dropped before it is sampled, its position left to the
-    other model. Declarative, so an engine can evaluate it inside its own decode loop (vLLM: a
-    logits processor) instead of one request per token. tau = inf with `stop_above` never ends."""
+    """How long one model keeps writing in a token-level hybrid: while each token's normalized entropy
+    stays on one side of `tau`; the first on the other side is kept as the run's last (`keep_last`) or
+    dropped, its position left to the other model. Declarative, so an engine can evaluate it in its
+    own decode loop (vLLM: a logits processor). tau = inf with `stop_above` never ends."""
 
     tau: float
     stop_above: bool  # True: end at the first H > tau (R-Stitch's SLM); False: at the first H <= tau (its LLM)
@@ -254,23 +233,19 @@ class Sequence(ABC):
         self.tokens: list[int] = list(prompt_ids)
         self.want_hidden = want_hidden
         self.n_cached = 0  # tokens whose K/V are in the cache
-        # Logits (and hidden states) kept from the last forward, for positions
-        # [window_start, n_cached): they make rollback inside the window free.
+        # The last forward's logits (and hidden states) of [window_start, n_cached): rollback inside is free.
         self._window_start = 0
         self._window_logits: torch.Tensor | None = None
         self._window_hidden: torch.Tensor | None = None
 
-    # --- backend hooks -----------------------------------------------------------------
     @abstractmethod
     def _forward(self, new_ids: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run `new_ids` after the cached tokens; return logits [keep, V] (and hidden [keep, H])
-        for the last `keep` of them."""
+        """Run `new_ids` after the cached tokens; logits [keep, V] (and hidden [keep, H]) of the last `keep`."""
 
     @abstractmethod
     def _crop(self, n_keep: int) -> None:
         """Keep only the first `n_keep` cached positions."""
 
-    # --- shared logic ------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self.tokens)
 
@@ -301,8 +276,7 @@ class Sequence(ABC):
         return self.score([])[0]
 
     def score(self, continuation: Seq[int]) -> list[TokenDistribution]:
-        """Append `continuation` and return the len(continuation)+1 distributions that predict
-        each of its tokens and the one after, in a single forward pass."""
+        """Append `continuation`; the distributions predicting each of its tokens and the next, in one forward."""
         self.append(list(continuation))
         keep = len(continuation) + 1
         self._ensure_processed(keep)
@@ -326,9 +300,8 @@ class Sequence(ABC):
         stop: Seq[str] = (),
         eos_ids: Collection[int] | None = None,
     ) -> Generation:
-        """Sample until EOS, a stop string, `max_new_tokens`, or the first token that crosses
-        `rule` (finish "switch"). The generated tokens are appended. This token loop is the
-        reference every backend's override must reproduce (tokens and cost books)."""
+        """Sample (and append) until EOS, a stop string, `max_new_tokens`, or a token crossing `rule`;
+        the reference every backend's override reproduces (tokens and cost books)."""
         eos = set(self.runner.eos_token_ids if eos_ids is None else eos_ids)
         watcher = StopWatcher(self.runner.tokenizer, stop)
         out: list[int] = []
@@ -353,8 +326,7 @@ class Sequence(ABC):
         if self.n_pending == 0 and self._window_covers(len(self.tokens) - keep):
             return
         if self.n_pending < keep:
-            # Re-run the positions whose logits were not kept (after a rollback outside the
-            # window, or a first call on a fully cached sequence).
+            # Re-run the positions whose logits were not kept (a rollback outside the window).
             back = min(keep, len(self.tokens)) - self.n_pending
             self._crop(self.n_cached - back)
             self.n_cached -= back
@@ -401,8 +373,7 @@ class StopWatcher:
         self.horizon = max((len(s) for s in self.stop), default=0) + 4
 
     def hit(self, token: int) -> bool:
-        """True when the text generated so far (since this watcher started) contains a stop
-        string; the first hit ends generation, so earlier text cannot contain one."""
+        """Whether the text generated since this watcher started contains a stop string (the first ends it)."""
         if not self.stop:
             return False
         self.tail_ids.append(token)
@@ -418,9 +389,8 @@ def looks_like_path(path: str) -> bool:
 
 
 def resolve_model_path(path: str, kind: str = "hf") -> str:
-    """What to load: an existing directory (``~`` expanded), a packaged model's cached checkpoint
-    (`kind` "hf") or GGUF file ("gguf"), or a hub id. A path-like string that does not exist is
-    one error line at once, not minutes of hub retries."""
+    """What to load: an existing directory, a packaged model's checkpoint (`kind` "hf") or GGUF file, or
+    a hub id; a path-like string that does not exist is one error line, not minutes of hub retries."""
     from rstitch.engines import packaged
 
     if packaged.is_packaged(path):
@@ -440,9 +410,8 @@ def warn_remote_code(path: str) -> None:
 
 
 class ModelRunner(ABC):
-    """One loaded model: its tokenizer, size, cost counters and a factory of sequences. A backend
-    sets `identity` once its model is loaded and declares `capabilities` (a class attribute, or
-    set in `__init__` where they depend on the model or the options)."""
+    """One loaded model: its tokenizer, size, cost counters and a factory of sequences. The class-level
+    declarations and hooks are docs/adding-an-engine.md's table."""
 
     name: str
     tokenizer: Any
@@ -452,11 +421,9 @@ class ModelRunner(ABC):
     eos_token_ids: list[int]
     identity: EngineIdentity
     capabilities: Capabilities = Capabilities()
-    # False: forwards run at once inside the sample's own time even in a batched run (a scorer's,
-    # which the batch-1 latency estimate counts as the sample's own work: engines.load_scoring_model).
+    # False: forwards run at once, in the sample's own time, even in a batched run (a scorer's: engines.load_scoring_model).
     joins_batches: bool = True
-    # What the engine is before any model loads, asked of the registered class (engines.engine_class)
-    # by the runner, the run key, the judge's config and the latency profiles; no caller names an engine.
+    # What the engine is before any model loads, asked of the registered class (engines.engine_class).
     backend: ClassVar[tuple[str, str] | None] = None  # an optional backend: (package to import, how to install it)
     checkpoint_heads: ClassVar[bool] = False  # loads a checkpoint's own head (`auto_class`, remote code): PRMs, routers
     unnamed_profiles: ClassVar[bool] = False  # latency profiles saved before engines were named are this engine's
@@ -474,20 +441,17 @@ class ModelRunner(ABC):
 
     @classmethod  # noqa: B027 (an optional hook)
     def check_device(cls, pair_cfg: Mapping[str, Any]) -> None:
-        """One line, before any model loads, when the pair's device cannot run here (default: the
-        engine checks its device as it loads)."""
+        """One line, before any model loads, when the pair's device cannot run here."""
 
     @staticmethod  # noqa: B027 (an optional hook)
     def check_memory(pair_cfg: dict[str, Any], engine_cfg: dict[str, Any], batch_size: int,
                      longest_prompt: Callable[[Any], int], max_new_tokens: int) -> None:
-        """One line, before the pair loads, when its weights and the KV memory for `batch_size`
-        sequences of the run's longest sample cannot fit (default: nothing to check before loading)."""
+        """One line, before the pair loads, when it and `batch_size` of the run's longest samples cannot fit."""
 
     @classmethod
     def default_threads(cls, options: Mapping[str, Any], device: str, largest_model_parameters: int,
                         cpus: int) -> int | None:
-        """The torch threads a run sets for this engine once its pair is loaded (`cpus`: those this
-        process may use), or None to leave them (default: the engine sizes its own threads)."""
+        """The torch threads a run sets once its pair is loaded, or None to leave them."""
         return None
 
     @classmethod
@@ -497,8 +461,7 @@ class ModelRunner(ABC):
 
     @classmethod
     def decode_path_key(cls, options: Mapping[str, Any], device: str) -> str | None:
-        """The decode path a run key records beside the engine's options when `options` select
-        another path than the eager one on `device` (results/keys.py), or None."""
+        """The decode path a run key records when `options` select another than the eager one, or None."""
         return None
 
     @property
@@ -510,8 +473,7 @@ class ModelRunner(ABC):
         """Open a sequence; nothing runs until a distribution is asked for."""
 
     def run_forward(self, seq: Sequence, new_ids: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor | None, float]:
-        """`seq._forward` and its wall time; inside a batched run (batch_size > 1) the request
-        waits for one batched forward with the other samples' requests to this model."""
+        """`seq._forward` and its wall time; in a batched run it waits for this model's next batched forward."""
         task = current_task() if self.joins_batches else None
         if task is not None:
             (logits, hidden), seconds = task.submit(ForwardRequest(self, seq, new_ids, keep))
@@ -521,8 +483,7 @@ class ModelRunner(ABC):
         return logits, hidden, self.elapsed_since(start)
 
     def run_request(self, request: Any) -> tuple[Any, float]:
-        """A backend's own kind of request (e.g. vLLM's run of tokens) and its wall time: in a
-        batched run it waits for this model's next `forward_batch` with the other samples'."""
+        """A backend's own kind of request (vLLM's run of tokens) and its wall time, batched as `run_forward`."""
         task = current_task() if self.joins_batches else None
         if task is not None:
             return task.submit(request)
@@ -531,14 +492,12 @@ class ModelRunner(ABC):
         return output, self.elapsed_since(start)
 
     def forward_batch(self, requests: list[ForwardRequest]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        """The outputs of several sequences' forwards (logits [keep, V], hidden [keep, H] or
-        None), or of a backend's own requests (`run_request`). This default runs them one by one; a backend overrides it with one batched
-        forward whose rows equal these up to floating-point rounding."""
+        """Several sequences' forwards (or a backend's own requests), one by one here; a backend's override
+        runs one batched forward whose rows equal these up to floating-point rounding."""
         return [r.seq._forward(r.new_ids, r.keep) for r in requests]
 
     def prepare_shapes(self, batch_size: int, shortest: int, longest: int) -> None:  # noqa: B027 (optional hook)
-        """Before a run's first timed sample, with sequences of `shortest` to `longest` positions at
-        `batch_size`: a backend that prepares a step per shape (CUDA graphs) does it here; else nothing."""
+        """Before a run's first timed sample: prepare a step per shape (CUDA graphs), if the backend has them."""
 
     def elapsed_since(self, start: float) -> float:
         """Wall time since `start`; GPU backends synchronize first."""

@@ -1,22 +1,14 @@
 """Many samples in flight: continuous batching without batch-specific code in the methods.
 
-Each sample decodes in its own coroutine (a greenlet: plain synchronous code, switched within
-one thread, so no OS thread hand-over and no locks), written exactly as at batch size 1. The
-scheduler switches, in a fixed order, to every sample that can go on, until each one waits for a
-forward (`ModelRunner.run_forward` inside a sample) or is done. Then the waiting requests of each model run as one batched forward
-(`ModelRunner.forward_batch`), and their samples go on. A finished sample frees its slot for the
-next one at once. The order of everything is fixed, so a batched run is reproducible.
-
-Per-sample costs: methods (and PRMs, routers) read cost counters as deltas around their work, and
-other samples run in between. So each sample sees its own values of every live `CostCounter`:
-they are swapped in when the sample is switched to and out when it switches back; the
-counters' own totals keep accumulating every sample's work.
+Each sample decodes in its own greenlet, written exactly as at batch size 1; the waiting forwards
+of each model run as one `ModelRunner.forward_batch`, in a fixed order, so a batched run is
+reproducible. Each sample sees its own values of every live `CostCounter` (docs/batching.md).
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import greenlet
@@ -25,10 +17,7 @@ from rstitch.engines.base import _CURRENT_TASK, CostCounter, ModelRunner, curren
 
 __all__ = ["BatchAborted", "BatchScheduler", "Finished", "Task", "current_task"]
 
-# The sample running now (all run in the scheduler's thread) is base's slot, so that the engine
-# interface reads it without importing this module.
-_CURRENT = _CURRENT_TASK
-_SCALARS = tuple(f.name for f in fields(CostCounter) if f.name != "forward_shapes")
+_SCALARS = CostCounter.SCALARS
 
 
 class BatchAborted(Exception):
@@ -127,19 +116,18 @@ class BatchScheduler:
     def _slice(self, task: Task) -> None:
         """Run `task` until it waits for a forward or ends, with its own cost counters in place."""
         self._swap_in(task)
-        _CURRENT[0] = task
+        _CURRENT_TASK[0] = task
         start = time.perf_counter()
         try:
             task.coroutine.switch()
         finally:
             task.own_s += time.perf_counter() - start
-            _CURRENT[0] = None
+            _CURRENT_TASK[0] = None
             self._swap_out(task)
 
     def _run_forwards(self, active: list[Task]) -> None:
-        """Run the largest group of requests waiting on one model, and any group passed over
-        `MAX_WAIT` times: samples on the cheap model go on while the other model's requests
-        gather into fuller batches (R-Stitch: SLM rows need not wait for every LLM forward)."""
+        """Run the largest group of requests waiting on one model, and any passed over `MAX_WAIT` times:
+        the cheap model's samples go on while the other's requests gather into fuller batches."""
         groups: dict[int, list[Task]] = {}
         for task in active:
             groups.setdefault(id(task.request.runner), []).append(task)
@@ -157,14 +145,12 @@ class BatchScheduler:
                 task.output = (output, seconds)
 
     def _abort(self, active: list[Task]) -> None:
-        """Unwind the samples still waiting (after an error or an abandoned run); samples not
-        started yet never run."""
+        """Unwind the samples still waiting (after an error or an abandoned run)."""
         for task in active:
             if task.coroutine and not task.done:  # started and waiting for a forward
                 task.output = None
                 self._slice(task)
 
-    # --- per-sample cost counters --------------------------------------------------------
     def _swap_in(self, task: Task) -> None:
         for counter in live_counters():
             self._global[id(counter)] = _state(counter)

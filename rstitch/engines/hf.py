@@ -29,7 +29,7 @@ from rstitch.engines.base import (
     torch_dtype,
     warn_remote_code,
 )
-from rstitch.engines.hf_forward import ViewLayer, attention_implementation, cache_kwargs, compiled_path, kv_shape, width_groups  # noqa: F401 (cache_kwargs: engines.hf.cache_kwargs is the documented name)
+from rstitch.engines.hf_forward import KVBuffers, ViewLayer, attention_implementation, attention_mask, cache_kwargs, compiled_path, width_groups
 from rstitch.engines.hf_static import StaticDecoder, StaticSequence, check_static_memory, resolve_mode
 from rstitch.engines.loading import (
     eos_token_ids,
@@ -78,9 +78,7 @@ class HFSequence(Sequence):
 
     def _head_forward(self, new_ids: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A model of another auto class (a PRM's, a router's): its backbone, then its own head
-        (`output_head`) on the final hidden states, whose rows stand for the logits; a bare backbone's
-        rows are those states. Without `use_cache` the whole token list runs again (remote code
-        that predates cache objects)."""
+        (`output_head`, none for a bare backbone) on the final hidden states, whose rows stand for logits."""
         runner = self.runner
         base = runner.model.base_model
         ids = new_ids if runner.use_cache else self.tokens[: self.n_cached] + new_ids
@@ -127,17 +125,13 @@ class HFModelRunner(ModelRunner):
 
     @classmethod
     def scoring_options(cls, options: dict[str, Any]) -> dict[str, Any]:
-        """A model that is not a causal LM keeping a KV cache (a bare backbone with a value head, a
-        classifier, remote code without cache objects) runs the eager path whatever `compile` says:
-        the static decoder (engines/hf_static.py) serves causal LMs with a cache only."""
+        """The eager path for a model that is not a causal LM keeping a KV cache: the static decoder serves only those."""
         causal_lm = options.get("auto_class", CAUSAL_LM) == CAUSAL_LM and options.get("use_cache", True) is not False
         return options if causal_lm else {**options, "compile": "off"}
 
     @classmethod
     def decode_path_key(cls, options: Mapping[str, Any], device: str) -> str | None:
-        """The path `compile` resolves to: the eager path keeps the key runs had before the knob existed
-        (auto, off and no setting share CPU runs); a compiled path (another latency, bf16 near-ties
-        decided by other kernels) gets runs of its own."""
+        """The path `compile` resolves to; the eager path keeps the key runs had before the knob existed."""
         path = compiled_path(options.get("compile", "auto"), device)
         return None if path == "off" else path
 
@@ -172,9 +166,7 @@ class HFModelRunner(ModelRunner):
         self.name = model_name(path, name)
         self.device = torch.device(device)
         self.dtype = dtype
-        with model_load_errors(path):
-            # gguf_file: the tokenizer is rebuilt from the GGUF vocabulary at every load (slow);
-            # packaged models are converted once instead (engines/packaged.py)
+        with model_load_errors(path):  # a gguf_file's tokenizer is rebuilt at every load (packaged: once)
             self.tokenizer = load_tokenizer(path, tokenizer, trust_remote_code=trust_remote_code, revision=revision,
                                             gguf_file=gguf_file)
             self.model = load_causal_lm(path, dtype, device, trust_remote_code=trust_remote_code, revision=revision,
@@ -215,14 +207,12 @@ class HFModelRunner(ModelRunner):
         return outputs
 
     def prepare_shapes(self, batch_size: int, shortest: int, longest: int) -> None:
-        """Before a run's first timed sample: capture every step shape the run can use
-        (hf_static.StaticDecoder.warm_up; sequences of `shortest` to `longest` positions)."""
+        """Capture every step shape the run can use (`StaticDecoder.warm_up`)."""
         if self.static is not None:
             self.static.warm_up(batch_size, shortest, longest)
 
     def elapsed_since(self, start: float) -> float:
-        """Wall time since `start`, less what the static path spent capturing or compiling steps
-        in it (a one-off cost, recorded apart in `static.capture_spans`)."""
+        """Wall time since `start`, less the static path's one-off capturing or compiling in it."""
         self.synchronize()
         seconds = time.perf_counter() - start
         return seconds - self.static.capture_seconds_since(start) if self.static is not None else seconds
@@ -234,11 +224,8 @@ class HFModelRunner(ModelRunner):
     @staticmethod
     def check_memory(pair_cfg: dict[str, Any], engine_cfg: dict[str, Any], batch_size: int,
                      longest_prompt: Callable[[Any], int], max_new_tokens: int) -> None:
-        """Before the pair loads (the runner's plan): on CUDA, when a model takes the static path,
-        one line if the weights and the KV slots for `batch_size` sequences of the run's longest
-        sample (`longest_prompt(tokenizer)` + `max_new_tokens`, within the context) do not fit the
-        free memory (hf_static.check_static_memory). Reads config.json and the tokenizer only;
-        models outside local directories are left to the check at each resize."""
+        """On CUDA, when a model takes the static path: `check_static_memory` for the run's longest sample.
+        Reads config.json and the tokenizer only; hub models are left to the check at each resize."""
         device = torch.device(pair_cfg.get("device", "cpu"))
         if device.type != "cuda":
             return
@@ -267,7 +254,6 @@ class HFModelRunner(ModelRunner):
         check_static_memory(models, batch_size, positions, torch.cuda.mem_get_info(device)[0] + cached)
 
 
-# --- batched forwards ----------------------------------------------------------------------
 # Architectures whose causal-LM head is exactly lm_head(final hidden state) and whose attention
 # takes a 4D mask; others run their rows one by one (same results, no batching gain).
 BATCHED_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
@@ -279,58 +265,37 @@ def batchable(model: PreTrainedModel) -> bool:
     return config.model_type in BATCHED_MODEL_TYPES and attention_implementation(config) in BATCHED_ATTENTION
 
 
-class SlotCache:
-    """Keys and values of many sequences, one slot (row) each: [slots, kv heads, length, head dim]
-    per layer (the layout attention reads). A slot's valid length is its sequence's `n_cached`, so a rollback moves no data
-    and rows join and leave freely. The model sees it as a `Cache` through `_SlotView`."""
+class SlotCache(KVBuffers):
+    """The eager path's batched cache. A slot's valid length is its sequence's `n_cached`, so a rollback moves no data."""
 
     INITIAL = (8, 256)  # slots, positions; both double when outgrown
 
-    def __init__(self, config, dtype: torch.dtype, device: torch.device):
-        self.n_layers, self.heads, self.head_dim = kv_shape(config)
-        self.dtype, self.device = dtype, device
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
+    def __init__(self, config: Any, dtype: torch.dtype, device: torch.device):
+        super().__init__(config, dtype, device)
         self.free: list[int] = []
         self._allocate(*self.INITIAL)
 
     def _allocate(self, n_slots: int, length: int) -> None:
-        """Grow to at least `n_slots` rows of `length` positions, keeping what is stored."""
-        old = len(self.keys[0]) if self.keys else 0
-        shape = (n_slots, self.heads, length, self.head_dim)
-        for store in (self.keys, self.values):
-            for layer in range(self.n_layers):
-                grown = torch.zeros(shape, dtype=self.dtype, device=self.device)
-                if old:
-                    previous = store[layer]
-                    grown[: previous.shape[0], :, : previous.shape[2]] = previous
-                    store[layer] = grown
-                else:
-                    store.append(grown)
+        old = self.slots if self.keys else 0
+        self.grow(n_slots, length)
         self.free.extend(range(n_slots - 1, old - 1, -1))
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(slots, positions)."""
-        return self.keys[0].shape[0], self.keys[0].shape[2]
 
     def acquire(self) -> int:
         if not self.free:
-            self._allocate(2 * self.shape[0], self.shape[1])
+            self._allocate(2 * self.slots, self.length)
         return self.free.pop()
 
     def release(self, slot: int) -> None:
         self.free.append(slot)
 
     def reserve(self, length: int) -> None:
-        if length > self.shape[1]:
-            self._allocate(self.shape[0], max(length, 2 * self.shape[1]))
+        if length > self.length:
+            self._allocate(self.slots, max(length, 2 * self.length))
 
 
 class _SlotView(Cache):
-    """What one batched forward sees: each layer writes each row's new keys after its own cached
-    positions and returns every row's keys padded to the longest (the 4D mask hides the rest).
-    Rows whose slots form one range are read in place; others are gathered."""
+    """One batched forward's cache: each row's new keys go after its cached positions; every row's keys
+    come back padded to the longest (the 4D mask hides the rest), in place when the slots form a range."""
 
     def __init__(self, cache: SlotCache, slots: list[int], starts: list[int], width: int):
         device = cache.device
@@ -364,17 +329,12 @@ def _row_mask(starts: list[int], width: int, read: int, implementation: str, dty
     """[rows, 1, width, read]: query j of a row sees its positions up to start + j (padding
     queries see finite values too, so no row is all masked)."""
     limit = torch.tensor(starts, device=device)[:, None] + torch.arange(width, device=device)
-    allowed = torch.arange(read, device=device)[None, None, :] <= limit[:, :, None]
-    if implementation == "sdpa":
-        return allowed[:, None]
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
-    return mask[:, None]
+    return attention_mask(torch.arange(read, device=device)[None, None, :] <= limit[:, :, None], implementation, dtype)
 
 
 @torch.inference_mode()
 def batched_forward(runner: HFModelRunner, requests: list[ForwardRequest]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """One padded forward over the requests' sequences: row r runs its new tokens at positions
-    n_cached.. of its own slot; logits (and hidden states) of each row's last `keep` tokens."""
+    """One padded forward, each row at its own slot's positions n_cached..; its last `keep` rows out."""
     cache, model = runner._slots, runner.model
     assert cache is not None, "forward_batch makes the SlotCache before the first batched forward"
     # An HFModelRunner's requests carry its own sequences, HFSequences.
@@ -408,8 +368,7 @@ def batched_forward(runner: HFModelRunner, requests: list[ForwardRequest]) -> li
 
 
 def _slot(runner: HFModelRunner, seq: HFSequence) -> int:
-    """`seq`'s slot of the runner's SlotCache, taken at its first batched forward (its
-    DynamicCache's entries copied there)."""
+    """`seq`'s slot, taken at its first batched forward (its DynamicCache's entries copied there)."""
     if seq.slot is None:
         cache = runner._slots
         assert cache is not None and seq.cache is not None, "the SlotCache exists; an unslotted sequence has its cache"
@@ -426,8 +385,7 @@ def _slot(runner: HFModelRunner, seq: HFSequence) -> int:
 
 
 def output_head(model: PreTrainedModel, auto_class: str) -> torch.nn.Module | None:
-    """The module that turns final hidden states into a model's outputs: the LM head of a causal
-    LM, the `score` (or `classifier`) head of a classification model, None for a bare backbone."""
+    """What turns final hidden states into outputs: the LM head, a `score` or `classifier` head, or None."""
     if auto_class == CAUSAL_LM:
         return model.get_output_embeddings()
     head = next((h for h in (getattr(model, "score", None), getattr(model, "classifier", None)) if h is not None), None)
@@ -442,9 +400,8 @@ _WEIGHTS: weakref.WeakValueDictionary[str, PreTrainedModel] = weakref.WeakValueD
 def load_causal_lm(path: str, dtype: str, device: str, *, trust_remote_code: bool = False, revision: str | None = None,
                    use_safetensors: bool = True, gguf_file: str | None = None,
                    attn_implementation: str | None = None, auto_class: str = CAUSAL_LM) -> PreTrainedModel:
-    """A causal LM (or a model of another transformers `auto_class`) in eval mode, shared while in
-    use: a judge PRM on the pair's own LLM reads the same weights instead of a second copy
-    (inference only; every user keeps its own KV caches)."""
+    """A causal LM (or another transformers `auto_class`) in eval mode, shared while in use: a judge
+    PRM on the pair's own LLM reads the same weights (every user keeps its own KV caches)."""
     import transformers
 
     model_class = getattr(transformers, auto_class, None) if auto_class.startswith("AutoModel") else None

@@ -1,6 +1,4 @@
-"""What the HF engine's eager path (engines/hf.py) and its static path (engines/hf_static.py) both
-use to run a transformers model: the decode path `engine.compile` selects, the KV-cache keyword its
-forward takes, and how rows of different widths are grouped into padded forwards."""
+"""What the HF engine's eager path (engines/hf.py) and its static path (engines/hf_static.py) share."""
 from __future__ import annotations
 
 import functools
@@ -17,9 +15,8 @@ FORWARD_COST_TOKENS = 32
 
 
 def compiled_path(compile_setting: Any, device: Any) -> str:
-    """The decode path that `engine.compile` selects on `device` (docs/gpu.md): auto is graphs on
-    CUDA and the eager path ("off") elsewhere. The engine (hf_static.resolve_mode) and the run key
-    (HFModelRunner.decode_path_key) read the one rule."""
+    """The decode path `engine.compile` selects on `device` (auto: graphs on CUDA, else "off"), for the
+    engine and the run key alike."""
     if compile_setting is True:
         return "graphs"
     if compile_setting in (False, None, "off"):
@@ -47,9 +44,8 @@ def width_groups(widths: list[int]) -> list[list[int]]:
 
 
 def cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
-    """`cache` as the keyword `model`'s forward takes it: `cache` from transformers 5.24 on (the
-    old `past_key_values` warns at every call there and goes in 5.40), `past_key_values` before
-    (5.19-5.23: the vLLM engine's environment) and in remote-code models."""
+    """`cache` as the keyword `model`'s forward takes it: `cache` from transformers 5.24 on (where the old
+    `past_key_values` warns), `past_key_values` before (the vLLM environment's 5.19-5.23) and in remote code."""
     # A class is hashable; torch's stubs declare Module.__hash__ in a form the Hashable protocol rejects.
     return {_cache_argument(type(model)): cache}  # type: ignore[arg-type]
 
@@ -60,10 +56,8 @@ def _cache_argument(model_class: type[torch.nn.Module]) -> str:
 
 
 class ViewLayer(CacheLayerMixin):
-    """One layer of a `Cache` that one forward sees over a runner's own buffers (the slot cache of
-    the eager path, the static cache of the compiled path): the buffers exist before the forward,
-    rows end at different lengths, and attention reads each row's first `read` positions (the 4D
-    mask hides the rest). Subclasses write the new keys in `update`."""
+    """One layer of the `Cache` one forward sees over a runner's own buffers: attention reads each row's
+    first `read` positions (the 4D mask hides the rest); subclasses write the new keys in `update`."""
 
     def __init__(self, read: int):
         super().__init__()
@@ -80,6 +74,43 @@ class ViewLayer(CacheLayerMixin):
 
     def get_max_length(self) -> int:
         return self.read
+
+
+def attention_mask(allowed: torch.Tensor, implementation: str, dtype: torch.dtype) -> torch.Tensor:
+    """[rows, 1, width, read] from which keys each query may see: booleans, or additive for "eager"."""
+    if implementation != "eager":
+        return allowed[:, None]
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+class KVBuffers:
+    """Keys and values of many sequences, one slot (row) each: [slots, kv heads, length, head dim] per layer."""
+
+    def __init__(self, config: Any, dtype: torch.dtype, device: torch.device):
+        self.n_layers, self.heads, self.head_dim = kv_shape(config)
+        self.dtype, self.device = dtype, device
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+
+    @property
+    def slots(self) -> int:
+        return self.keys[0].shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.keys[0].shape[2]
+
+    def grow(self, slots: int, length: int) -> None:
+        """New zeroed buffers of `slots` x `length` holding what the old ones stored."""
+        for store in (self.keys, self.values):
+            for layer in range(self.n_layers):
+                grown = torch.zeros((slots, self.heads, length, self.head_dim), dtype=self.dtype, device=self.device)
+                if layer < len(store):
+                    old = store[layer]
+                    grown[: old.shape[0], :, : old.shape[2]] = old
+                    store[layer] = grown
+                else:
+                    store.append(grown)
 
 
 def attention_implementation(config: Any) -> str:

@@ -3,7 +3,7 @@ checked against (token-identical outputs) and timed against (scripts/bench_specd
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -16,22 +16,16 @@ if TYPE_CHECKING:
 
 
 def hf_assisted_generate(pair: ModelPair, prompt_ids: list[int], k: int, max_new_tokens: int) -> list[int]:
-    """transformers' assisted generation with exactly k draft tokens per block (greedy): a
-    constant number of assistant tokens and no confidence-based early stop of the draft."""
+    """transformers' assisted generation, greedy, with exactly k draft tokens per block (no early stop)."""
     draft = hf_model(pair.slm)
     saved = copy.deepcopy(draft.generation_config)
     draft.generation_config.num_assistant_tokens = k
     draft.generation_config.num_assistant_tokens_schedule = "constant"
     draft.generation_config.assistant_confidence_threshold = 0.0
     try:
-        return _hf_generate(pair, prompt_ids, max_new_tokens, assistant_model=draft)
+        return hf_greedy_generate(pair, prompt_ids, max_new_tokens, assistant_model=draft)
     finally:
         draft.generation_config = saved
-
-
-def hf_greedy_generate(pair: ModelPair, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    """The target alone, greedy."""
-    return _hf_generate(pair, prompt_ids, max_new_tokens)
 
 
 def hf_model(runner: ModelRunner) -> PreTrainedModel:
@@ -41,7 +35,8 @@ def hf_model(runner: ModelRunner) -> PreTrainedModel:
     return runner.model
 
 
-def _hf_generate(pair: ModelPair, prompt_ids: list[int], max_new_tokens: int, **kwargs) -> list[int]:
+def hf_greedy_generate(pair: ModelPair, prompt_ids: list[int], max_new_tokens: int, **kwargs: Any) -> list[int]:
+    """The target alone, greedy (`kwargs`: further options of transformers' `generate`)."""
     eos = sorted(set(pair.llm.eos_token_ids) | set(pair.slm.eos_token_ids))
     target = hf_model(pair.llm)
     input_ids = torch.tensor([prompt_ids], device=target.device)

@@ -1,42 +1,8 @@
 """The HF engine's static decode path (`engine.compile`): preallocated KV slots, forwards of a few
-fixed shapes, and on CUDA those forwards replayed as CUDA graphs.
-
-Why: on a GPU the eager path spends its time in Python and kernel launches, not in reading
-weights (docs/gpu.md). Here every forward of a model has one of a few shapes, so it can be
-captured once and replayed:
-
-* KV cache: per layer one buffer [slots, kv heads, length, head dim] per model, allocated once
-  (both dimensions double when outgrown, which drops the captured graphs; `check_kv_budget`
-  refuses a size the device cannot hold in one line). A sequence owns one slot while it lives;
-  its valid length is its `n_cached`, so rollback lowers a number and moves no data, and batched
-  runs (`batch_size` > 1) put their rows in the same slots. The last position of every slot is
-  scratch: padding rows and columns write their keys there.
-* Shapes: a forward runs rows [0, R) of the buffers, R a power of two covering the slots it
-  serves, a width W from `WIDTHS` covering its longest row (decode steps W = 1; catch-up
-  prefills, speculative verification and step regeneration a bucket), and attention reads the
-  first S positions of each slot, S covering the live length (`read_bucket`: a power of two or
-  three quarters of one, at least `MIN_READ`). Wider forwards (a prompt's prefill) run uncaptured on the same buffers at their own width.
-* Attention reads the grouped keys and values as stored (`grouped_attention`): the query heads
-  of one KV head are stacked along the query axis, so no [rows, heads, S, head dim] copy of the
-  keys is made (transformers' SDPA path repeats them whenever a mask is given).
-* Narrow steps (at most `FULL_STEP_WIDTH` wide) compute, on the device, logits, log-probabilities,
-  entropy and argmax of every position; wider ones (prefills) only the hidden states, then the
-  head on the positions kept. The host reads only the entropy and argmax of the positions kept,
-  in one transfer per forward (greedy decoding needs nothing else; sampling copies the
-  probabilities too, engines/sampling.py).
-* Capture: `graphs` records each (R, W, S) step with torch.cuda.CUDAGraph: every shape a run
-  can use in its warm-up (`StaticDecoder.warm_up`, `warm_shapes`), any other (after the cache
-  grows) on first use; warming up and capturing on one side stream per device (`CaptureStream`) into one memory pool per
-  cache size (a fresh pool handle after every resize: a handle whose graphs were all freed
-  cannot be reused). A step keeps non-owning aliases of its captured outputs (the pool holds the
-  memory; each replay's results are copied out before the next replay). `inductor` compiles the
-  step with torch.compile (reduce-overhead on CUDA) instead, with Dynamo's recompile limit raised
-  to cover every shape; `static` runs the same step without capture (any device: CPU tests check
-  its invariants). Time spent capturing or compiling is recorded (`capture_spans`) and left out
-  of the forward times the runner reports.
-
-Outputs equal the eager path's up to floating-point rounding; tests/engines/test_static_cache.py checks
-tokens on CPU and replays an emulated capture.
+fixed shapes, and on CUDA those forwards replayed as CUDA graphs (docs/gpu.md, "The static decode
+path", explains each part). The last position of every slot is scratch: padding rows and columns
+write their keys there. Outputs equal the eager path's up to floating-point rounding
+(tests/engines/test_static_cache.py).
 """
 from __future__ import annotations
 
@@ -53,7 +19,16 @@ import torch
 from transformers.cache_utils import Cache
 
 from rstitch.engines.base import ForwardRequest, Sequence, TokenDistribution
-from rstitch.engines.hf_forward import ViewLayer, attention_implementation, cache_kwargs, compiled_path, kv_shape, width_groups
+from rstitch.engines.hf_forward import (
+    KVBuffers,
+    ViewLayer,
+    attention_implementation,
+    attention_mask,
+    cache_kwargs,
+    compiled_path,
+    kv_shape,
+    width_groups,
+)
 from rstitch.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -63,11 +38,9 @@ log = logging.getLogger("rstitch")
 
 MODES = ("auto", "off", "static", "graphs", "inductor")
 WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # forward widths with their own captured step
-# Steps at most this wide (decode steps, speculative verification) compute the head and the
-# summaries of every position inside the step; wider ones (prefills, which keep one or a few
-# positions) only the hidden states, then the head on the kept positions: full-vocabulary logits
-# cost 0.6 MB per position in float32. A step of more than FULL_STEP_POSITIONS positions in all
-# takes the second path too.
+# Steps at most this wide (and this many positions) compute the head and summaries of every position;
+# wider ones (prefills) only the hidden states, then the head on the kept positions: full-vocabulary
+# logits cost 0.6 MB per position in float32.
 FULL_STEP_WIDTH = 16
 FULL_STEP_POSITIONS = 256
 INITIAL_LENGTH = 2048  # positions per slot at first; doubles when outgrown
@@ -77,8 +50,7 @@ GROUPED_ATTENTION = "rstitch_grouped_sdpa"  # the name grouped_attention is regi
 
 
 def resolve_mode(value: Any, device: torch.device) -> str:
-    """`engine.compile` as one of off / static / graphs / inductor. auto: graphs on CUDA, off
-    elsewhere (the CPU keeps the eager path); true: graphs; false: off."""
+    """`engine.compile` as one of off / static / graphs / inductor (auto: graphs on CUDA, else off)."""
     if value not in (*MODES, True, False, None):
         raise ConfigError(f"engine.compile must be one of {', '.join(MODES)} (or true/false), got {value!r}")
     value = compiled_path(value, device.type)
@@ -109,8 +81,7 @@ def kv_bytes(config: Any, dtype: torch.dtype, slots: int, length: int) -> int:
 
 
 def check_kv_budget(config: Any, dtype: torch.dtype, slots: int, length: int, budget_bytes: int, name: str) -> None:
-    """One error line when `slots` x `length` positions of KV do not fit in `budget_bytes`, naming
-    the batch size that fits at this length and the length that fits at this batch size."""
+    """One error line, naming what fits, when `slots` x `length` positions of KV exceed `budget_bytes`."""
     needed = kv_bytes(config, dtype, slots, length)
     if needed <= budget_bytes:
         return
@@ -128,8 +99,7 @@ def grown_slots(sequences: int) -> int:
 
 
 def grown_length(positions: int) -> int:
-    """The slot length the cache grows to for a sequence of `positions` (+ the scratch position):
-    `INITIAL_LENGTH`, doubled when outgrown."""
+    """The slot length (`INITIAL_LENGTH`, doubled when outgrown) for `positions` + the scratch position."""
     length = INITIAL_LENGTH
     while length < positions + 1:
         length *= 2
@@ -145,10 +115,8 @@ def weight_bytes(config: Any, dtype: torch.dtype) -> int:
 
 def check_static_memory(models: dict[str, tuple[Any, torch.dtype, bool]], batch_size: int, positions: int,
                         free_bytes: int) -> None:
-    """Before any model loads: one error line when the weights of `models` (name -> config, dtype,
-    whether it takes the static path) and the static KV slots of those that do, at the sizes the
-    cache grows to for `batch_size` sequences of up to `positions` each, exceed `free_bytes`. The
-    line names the batch size that fits at this length and the positions that fit at this batch size."""
+    """Before any model loads: one error line, naming what fits, when the weights of `models` (name ->
+    config, dtype, takes the static path) and the static slots for `batch_size` x `positions` exceed `free_bytes`."""
     weights = sum(weight_bytes(config, dtype) for config, dtype, _ in models.values())
     per_position = sum(kv_bytes(config, dtype, 1, 1) for config, dtype, static in models.values() if static)
     slots, length = grown_slots(batch_size), grown_length(positions)
@@ -172,10 +140,9 @@ def check_static_memory(models: dict[str, tuple[Any, torch.dtype, bool]], batch_
 def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                       **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """SDPA over grouped keys and values as stored ([R, kv heads, S, D]): the G query heads of
-    each KV head go along the query axis ([R, kv heads, G x W, D]), the mask repeated G times,
-    so the keys are never copied to every query head. Returns [R, W, heads, D] like
-    transformers' sdpa_attention_forward."""
+    """SDPA over grouped keys and values as stored ([R, kv heads, S, D]): the G query heads of each KV
+    head go along the query axis, so the keys are never copied per query head (transformers' SDPA
+    path repeats them whenever a mask is given). Returns [R, W, heads, D] as sdpa_attention_forward."""
     rows, heads, width, dim = query.shape
     kv_heads = key.shape[1]
     group = heads // kv_heads
@@ -237,8 +204,7 @@ def _release(decoder: StaticDecoder, slot: list[int]) -> None:
 
 
 class SummarizedDistribution(TokenDistribution):
-    """A distribution whose entropy and argmax were computed on the device with the forward and
-    read in its one transfer: the decode loop's routing and greedy choice need no further sync."""
+    """A distribution whose entropy and argmax came in the forward's one transfer: no further sync."""
 
     def __init__(self, logits: torch.Tensor, hidden: torch.Tensor | None, entropy: float, argmax: int):
         super().__init__(logits, hidden)
@@ -250,70 +216,44 @@ class SummarizedDistribution(TokenDistribution):
         return self._argmax
 
 
-class StaticKV:
-    """Keys and values of every slot: [slots, kv heads, length, head dim] per layer."""
+class StaticKV(KVBuffers):
+    """The static path's slots, with the views each step shape reads."""
 
     def __init__(self, config: Any, dtype: torch.dtype, device: torch.device, name: str = "the model"):
+        super().__init__(config, dtype, device)
         self.config, self.name = config, name
-        self.n_layers, self.heads, self.head_dim = kv_shape(config)
-        self.dtype, self.device = dtype, device
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
         self._windows: dict[tuple[int, int], list[tuple[torch.Tensor, ...]]] = {}
         self._columns: dict[int, torch.Tensor] = {}
-        # False under torch.compile: views and tensors kept between calls would enter its graphs
-        # as inputs, not as views of the (static-address) buffers, and tensors made while
-        # tracing would be graph outputs that a later replay overwrites.
+        # False under torch.compile: views kept between calls would enter its graphs as inputs, not
+        # as views of the buffers, and tensors made while tracing would be outputs a replay overwrites.
         self.memoize = True
         self.resize(1, INITIAL_LENGTH)
 
-    @property
-    def slots(self) -> int:
-        return self.keys[0].shape[0]
-
-    @property
-    def length(self) -> int:
-        return self.keys[0].shape[2]
-
     def resize(self, slots: int, length: int) -> None:
-        """Grow to `slots` x `length`, keeping what is stored (new buffers: captured steps are
-        stale). On CUDA a size the device's free memory cannot hold is refused in one line."""
+        """Grow to `slots` x `length`, keeping what is stored (captured steps go stale); on CUDA checked first."""
         if self.device.type == "cuda":
             held = kv_bytes(self.config, self.dtype, self.slots, self.length) if self.keys else 0
             check_kv_budget(self.config, self.dtype, slots, length, torch.cuda.mem_get_info(self.device)[0] + held,
                             self.name)
-        shape = (slots, self.heads, length, self.head_dim)
         self._windows.clear()
-        for store in (self.keys, self.values):
-            for layer in range(self.n_layers):
-                grown = torch.zeros(shape, dtype=self.dtype, device=self.device)
-                if layer < len(store):
-                    old = store[layer]
-                    grown[: old.shape[0], :, : old.shape[2]] = old
-                    store[layer] = grown
-                else:
-                    store.append(grown)
+        self.grow(slots, length)
 
     def windows(self, rows: int, read: int) -> list[tuple[torch.Tensor, ...]]:
-        """Per layer, views of rows [0, R) of its keys and values (written) and of their first
-        `read` positions (read): made once per step shape, not at every layer of every step."""
-        key = (rows, read)
-        if key not in self._windows:
-            windows: list[tuple[torch.Tensor, ...]] = [(k[:rows], v[:rows], k[:rows, :, :read], v[:rows, :, :read])
-                                                       for k, v in zip(self.keys, self.values)]
-            if not self.memoize:
-                return windows
-            self._windows[key] = windows
-        return self._windows[key]
+        """Per layer, views of rows [0, R) of its keys and values and of their first `read` positions."""
+        return self._memo(self._windows, (rows, read), lambda: [(k[:rows], v[:rows], k[:rows, :, :read], v[:rows, :, :read])
+                                                                for k, v in zip(self.keys, self.values)])
 
     def columns(self, read: int) -> torch.Tensor:
         """0 .. read-1 on the cache's device (the key positions a step's mask compares against)."""
-        if read not in self._columns:
-            columns = torch.arange(read, device=self.device)
-            if not self.memoize:
-                return columns
-            self._columns[read] = columns
-        return self._columns[read]
+        return self._memo(self._columns, read, lambda: torch.arange(read, device=self.device))
+
+    def _memo(self, store: dict[Any, Any], key: Any, make: Callable[[], Any]) -> Any:
+        """`make()`, made once per key unless `memoize` is off."""
+        if not self.memoize:
+            return make()
+        if key not in store:
+            store[key] = make()
+        return store[key]
 
     def move_slot(self, source: int, target: int, length: int) -> None:
         """Copy the first `length` positions of slot `source` to slot `target`."""
@@ -322,8 +262,7 @@ class StaticKV:
 
 
 class _RowsView(Cache):
-    """What the model's attention sees as its cache in one step: each layer writes the new keys at
-    each row's positions of rows [0, R), then returns the first `read` positions of those rows."""
+    """The cache of one step: each layer writes the new keys at each row's positions, reads the first `read`."""
 
     def __init__(self, kv: StaticKV, rows: int, positions: torch.Tensor, read: int):
         # batch 1: a copy along the length axis (cheaper than a scattered write)
@@ -351,9 +290,8 @@ class _RowsLayer(ViewLayer):
 
 
 class CaptureStream:
-    """torch.cuda's capture API as the static path uses it: one side stream per device for every
-    warm-up and every capture (a stream's cuBLAS workspace is made at its first matmul: warm-up
-    on the capture stream keeps it out of the graphs' pool), and the pool graphs are captured into."""
+    """One side stream per device for every warm-up and capture (a stream's cuBLAS workspace is made at
+    its first matmul: warming up there keeps it out of the graphs' pool), and the pool captured into."""
 
     _streams: dict[torch.device, Any] = {}
 
@@ -365,7 +303,7 @@ class CaptureStream:
         self.pool = torch.cuda.graph_pool_handle()
 
     def new_pool(self) -> None:
-        """A fresh pool for the next captures (after a resize freed every graph of the old one)."""
+        """After a resize freed every graph: a handle whose graphs were all freed cannot be reused."""
         self.pool = torch.cuda.graph_pool_handle()
 
     def warm_up(self, compute: Callable[[], Any], calls: int) -> None:
@@ -383,9 +321,8 @@ class CaptureStream:
 
 
 def unowned_alias(tensor: torch.Tensor) -> torch.Tensor:
-    """A tensor over `tensor`'s memory that does not keep it alive (what vLLM's weak_ref_tensor
-    does): the graph's pool holds the memory, and later captures may reuse it once the step's
-    results are copied out."""
+    """A tensor over `tensor`'s memory that does not keep it alive (vLLM's weak_ref_tensor): the graph's
+    pool holds it, and later captures may reuse it once the step's results are copied out."""
     # torch has no public way to make a tensor that does not own its memory (vLLM has a C++ op of its own)
     storage = torch._C._construct_storage_from_data_pointer(
         tensor.untyped_storage().data_ptr(), tensor.device, tensor.untyped_storage().nbytes())
@@ -394,9 +331,8 @@ def unowned_alias(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class _Step:
-    """One (rows, width, read) forward over static input buffers: `ids` and `positions` [R, W]
-    (the two rows of `inputs`) are filled in place before each call; `run()` returns the outputs
-    (overwritten by the next run)."""
+    """One (rows, width, read) forward over static inputs (`ids`, `positions`: [R, W], filled in place);
+    `run()`'s outputs are overwritten by the next run."""
 
     def __init__(self, decoder: StaticDecoder, rows: int, width: int, read: int, capture: str):
         device = decoder.kv.device
@@ -409,9 +345,8 @@ class _Step:
         step = decoder.compute if self.full else decoder.hidden_only
         self.compute: Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, ...]] = step
         if capture == "inductor":
-            # Fixed addresses: the in-place writes into the buffers would otherwise count as
-            # mutated inputs, for which the compiled step skips its CUDA graph (as HF's StaticCache marks its own:
-            # torch has no public form of this call).
+            # Fixed addresses: else the in-place writes count as mutated inputs and the compiled step
+            # skips its CUDA graph (HF's StaticCache marks its own so; torch has no public form).
             for buffer in (*decoder.kv.keys, *decoder.kv.values):
                 torch._dynamo.mark_static_address(buffer)
             mode = "reduce-overhead" if device.type == "cuda" else "default"
@@ -472,7 +407,6 @@ class StaticDecoder:
             raise_recompile_limit()
             self.kv.memoize = False
 
-    # --- slots ------------------------------------------------------------------------
     def acquire(self) -> int:
         if not self.free:
             self.reserve(2 * self.kv.slots, self.kv.length)
@@ -499,9 +433,8 @@ class StaticDecoder:
             self.streams.new_pool()
 
     def _compact(self, seqs: list[StaticSequence]) -> None:
-        """Move the sequences of the highest slots to free lower ones when that lowers the
-        step's rows (a power of two covering the highest slot): a straggler in slot 31 would
-        otherwise make every step compute 32 rows. A move copies the slot's cached positions."""
+        """Move the sequences of the highest slots to free lower ones when that lowers the step's rows (a
+        straggler in slot 31 would make every step compute 32); a move copies its cached positions."""
         if _rows_for(max(s.slot for s in seqs)) <= _rows_for(len(seqs) - 1):
             return
         while self.free and self.free[0] < max(s.slot for s in seqs):
@@ -511,16 +444,11 @@ class StaticDecoder:
             self.release(seq.slot)
             seq.slot = target
 
-    # --- warm-up ----------------------------------------------------------------------
     @torch.inference_mode()  # as every forward: steps are captured as they will run
     def warm_up(self, batch_size: int, shortest: int, longest: int) -> int:
-        """Before a run's first timed sample (after its warm-up decode): grow the cache to the
-        size the run needs (`batch_size` x the slots one sample held in the warm-up decode, and
-        the length of the longest sample: the sizes `check_static_memory` checked) and capture
-        every step shape the run can use there (`warm_shapes`), so that no capture happens
-        inside a timed sample. Sequences from `shortest` to `longest` positions (prompt +
-        budget). Only `graphs` captures here: `inductor` compiles each shape for seconds and
-        stays lazy, `static` has nothing to capture. Returns the steps captured."""
+        """Before a run's first timed sample: grow the cache to the run's size (`batch_size` x the slots a
+        warm-up sample held, its longest sample) and capture every step it can use (`warm_shapes`);
+        `graphs` only (`inductor` stays lazy). Returns the steps captured."""
         if self.mode != "graphs":
             return 0
         self.reserve(grown_slots(batch_size * max(self.peak_in_use, 1)), grown_length(longest))
@@ -531,12 +459,9 @@ class StaticDecoder:
                  self.captured - before, time.perf_counter() - began, self.kv.slots, self.kv.length)
         return self.captured - before
 
-    # --- forwards ---------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, requests: list[ForwardRequest]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        """The requests' forwards (each a StaticSequence of this runner) in one step, or one
-        per group of similar widths (hf.width_groups) when a long prefill meets decode steps."""
-
+        """The requests' forwards in one step, or one per group of similar widths (`width_groups`)."""
         outputs: list[Any] = [None] * len(requests)
         for group in width_groups([len(r.new_ids) for r in requests]):
             for i, out in zip(group, self._forward_group([requests[i] for i in group])):
@@ -609,16 +534,13 @@ class StaticDecoder:
         return self._capture_total[-1] - self._capture_total[first]
 
     def compute(self, ids: torch.Tensor, positions: torch.Tensor, read: int) -> tuple[torch.Tensor, ...]:
-        """The step itself, device work only: the model over rows [0, R) with each row's new
-        tokens at `positions` of its slot, attention over the first `read` positions, then
-        logits and the (entropy, argmax) pair of every position (`summarize`), and the hidden states."""
+        """The step itself, device work only: logits, summaries (`summarize`) and hidden states."""
         [hidden] = self.hidden_only(ids, positions, read)
         return (*self.summarize(hidden), hidden)
 
     def summarize(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits (float32, cut to the shared vocabulary) and, at each position, its entropy in
-        nats and argmax as one float64 pair (exact for any vocabulary index): the host reads the
-        pairs of the kept positions in one transfer."""
+        """Logits (float32, the shared vocabulary) and per position (entropy, argmax) as one float64 pair
+        (exact for any index), which the host reads in one transfer."""
         logits = self.head(hidden)[..., : self.runner.vocab_size].float()
         log_probs = torch.log_softmax(logits, dim=-1)
         entropy = -(log_probs.exp() * log_probs).nan_to_num().sum(-1)
@@ -627,17 +549,11 @@ class StaticDecoder:
     def hidden_only(self, ids: torch.Tensor, positions: torch.Tensor, read: int) -> tuple[torch.Tensor]:
         """The model's final hidden states [R, W, H] (its keys and values written to the slots)."""
         rows, width = ids.shape
-        allowed = self.kv.columns(read) <= positions[:, :, None]
-        if self.attention != "eager":
-            mask = allowed[:, None]
-        else:
-            floor = torch.finfo(self.model.dtype).min
-            mask = torch.zeros(allowed.shape, dtype=self.model.dtype, device=ids.device).masked_fill(~allowed, floor)[:, None]
+        mask = attention_mask(self.kv.columns(read) <= positions[:, :, None], self.attention, self.model.dtype)
         view = _RowsView(self.kv, rows, positions, read)
-        # The attention modules look their function up by `config._attn_implementation` at every
-        # call (or trace): this forward uses the decoder's (set and restored here, not through a
-        # context manager: this runs at every decode step). The private field, because the public
-        # `set_attn_implementation` validates at each call and would set it for every user of the shared weights.
+        # Attention looks its function up by `config._attn_implementation` at every call: set the
+        # decoder's and restore it. The private field: the public `set_attn_implementation`
+        # validates at each call and would set it for every user of the shared weights.
         config = self.model.config
         saved, config._attn_implementation_internal = config._attn_implementation_internal, self.attention
         try:
@@ -649,8 +565,7 @@ class StaticDecoder:
 
 
 class _Kept:
-    """The kept positions of each request in a step's outputs ([R, W, ...]): one contiguous run
-    of rows when the step serves one request (a slice), else an index."""
+    """The kept positions of the requests in a step's outputs ([R, W, ...]): a slice for one request, else an index."""
 
     def __init__(self, requests: list[ForwardRequest], slots: list[int], width: int, device: torch.device):
         if len(requests) == 1:
@@ -675,29 +590,23 @@ class _Kept:
 
 
 def read_bucket(live: int) -> int:
-    """The positions a step's attention reads for rows whose longest ends at `live`: the power
-    of two covering it or three quarters of that power, at least MIN_READ (two shapes per
-    doubling: at most a third of the window is past the live length)."""
+    """The positions attention reads for rows ending by `live`: the power of two covering it or three
+    quarters of it (at most a third past the live length), at least MIN_READ."""
     power = 1 << max(live - 1, 1).bit_length()
     three_quarters = power * 3 // 4
     return max(MIN_READ, three_quarters if live <= three_quarters else power)
 
 
 def step_shape(highest_slot: int, widest: int, live: int, slots: int, length: int) -> tuple[int, int, int]:
-    """The (rows, width, read) step of a forward whose rows reach slot `highest_slot`, whose
-    widest row has `widest` new tokens and whose longest ends at `live` positions, in a cache of
-    `slots` x `length` (a width past `WIDTHS` is its own, uncaptured)."""
+    """The (rows, width, read) step of a forward (a width past `WIDTHS` is its own, uncaptured)."""
     rows = min(_rows_for(highest_slot), slots)
     width = next((w for w in WIDTHS if w >= widest), widest)
     return rows, width, min(read_bucket(live), length)
 
 
 def warm_shapes(slots: int, length: int, shortest: int, longest: int) -> list[tuple[int, int, int]]:
-    """The (rows, width, read) steps a cache of `slots` x `length` can run for sequences of
-    `shortest` to `longest` positions: every row bucket up to `slots`, every captured width, and
-    every attention window from the one of the shortest prompt to the one of the longest sample
-    plus one widest step (a verification may run a few positions past the budget), capped at
-    `length` as a step's read is."""
+    """Every (rows, width, read) step a cache of `slots` x `length` can run for `shortest` to `longest`
+    positions; the longest plus one widest step (a verification may run a few past the budget)."""
     rows = [1 << k for k in range(slots.bit_length())]  # slots: a power of two
     low, high = read_bucket(shortest), read_bucket(longest + WIDTHS[-1])
     buckets = {MIN_READ} | {b for k in range(high.bit_length() + 1) for b in (1 << k, (3 << k) // 4) if b >= MIN_READ}
@@ -715,8 +624,7 @@ COMPILED_SHAPES = 8 * len(WIDTHS) * 26
 
 
 def raise_recompile_limit() -> None:
-    """Dynamo compiles the step once per shape and, past `recompile_limit` (8 by default), runs
-    it uncompiled without a word: raise the limit to every shape a decoder can use (as vLLM does)."""
+    """Past `recompile_limit` (8) Dynamo runs the step uncompiled without a word: cover every shape (as vLLM)."""
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, COMPILED_SHAPES)
     config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * COMPILED_SHAPES)

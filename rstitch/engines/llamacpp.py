@@ -1,26 +1,10 @@
 """llama.cpp backend (`engine=llamacpp`, `pip install -e ".[llamacpp]"`): GGUF models at full speed on CPU.
 
-One llama.cpp context per model holds every open sequence of it: a `Sequence` owns a sequence id
-and that id's KV stream (`n_ctx` cells of its own; not a unified buffer, where a sequence's
-logits would depend on where its cells lie among other sequences' cells: up to 0.4 on the 0.5B's
-logits, measured). The three backend hooks map onto llama.cpp directly:
-
-* partial prefill: the uncached tokens go into one `llama_decode` batch at their positions, with
-  output flags on the last `keep` of them (chunked by `n_batch`);
-* rollback: `llama_memory_seq_rm(seq, n_keep, -1)` drops the sequence's cells from a position on;
-* costs: through the shared `CostCounter` (base class), like every backend.
-
-Logits cover the full vocabulary (exact entropy) and are cut to the shared tokenizer vocabulary.
-A sequence's cells and id are freed when the `Sequence` object goes away (per sample).
-`LlamaCppModelRunner.decode_requests` takes tokens of several sequences in one call;
-`forward_batch` runs the in-flight samples of a batched run (`batch_size` > 1) through it. A
-token-level method opens two sequences per sample, so `engine.n_seq_max` (16) must be at least
-2 x batch_size (a one-line error says so otherwise).
-
-Tokenizer: llama.cpp's token ids are the GGUF vocabulary's, and so are those of the Hugging Face
-tokenizer rebuilt from the same file (transformers' GGUF reader), which the methods use for text,
-chat templates and stop strings. Packaged models cache it; other GGUF files rebuild it per load
-unless `tokenizer` names a local directory or hub id of the same vocabulary.
+One llama.cpp context per model holds every open sequence of it (docs/llamacpp.md, Design): a
+`Sequence` owns a sequence id and that id's KV stream (`n_ctx` cells of its own; not a unified
+buffer, where a sequence's logits would depend on where its cells lie among other sequences'
+cells: up to 0.4 on the 0.5B's logits, measured). A token-level method opens two sequences per
+sample, so `engine.n_seq_max` must be at least 2 x batch_size (one error line otherwise).
 """
 from __future__ import annotations
 
@@ -49,8 +33,7 @@ def _llama_cpp():
 
 
 def _weight_type(llama_cpp, model) -> str:
-    """The file's weight type as llama.cpp describes the model ("qwen2 1.5B Q4_K - Medium" ->
-    "gguf-Q4_K_Medium"): the precision part of the runner's identity."""
+    """The identity's precision: "qwen2 1.5B Q4_K - Medium" (llama.cpp's description) -> "gguf-Q4_K_Medium"."""
     buf = ctypes.create_string_buffer(256)
     llama_cpp.llama_model_desc(model, buf, len(buf))
     parts = buf.value.decode(errors="replace").split(" ", 2)
@@ -158,7 +141,6 @@ class LlamaCppModelRunner(ModelRunner):
     def new_sequence(self, prompt_ids: Seq[int], want_hidden: bool = False) -> LlamaCppSequence:
         return LlamaCppSequence(self, prompt_ids, want_hidden)
 
-    # --- sequence ids and cells ------------------------------------------------------------
     def _acquire(self) -> int:
         if not self._free_ids:
             raise ConfigError(f"engine 'llamacpp': more than {self.n_seq_max} sequences open on '{self.name}'; raise engine.n_seq_max")
@@ -171,18 +153,15 @@ class LlamaCppModelRunner(ModelRunner):
     def _remove(self, seq_id: int, n_keep: int) -> None:
         self._lib.llama_memory_seq_rm(self.memory, seq_id, n_keep, -1)
 
-    # --- decoding ----------------------------------------------------------------------------
     def forward_batch(self, requests: list[ForwardRequest]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        """The waiting sequences' tokens in shared decode calls: each sequence id keeps its own KV
-        stream, so rows of any length, rollbacks and new rows need nothing more."""
+        """The waiting sequences' tokens in shared decode calls (each sequence id keeps its own KV stream)."""
         seqs = [cast(LlamaCppSequence, r.seq) for r in requests]  # this runner's requests carry its own sequences
         logits = self.decode_requests([(s.seq_id, s.n_cached, r.new_ids, r.keep) for s, r in zip(seqs, requests)])
         return [(rows, None) for rows in logits]
 
     def decode_requests(self, requests: list[tuple[int, int, list[int], int]]) -> list[torch.Tensor]:
-        """Run `(seq_id, start position, tokens, keep)` requests together; return per request the
-        logits [keep, vocab_size] of its last `keep` tokens. Tokens are packed into batches of up
-        to `n_batch` (one decode call carries tokens of several sequences)."""
+        """Per `(seq_id, start position, tokens, keep)` request, the logits [keep, vocab_size] of its last
+        `keep` tokens, all tokens packed into decode calls of up to `n_batch`."""
         entries = [(r, seq_id, start + i, token, i >= len(tokens) - keep)
                    for r, (seq_id, start, tokens, keep) in enumerate(requests) for i, token in enumerate(tokens)]
         outputs: list[list[torch.Tensor]] = [[] for _ in requests]
@@ -218,7 +197,7 @@ def _free_context(llama_cpp, batch, ctx, model) -> None:
 
 
 def _load_tokenizer(path: str, gguf: str, tokenizer: str | None):
-    """The Hugging Face tokenizer of the GGUF vocabulary (see the module docstring)."""
+    """The Hugging Face tokenizer of the GGUF vocabulary (same ids; cached for packaged models)."""
     if tokenizer:
         return load_tokenizer(os.path.expanduser(tokenizer))
     if packaged.is_packaged(path):
@@ -227,8 +206,7 @@ def _load_tokenizer(path: str, gguf: str, tokenizer: str | None):
 
 
 def _eos_ids(llama_cpp, vocab, tokenizer, path: str) -> list[int]:
-    """A packaged model's EOS ids as its converted checkpoint has them (the HF engine's, so both
-    engines stop alike); for other files every end-of-generation token llama.cpp marks."""
+    """A packaged model's converted checkpoint's EOS ids (both engines stop alike), else every EOG token."""
     if packaged.is_packaged(path):
         return packaged.eos_token_ids(path, tokenizer)
     return eos_token_ids(tokenizer, [i for i in range(llama_cpp.llama_vocab_n_tokens(vocab)) if llama_cpp.llama_vocab_is_eog(vocab, i)])

@@ -1,6 +1,4 @@
-"""What every engine reads from a checkpoint besides its weights: tokenizer, config, EOS ids,
-the shared vocabulary size and the model's name, with one error line for a model that is not
-there. The engines (hf, vllm, llamacpp) differ only in how they run the weights."""
+"""What every engine reads from a checkpoint besides its weights, with one error line for a missing model."""
 from __future__ import annotations
 
 import os
@@ -21,8 +19,7 @@ def model_load_errors(path: str) -> Iterator[None]:
 
 
 def load_tokenizer(path: str, tokenizer: Any = None, **options: Any) -> Any:
-    """`tokenizer` if one is given, else the checkpoint's (options: `trust_remote_code`,
-    `revision`, `gguf_file`; None values are left out)."""
+    """`tokenizer` if one is given, else the checkpoint's (None options left out)."""
     if tokenizer is not None:
         return tokenizer
     from transformers import AutoTokenizer
@@ -58,8 +55,7 @@ def eos_token_ids(tokenizer: Any, *sources: int | Iterable[int] | None) -> list[
 
 
 def shared_vocab_size(tokenizer: Any, model_vocab_size: int) -> int:
-    """The vocabulary logits are cut to: checkpoints of one family pad their embedding tables
-    differently, the tokenizer's ids are what both models share."""
+    """The vocabulary logits are cut to: one family's checkpoints pad their embeddings differently."""
     return min(len(tokenizer), model_vocab_size)
 
 
@@ -68,8 +64,7 @@ def model_name(path: str, name: str | None) -> str:
 
 
 def count_parameters(config: Any) -> int:
-    """The parameter count of `config`'s causal LM, from a weightless (meta-device) instance:
-    what memory plans need before any weight loads."""
+    """The parameter count of `config`'s causal LM, from a weightless (meta-device) instance."""
     import torch
     from transformers import AutoModelForCausalLM
 

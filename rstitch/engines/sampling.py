@@ -1,12 +1,7 @@
 """Token sampling: greedy, or temperature with nucleus (top-p), from a seeded generator.
 
-Draws happen on the host, whatever device the model runs on: the probabilities (temperature and
-top-p applied where the logits live) are copied to the CPU and drawn from with the sampler's CPU
-generator. So one seed gives the same tokens on CPU and GPU wherever the probabilities are equal,
-and CPU runs draw exactly what they drew before. The cost on a GPU is one copy of the vocabulary's
-probabilities per sampled token (about 0.6 MB for a 152k vocabulary) and the CPU draw over it;
-greedy decoding copies nothing. A generator on the tensors' device would avoid the copy but give
-device-dependent streams (CUDA's Philox is not the CPU's Mersenne Twister). docs/gpu.md."""
+Draws happen on the host with the sampler's CPU generator, whatever device the model runs on, so
+one seed gives the same tokens on CPU and GPU (a device generator's stream differs: docs/gpu.md)."""
 from __future__ import annotations
 
 import math
@@ -66,14 +61,8 @@ class Sampler:
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One index drawn from `probs` (any device) with `generator`, on the generator's device:
-    the host for every sampler, so that draws do not depend on where the model runs."""
-    return int(torch.multinomial(on_device(probs, generator.device), 1, generator=generator))
-
-
-def on_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`tensor` on `device` (float32), copied only when it lives elsewhere."""
-    return tensor.to(device=device, dtype=torch.float32)
+    """One index drawn from `probs` (any device) with `generator`, on the generator's device (the host)."""
+    return int(torch.multinomial(probs.to(device=generator.device, dtype=torch.float32), 1, generator=generator))
 
 
 def _is_number(value: object) -> bool:

@@ -1,42 +1,9 @@
 """vLLM backend: every model is its own `vllm.LLM` engine in this process, with its own memory share.
 
-vLLM owns the KV cache and shares it between requests through automatic prefix caching, so a
-`VLLMSequence` holds no cache of its own. Each forward the base class asks for becomes one vLLM
-request on the sequence's whole token list: the cached prefix is reused block by block and
-only the tail is computed. Distributions are raw logits rows kept on the device: the decoded
-positions' by the switch processor (`vllm_switch`), the verified prompt positions' by the model
-runner's prompt step (`vllm_rows`); exact, and never a vocabulary-sized list on the host. With
-the engine core in another process they come back as log-probabilities instead (logits up to a
-constant, which every consumer of `TokenDistribution` is invariant to): the full vocabulary when
-it is small, else the top-k completed by spreading the remaining mass evenly (`complete_topk`;
-docs/vllm.md measures the entropy error).
-
-Lookahead (`max_lookahead` > 1, off by default): a request that predicts the next token goes
-on to decode more tokens greedily and keeps their distributions. While the caller appends
-exactly those tokens, the next distributions are served from the stored ones without a request;
-at the first other token (a switch to the other model, a sampled token, a rollback) the rest is
-dropped. The lookahead doubles (up to `max_lookahead`) while the caller asks for and takes every
-token of the last one, and starts again from one token otherwise.
-
-Runs of tokens (`decode_until`, and `generate`, which is one) are native: one request with the
-stop strings and EOS ids, no logprobs. A `SwitchRule` (R-Stitch's entropy switch) is evaluated
-inside vLLM by a logits processor (`vllm_switch`: the exact normalized entropy over the full
-vocabulary, decided on the device; one class for each of vLLM's model runners), which ends the
-request in the step that computes the first token crossing it; so a token-level method pays one
-request per run of tokens on one model, not one per token, and no forward beyond its tokens.
-
-Batched runs (`batch_size` > 1): `forward_batch` sends the waiting forwards and runs of all
-samples in flight to vLLM in one `generate` call per round.
-
-Cost accounting is the base class's: a forward served from the lookahead counts as the decode
-step it stands for, so token and FLOP counts match the HF backend; wall time is real.
-
-Hidden states (`want_hidden=True`, R-Stitch+'s router): vLLM's generation API does not return
-them, so a model opens, at its first such sequence, a second engine on the same weights as a
-pooling model (`runner="pooling"`, task `token_embed`: the final hidden state of every computed
-position, after the final norm as HF's `hidden_states[-1]`, unnormalized). Each request of such a
-sequence is followed by one pooling request on the same path for the rows it serves; prefix
-caching keeps it incremental. Other sequences never touch it (docs/vllm.md: memory and time).
+A forward is a request on the sequence's whole token list (vLLM's prefix cache reuses the cached
+blocks); runs of tokens (`decode_until`) are one request whose `SwitchRule` a logits processor
+evaluates on the device (`vllm_switch`); distributions are device logits rows (`vllm_rows`);
+hidden states come from a second, pooling engine. docs/vllm.md ("Design") explains each part.
 """
 from __future__ import annotations
 
@@ -79,8 +46,7 @@ AUTO_TOPK = 20  # ...and the top 20 above it (vLLM's default cap, the OpenAI API
 
 
 def complete_topk(token_ids: torch.Tensor, logprobs: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """A full log-probability row from the listed tokens: the mass they leave is spread evenly
-    over the unlisted ones (the maximum-entropy completion). Exact when every token is listed."""
+    """A full log-probability row: the mass the listed tokens leave spread evenly over the others."""
     row = torch.full((vocab_size,), float("nan"))
     inside = token_ids < vocab_size
     row[token_ids[inside]] = logprobs[inside].float()
@@ -100,9 +66,7 @@ class VLLMSequence(Sequence):
         super().__init__(runner, prompt_ids, want_hidden)
         if want_hidden:
             runner.open_hidden_engine()  # fail (or pay the load) before the first forward
-        # Distributions of the last request: row i is the distribution after
-        # _path[: _first + i + 1]; they serve any token list that is a prefix of _path.
-        # _hidden holds the matching last hidden states when the sequence wants them.
+        # The last request's rows: row i follows _path[: _first + i + 1] (_hidden: its hidden states).
         self._path: list[int] = []
         self._decoded: list[int] = []  # the last request's tokens and all it generated
         self._requested = self._served_calls = 0  # its token count; calls served from it since
@@ -112,37 +76,30 @@ class VLLMSequence(Sequence):
         self._lookahead = 1
         self._dropped_at: int | None = None  # the position a dropped run's last forward computed
 
-    # --- backend hooks -----------------------------------------------------------------
     def _forward(self, new_ids: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.runner.forward_batch([ForwardRequest(self.runner, self, list(new_ids), keep)])[0]
 
     def _crop(self, n_keep: int) -> None:
         """Nothing to free: vLLM's prefix cache is shared and evicts by itself."""
 
-    # --- lookahead ---------------------------------------------------------------------
     def _stored(self, tokens: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """The logits (and hidden states) of the last `keep` positions of `tokens`, if the last
-        request covered them."""
+        """The rows of the last `keep` positions of `tokens`, if the last request covered them."""
         first = len(tokens) - keep
-        if self._rows is None or first < self._first or len(tokens) > len(self._path):
-            return None
-        if tokens != self._path[: len(tokens)]:
+        if self._rows is None or first < self._first or tokens != self._path[: len(tokens)]:
             return None
         rows = slice(first - self._first, len(tokens) - self._first)
         return self._rows[rows], None if self._hidden is None else self._hidden[rows]
 
     def _adapt_lookahead(self, tokens: list[int]) -> None:
-        """Double the lookahead when the caller asked for the distribution at every token of the
-        last one and took them all (the last included); else start again from one token: a
-        wasted token costs about as much as the request it would save."""
+        """Double the lookahead when the caller took every token of the last one, else back to one:
+        a wasted token costs about as much as the request it would save."""
         n_generated = len(self._decoded) - self._requested
         took_all = (len(tokens) >= len(self._decoded) > 0 and self._served_calls >= n_generated - 1
                     and tokens[: len(self._decoded)] == self._decoded)
         self._lookahead = min(2 * self._lookahead, self.runner.max_lookahead) if took_all else 1
 
     def _store(self, tokens: list[int], keep: int, out: Any, serial: int) -> None:
-        """Keep a scoring request's distributions: the last `keep` positions of `tokens` and
-        those of the greedy tokens it decoded (`VLLMModelRunner.scoring_rows`)."""
+        """Keep a scoring request's rows: the last `keep` positions of `tokens` and its greedy tokens'."""
         runner = self.runner
         generated = list(out.outputs[0].token_ids)
         rows = runner.scoring_rows(out, serial, len(tokens), keep, len(generated))
@@ -155,7 +112,6 @@ class VLLMSequence(Sequence):
             self._hidden = runner.hidden_states(self._path, len(rows))
         runner.lookahead_tokens += len(generated) - 1
 
-    # --- runs of tokens (native generation) ------------------------------------------------
     def decode_until(
         self,
         max_new_tokens: int,
@@ -164,10 +120,7 @@ class VLLMSequence(Sequence):
         stop: Seq[str] = (),
         eos_ids: Collection[int] | None = None,
     ) -> Generation:
-        """One vLLM request for the whole run (more only if the model samples the sentinel by
-        itself): the rule is evaluated inside vLLM by `SwitchProcessor`. Tokens and cost books are
-        those of the base class's token loop; sampled runs draw their seed from `sampler`, so they
-        are reproducible but are not the HF backend's draws."""
+        """One vLLM request for the whole run (docs/vllm.md); tokens and cost books are the base loop's."""
         if max_new_tokens <= 0:
             return Generation([], "length")
         runner = self.runner
@@ -177,18 +130,16 @@ class VLLMSequence(Sequence):
         result, seconds = runner.run_request(RunRequest(self, max_new_tokens, sampler, rule, list(stop), eos))
         self._book_run(len(result.token_ids) + result.dropped, seconds)
         self.append(result.token_ids)
-        # As after the loop: the last token is pending, unless the run ended on a dropped
-        # position, whose forward processed every token (its distribution is not kept).
+        # As after the loop: the last token is pending, unless a dropped position's forward processed all.
         self.n_cached = len(self.tokens) - (0 if result.dropped else 1)
         self._window_logits = self._window_hidden = None
-        # The loop would hold that position's distribution in its window: a run asked again
-        # at the same position (nothing appended) books no forward for it, as the loop's.
+        # The loop would hold that distribution in its window: a run asked again there books no forward for it.
         self._dropped_at = len(self.tokens) if result.dropped else None
         return result
 
     def _book_run(self, n_forwards: int, seconds: float) -> None:
-        """The forwards of the base loop: the pending tokens (or the last one again, unless its
-        distribution is still in the window), then one decode step per further distribution."""
+        """The base loop's forwards: the pending tokens (or the last one again unless still in the
+        window), then one decode step per further distribution."""
         forwards: list[tuple[int, int]] = []
         held = self._window_covers(len(self.tokens) - 1) or self._dropped_at == len(self.tokens)
         if not (self.n_pending == 0 and held):
@@ -216,10 +167,8 @@ class RunRequest:
 
 
 class _Scoring:
-    """A forward of the base class as vLLM requests: served from the lookahead, or one request.
-    vLLM computes prompt logprobs only for positions its prefix cache does not cover: a request
-    that wants some reads the cache unless it holds one of them now (`cached_tokens`), and is
-    repeated without it only if the cache grew in between (another request of the same round)."""
+    """A forward as vLLM requests: served from the lookahead, or one request that reads the prefix
+    cache unless it holds a wanted position (repeated without it if the cache grew meanwhile)."""
 
     def __init__(self, seq: VLLMSequence, new_ids: list[int], keep: int):
         self.seq, self.keep = seq, keep
@@ -231,7 +180,7 @@ class _Scoring:
             return
         seq._adapt_lookahead(self.tokens)
         self.lookahead = seq.runner.room(len(self.tokens), seq._lookahead)
-        read_cache = keep <= 1 or seq.runner.cached_tokens(self.tokens) <= len(self.tokens) - keep
+        read_cache = keep <= 1 or cached_tokens(seq.runner.llm, self.tokens) <= len(self.tokens) - keep
         self.serial = seq.runner.new_tag()
         self.params = seq.runner.scoring_params(self.lookahead, keep, read_cache, self.serial, len(self.tokens))
 
@@ -251,8 +200,7 @@ class _Scoring:
 
 
 class _Run:
-    """A `RunRequest` as vLLM requests: one, and another after each sentinel the model sampled
-    by itself (a real token on vocabularies without padding ids)."""
+    """A `RunRequest` as vLLM requests: one, and another after each sentinel the model sampled itself."""
 
     def __init__(self, request: RunRequest):
         self.request = request
@@ -295,8 +243,7 @@ class _Run:
             self._finish(new, "length")
 
     def _forced(self, new: list[int], sentinel: int) -> tuple[bool, int]:
-        """Whether the run's last token is a sentinel the rule forced (read from the processor's
-        log, once per run), and the token kept in its place."""
+        """Whether the run's last token is a sentinel the rule forced, and the token kept in its place."""
         from rstitch.engines import vllm_switch
 
         if not (self.request.rule.ends and new and new[-1] == sentinel):
@@ -348,12 +295,7 @@ class VLLMModelRunner(ModelRunner):
         hidden_kv_cache_memory_bytes: int | None = None,
         kv_tokens: int | None = None,
     ):
-        """`device` is vLLM's platform (its build decides); the other options are vLLM's engine
-        arguments of the same names, `engine_args` passes any further ones. `hidden_*` are the
-        memory share of the hidden-state engine, opened only for sequences that want hidden
-        states (`hidden_kv_cache_memory_bytes` null: `kv_cache_memory_bytes`). `kv_tokens`: the KV
-        pool's capacity in tokens (its `kv_cache_memory_bytes` from the model's KV bytes per
-        token; the same value for both models gives pools of equal capacity, `vllm_memory`)."""
+        """The options are conf/engine/vllm.yaml's (each explained there); `device` is vLLM's platform."""
         super().__init__()
         _check_options(dtype, max_lookahead, hidden_gpu_memory_utilization)
         self.path = path  # as configured (a packaged:<name> stays one)
@@ -376,13 +318,10 @@ class VLLMModelRunner(ModelRunner):
         self.top_logprobs = _logprob_count(logprobs, self.model_vocab_size)
         self.max_lookahead = max_lookahead
         self.served_from_lookahead = self.lookahead_tokens = self.requests = self.hidden_requests = 0
-        self.generate_calls = self._tags = self.prefix_cache_retries = 0
-        # Runs that a SwitchRule ends are decided inside vLLM by SwitchProcessor, which reports
-        # through this process's memory: with the engine core in another process they fall back
-        # to one request per token.
+        self.generate_calls = self.prefix_cache_retries = 0
+        # SwitchProcessor and the kept device rows report through this process's memory: with the
+        # engine core in another process, rule runs are a token loop and rows come as logprobs.
         self.switch_in_engine = not multiprocessing
-        # Distributions are logits rows kept on the device (exact) with the engine core in this
-        # process; else logprobs, whose top k are completed by spreading the leftover mass.
         self.capabilities = Capabilities(hidden_states=True, batched_forward=True,
                                          exact_distributions=self.switch_in_engine or self.top_logprobs == -1)
         self.sentinel = _sentinel(self.vocab_size, self.model_vocab_size, self.eos_token_ids)
@@ -406,10 +345,8 @@ class VLLMModelRunner(ModelRunner):
     @staticmethod
     def check_memory(pair_cfg: dict[str, Any], engine_cfg: dict[str, Any], batch_size: int,
                      longest_prompt: Callable[[Any], int], max_new_tokens: int) -> None:
-        """Before the pair loads (the runner's plan): both pools must hold `batch_size` sequences of
-        the run's longest sample (`longest_prompt(tokenizer)` + `max_new_tokens`, within the
-        context), one line otherwise (vllm_memory.check_run; on CUDA also the weights and both
-        pools against the free memory). Reads config.json and the tokenizer only."""
+        """Both pools hold `batch_size` of the run's longest samples (`vllm_memory.check_run`; docs/vllm.md,
+        Memory); reads config.json and the tokenizer only."""
         from rstitch.engines import vllm_memory
 
         shared = {"dtype": pair_cfg.get("dtype", "float32"), **{k: v for k, v in engine_cfg.items() if k != "name"}}
@@ -434,12 +371,11 @@ class VLLMModelRunner(ModelRunner):
             vllm_memory.check_run(models, batch_size, max_len, tokens if isinstance(tokens, int) else None, free)
 
     def _start_engine(self, args: dict[str, Any], dtype: str) -> None:
-        """vLLM's engine with the switch processor of the model runner it will use (V2 where
-        Triton runs, else V1); a runner other than the expected one is one error line."""
+        """vLLM's engine with the switch processor of the model runner it will use (V2 where Triton runs)."""
         from vllm import LLM
 
         self.uses_v2_runner = _v2_runner_expected()
-        processors = [_switch_processor(self.uses_v2_runner)] if self.switch_in_engine else None
+        processors = [switch_processor(self.uses_v2_runner)] if self.switch_in_engine else None
         self.llm = LLM(**{k: v for k, v in {**args, "max_logprobs": self.top_logprobs,
                                             "logits_processors": processors}.items() if v is not None})
         vllm_config = self.llm.llm_engine.vllm_config
@@ -448,7 +384,7 @@ class VLLMModelRunner(ModelRunner):
                               "model runner, not the one expected: set VLLM_USE_V2_MODEL_RUNNER explicitly")
         self.max_model_len = vllm_config.model_config.max_model_len
         self.engine_steps = 0
-        self._count_engine_steps()
+        count_engine_steps(self.llm, self._count_step)
         self.block_hasher = ReusingBlockHasher.install(self.llm)
         if self.switch_in_engine:  # verification rows on the device (vllm_rows)
             from rstitch.engines import vllm_rows
@@ -459,18 +395,12 @@ class VLLMModelRunner(ModelRunner):
     def new_sequence(self, prompt_ids: Seq[int], want_hidden: bool = False) -> VLLMSequence:
         return VLLMSequence(self, prompt_ids, want_hidden)
 
-    def _count_engine_steps(self) -> None:
-        def step() -> None:
-            self.engine_steps += 1
+    def _count_step(self) -> None:
+        self.engine_steps += 1
 
-        count_engine_steps(self.llm, step)
-
-    # --- hidden states -------------------------------------------------------------------
     def open_hidden_engine(self) -> None:
-        """Load the hidden-state engine once: the same weights as a pooling model whose
-        `token_embed` task returns the final (normed) hidden state of every computed position,
-        with no activation (it would L2-normalize them). vLLM's generate runner cannot return
-        hidden states, and a pooling runner cannot sample: hence a second engine."""
+        """Load the hidden-state engine once: the same weights as a pooling model (`token_embed`: the
+        final normed hidden state of every computed position; no activation, which would L2-normalize)."""
         if self.hidden_llm is not None:
             return
         from vllm import LLM
@@ -486,8 +416,7 @@ class VLLMModelRunner(ModelRunner):
 
     def hidden_states(self, token_ids: list[int], n_rows: int) -> torch.Tensor:
         """The last hidden states [n_rows, H] (float32) of the last `n_rows` positions of `token_ids`."""
-        # Only computed positions get a state: read the cache unless it holds a wanted position
-        # now (and repeat without it if it came to hold one before the request ran).
+        # Only computed positions get a state: the prefix cache is read as in `_Scoring`.
         data = self._pool(token_ids, read_cache=cached_tokens(self.hidden_llm, token_ids) <= len(token_ids) - n_rows)
         if data.shape[0] < n_rows:
             self.prefix_cache_retries += 1
@@ -504,11 +433,8 @@ class VLLMModelRunner(ModelRunner):
                                        pooling_task="token_embed")
         return out.outputs.data
 
-    # --- requests ------------------------------------------------------------------------
     def forward_batch(self, requests: list[Any]) -> list[Any]:
-        """Forwards (`ForwardRequest`: distributions) and runs (`RunRequest`: a `Generation`) of
-        any number of sequences, all in one `generate` call per round (a repeated request goes
-        in the next round)."""
+        """Forwards (`ForwardRequest`) and runs (`RunRequest`) of many sequences: one `generate` call per round."""
         works = [_Run(r) if isinstance(r, RunRequest) else _Scoring(r.seq, list(r.new_ids), r.keep) for r in requests]
         while pending := [w for w in works if w.result is None]:
             for work, out in zip(pending, self.run_many([w.tokens for w in pending], [w.params for w in pending])):
@@ -527,14 +453,9 @@ class VLLMModelRunner(ModelRunner):
         [out] = self.run_many([token_ids], [params])
         return out
 
-    def cached_tokens(self, token_ids: list[int]) -> int:
-        """How many leading tokens of `token_ids` the generation engine's prefix cache holds now."""
-        return cached_tokens(self.llm, token_ids)
-
     def new_tag(self) -> int:
         from rstitch.engines import vllm_switch
 
-        self._tags += 1
         return vllm_switch.new_serial()
 
     def room(self, n_tokens: int, wanted: int) -> int:
@@ -548,11 +469,8 @@ class VLLMModelRunner(ModelRunner):
 
     def scoring_params(self, lookahead: int, keep: int, read_cache: bool, serial: int | None = None,
                        n_tokens: int = 0) -> Any:
-        """A scoring request on `n_tokens` tokens: greedy, `lookahead` tokens. Its distributions
-        (the last `keep` - 1 prompt positions' and the decoded tokens') are raw logits rows kept
-        on the device (exact, no logprobs returned; `serial` keys them): the decoded tokens' by
-        the switch processor, the prompt positions' by the model runner (`vllm_rows`). Without a
-        serial or with the engine core in another process: vLLM's logprobs."""
+        """A greedy scoring request of `lookahead` tokens whose rows (the last `keep` - 1 prompt positions'
+        and the decoded tokens') are kept on the device under `serial`; else vLLM's logprobs."""
         from vllm import SamplingParams
 
         from rstitch.engines import vllm_switch
@@ -571,9 +489,7 @@ class VLLMModelRunner(ModelRunner):
         )
 
     def scoring_rows(self, out: Any, serial: int, n_tokens: int, keep: int, n_generated: int) -> list[torch.Tensor]:
-        """The distributions of a scoring request on `n_tokens` tokens, as `scoring_params` asked:
-        its last `keep` positions and its `n_generated` decoded tokens' (the row at position p
-        predicts token p). Device rows, or vLLM's logprobs with the engine core elsewhere."""
+        """The rows `scoring_params` asked for (the row at position p predicts token p)."""
         from rstitch.engines import vllm_switch
 
         if not self.switch_in_engine:
@@ -588,9 +504,8 @@ class VLLMModelRunner(ModelRunner):
 
     def run_params(self, max_tokens: int, sampler: Sampler, stop: Seq[str], eos: set[int], rule: SwitchRule,
                    serial: int) -> Any:
-        """A run's request: stop strings, EOS ids and, when the rule can end it, the sentinel as
-        stop tokens; the rule for `SwitchProcessor` (which also masks ids beyond the shared
-        vocabulary, as the HF engine cuts its logits)."""
+        """A run's request: stop strings, EOS ids and the sentinel as stops; the rule for `SwitchProcessor`
+        (which also masks ids beyond the shared vocabulary, as the HF engine cuts its logits)."""
         from vllm import SamplingParams
 
         from rstitch.engines import vllm_switch
@@ -601,9 +516,7 @@ class VLLMModelRunner(ModelRunner):
             seed = int(torch.randint(0, 2**31 - 1, (), generator=sampler.generator))
             sampling = {"temperature": float(sampler.temperature), "top_p": float(sampler.top_p), "seed": seed}
         stop_ids = eos | ({self.sentinel} if rule.ends else set())
-        extra = None
-        # The processor takes part only where it has work: a rule that can end the run, or ids
-        # beyond the shared vocabulary to mask.
+        extra = None  # the processor takes part only where it has work: a rule, or ids to mask
         if self.switch_in_engine and (rule.ends or self.vocab_size < self.model_vocab_size):
             extra = {vllm_switch.KEY: {
                 "serial": serial, "vocab": self.vocab_size, "sentinel": self.sentinel,
@@ -624,20 +537,18 @@ class VLLMModelRunner(ModelRunner):
 
 
 def _check_options(dtype: str, max_lookahead: Any, hidden_gpu_memory_utilization: Any) -> None:
-    """One line for a bad option, before anything loads."""
     torch_dtype(dtype)
     if isinstance(max_lookahead, bool) or not isinstance(max_lookahead, int) or max_lookahead < 1:
         raise ConfigError(f"engine.max_lookahead must be an integer >= 1, got {max_lookahead!r}")
     # Checked now: the hidden-state engine is loaded only at the first sequence that wants it.
-    if not _is_fraction(hidden_gpu_memory_utilization):
+    fraction = hidden_gpu_memory_utilization
+    if not (isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0 < fraction <= 1):
         raise ConfigError(f"engine.hidden_gpu_memory_utilization must be in (0, 1], got {hidden_gpu_memory_utilization!r}")
 
 
 def cached_tokens(llm: Any, token_ids: list[int]) -> int:
-    """How many leading tokens of `token_ids` `llm`'s prefix cache holds now: a lookup in the
-    engine core's KV cache manager (nothing allocated), only where the cache could hold more
-    than nothing (vLLM computes the last token at least). With the engine core in another
-    process: all it could hold (the caller then skips the cache for wanted positions)."""
+    """How many leading tokens of `token_ids` `llm`'s prefix cache holds now (a lookup, nothing
+    allocated); with the engine core in another process, all it could hold."""
     block = llm.llm_engine.vllm_config.cache_config.block_size
     limit = (len(token_ids) - 1) // block * block
     core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
@@ -652,13 +563,9 @@ def cached_tokens(llm: Any, token_ids: list[int]) -> int:
 
 
 class ReusingBlockHasher:
-    """The engine core's prefix-cache block hasher, reusing the hashes of a recent request whose
-    prompt shares full blocks with a new one. Every switch and scoring forward is a new vLLM
-    request whose prompt is the sequence's whole context, and vLLM hashes each full block of it
-    at admission (kv_cache_utils.get_request_block_hasher, a hash chained over the prefix); with
-    this only the blocks past the shared prefix are hashed, so hashing per request follows the
-    tokens added since the sequence's last request, not its context. `hashed_blocks` counts the
-    blocks hashed, `reused_blocks` those taken over."""
+    """The engine core's prefix-cache block hasher, reusing the hashes of the full blocks a recent
+    prompt shares with a new one (vLLM hashes every full block of each request's whole context:
+    kv_cache_utils.get_request_block_hasher). docs/vllm.md, "A forward is a request"."""
 
     def __init__(self, compute: Callable[[Any], list[Any]], block_size: int, recent: int = 64):
         self.compute, self.block_size, self.recent = compute, block_size, recent
@@ -714,8 +621,7 @@ class ReusingBlockHasher:
 
 
 def count_engine_steps(llm: Any, on_step: Callable[[], None]) -> bool:
-    """Call `on_step` at each forward of `llm`'s model executor (an `execute_model` call that
-    schedules tokens); possible with the engine core in this process only (False otherwise)."""
+    """Call `on_step` at each forward of `llm`'s model executor (engine core in this process only)."""
     core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
     executor = getattr(core, "model_executor", None)
     if executor is None:
@@ -732,8 +638,7 @@ def count_engine_steps(llm: Any, on_step: Callable[[], None]) -> bool:
 
 
 def _kv_pool_bytes(name: str, config: Any, num_parameters: int, dtype: str, kv_tokens: Any) -> int:
-    """`kv_tokens` of the model's KV in bytes; on a GPU, refused in one line unless the weights,
-    the pool and an engine's overhead fit in the memory free now."""
+    """`kv_tokens` of the model's KV in bytes; on a GPU, one line unless it fits the free memory."""
     from rstitch.engines import vllm_memory
 
     if isinstance(kv_tokens, bool) or not isinstance(kv_tokens, int) or kv_tokens < 1:
@@ -746,8 +651,7 @@ def _kv_pool_bytes(name: str, config: Any, num_parameters: int, dtype: str, kv_t
 
 
 def _v2_runner_expected() -> bool:
-    """Whether vLLM will run its V2 model runner (`VllmConfig.use_v2_model_runner`: the
-    environment's choice, else V2 wherever Triton has a backend)."""
+    """Whether vLLM will run its V2 model runner: the environment's choice, else wherever Triton runs."""
     from vllm import envs
     from vllm.triton_utils import HAS_TRITON
 
@@ -755,23 +659,18 @@ def _v2_runner_expected() -> bool:
     return bool(HAS_TRITON) if chosen is None else bool(chosen)
 
 
-def _switch_processor(v2: bool) -> type:
+def switch_processor(v2: bool) -> type:
     from rstitch.engines.vllm_switch import SwitchProcessor, SwitchProcessorV2
 
     return SwitchProcessorV2 if v2 else SwitchProcessor
 
 
 def vllm_identity(name: str, vllm_config: Any, dtype: str) -> EngineIdentity:
-    """The runner's identity: the device vLLM's platform runs on and the dtype asked for, under
-    the engine's own name, so its latency profiles are never the HF engine's."""
-    device = getattr(getattr(vllm_config, "device_config", None), "device_type", None) or _platform_device()
-    return EngineIdentity("vllm", name, str(device), dtype)
-
-
-def _platform_device() -> str:
+    """The device vLLM's platform runs on and the dtype asked for, under the engine's own name."""
     from vllm.platforms import current_platform
 
-    return str(current_platform.device_type)
+    device = getattr(getattr(vllm_config, "device_config", None), "device_type", None) or current_platform.device_type
+    return EngineIdentity("vllm", name, str(device), dtype)
 
 
 def _logprob_count(logprobs: int | str, vocab_size: int) -> int:
@@ -786,15 +685,10 @@ def _logprob_count(logprobs: int | str, vocab_size: int) -> int:
 
 
 def _sentinel(vocab_size: int, model_vocab_size: int, eos: list[int]) -> int:
-    """The token `SwitchProcessor` forces to end a run: a padding id beyond the shared vocabulary
-    (never sampled: it is masked) when the model has one, else the last id that is not an EOS."""
+    """The token `SwitchProcessor` forces to end a run: a (masked) padding id, else the last non-EOS id."""
     if model_vocab_size > vocab_size:
         return model_vocab_size - 1
     return max(i for i in range(vocab_size - len(eos) - 1, vocab_size) if i not in eos)
-
-
-def _is_fraction(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
 
 
 RUNNER = VLLMModelRunner  # the class engines.ENGINES registers for conf/engine/vllm.yaml

@@ -1,11 +1,5 @@
-"""GPU memory of a pair on vLLM: KV pools of equal token capacity for both models.
-
-Each model is its own vLLM engine with its own KV pool. Fractions of GPU memory
-(`gpu_memory_utilization`) give pools whose token capacities differ by the models' KV bytes per
-token, so under batch load the smaller pool fills and evicts first. A run instead asks for a
-capacity in tokens, the same for both (`engine.kv_tokens`: each model's `kv_cache_memory_bytes`
-is that many tokens of its KV), at least the run's batch times its sequence length; `plan`
-checks that the weights and both pools fit, with one line when they do not.
+"""GPU memory of a pair on vLLM: KV pools of equal token capacity for both models (`engine.kv_tokens`;
+docs/vllm.md, Memory), checked before any model loads with one line when they do not fit.
 """
 from __future__ import annotations
 
@@ -45,9 +39,8 @@ def dtype_bytes(dtype: str) -> int:
 
 def plan(gpu_bytes: int, models: list[ModelMemory], batch_size: int, max_len: int, utilization: float = 0.9,
          overhead_bytes: int = 2 * GIB) -> int:
-    """The KV capacity in tokens each pool gets: all that `utilization` of the GPU leaves after the
-    weights and `overhead_bytes` per engine (activations, CUDA graphs), split so that both pools
-    hold the same number of tokens. A `ConfigError` when that is below `batch_size * max_len`."""
+    """The KV tokens each pool gets (equal): what `utilization` of the GPU leaves after the weights and
+    `overhead_bytes` per engine; a `ConfigError` below `batch_size * max_len`."""
     budget = utilization * gpu_bytes - sum(m.weight_bytes + overhead_bytes for m in models)
     per_token = sum(m.kv_bytes_per_token for m in models)
     tokens = int(budget // per_token) if budget > 0 else 0
@@ -64,10 +57,8 @@ def plan(gpu_bytes: int, models: list[ModelMemory], batch_size: int, max_len: in
 
 def check_run(models: list[ModelMemory], batch_size: int, max_len: int, kv_tokens: int | None,
               gpu_bytes: int | None) -> int:
-    """A run's KV need against its pools, before any model loads: `batch_size` sequences of
-    `max_len` tokens in each pool. `kv_tokens` set: one line when it holds fewer, and on a GPU
-    (`gpu_bytes` free) when both pools of that size and the weights do not fit. Returns the
-    capacity per pool: `kv_tokens`, else what `plan` gives on the GPU, else the need itself."""
+    """`batch_size` x `max_len` tokens in each pool (of `kv_tokens`, else planned on the GPU's free
+    `gpu_bytes`); one line when they do not fit. Returns the capacity per pool."""
     needed = batch_size * max_len
     if kv_tokens is not None and kv_tokens < needed:
         raise ConfigError(f"engine.kv_tokens={kv_tokens} holds fewer tokens than batch {batch_size} x {max_len} "

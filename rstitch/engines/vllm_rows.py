@@ -1,24 +1,13 @@
 """Verification rows kept on the device: the prompt positions' logits of a scoring request.
 
-A scoring request with `keep` > 1 (SpecDec's and EASD's verification, judges) needs the
-distributions at its last `keep - 1` prompt positions. vLLM returns those only as prompt
-logprobs, converted for the host into Python lists of V values per position; and vLLM 0.32 has
-no public hook on them: logits processors see the sampled rows only, and the prompt rows are
-computed inside the model runner (V1: `GPUModelRunner._get_prompt_logprobs_dict`,
+A scoring request with `keep` > 1 (verification, judges) needs its last `keep - 1` prompt positions'
+distributions, which vLLM 0.32 returns only as prompt logprobs (host lists of V values) and has no
+public hook on: they are computed inside the model runner (V1: `GPUModelRunner._get_prompt_logprobs_dict`,
 v1/worker/gpu_model_runner.py:5306; V2: `PromptLogprobsWorker.compute_prompt_logprobs`,
-v1/worker/gpu/sample/prompt_logprob.py:120), from the step's hidden states and
-`model.compute_logits`.
-
-So `keep_prompt_rows` runs in the worker once per engine, through vLLM's documented way to run
-code there (`LLM.collective_rpc` with a callable), and gives the model runner's prompt step a
-subclass that first keeps, for every request carrying `extra_args[CAPTURE_KEY]["prompt_from"]`,
-the raw logits rows of the prompt positions it computes from `prompt_from` on: `compute_logits`
-over those positions' hidden states only, cut to the shared vocabulary, in the same device
-store as the switch processor's next-token rows (`vllm_switch.captured`, keyed by the position
-of the token each row predicts). Such a request asks vLLM for no prompt logprobs, so nothing of
-these positions becomes a list; what a method reads from a row (entropy, a token's probability,
-top-p mass, a residual) is reduced where the row lives, as on the HF engine. Needs the engine
-core in this process, as the switch processor does.
+v1/worker/gpu/sample/prompt_logprob.py:120). So `keep_prompt_rows` runs in the worker once per engine
+(`LLM.collective_rpc`, vLLM's documented way) and gives that prompt step a subclass that first keeps
+the raw rows of requests carrying `extra_args[CAPTURE_KEY]["prompt_from"]` in the switch processor's
+device store (`vllm_switch.captured`). Needs the engine core in this process.
 """
 from __future__ import annotations
 
@@ -43,10 +32,8 @@ def prompt_from(params: Any) -> Want | None:
 
 
 def prompt_span(want: Want, offset: int, computed: int, scheduled: int, prompt_len: int) -> Span | None:
-    """One request's rows in a step: its hidden rows start at `offset` and compute positions
-    `computed` .. `computed + scheduled - 1`; the row at position i predicts the token at i + 1,
-    kept if that is a prompt token at or after `prompt_from` (the row predicting the first
-    generated token is the sampled row, which the switch processor keeps)."""
+    """One request's rows in a step (hidden rows from `offset`, positions `computed` onwards): the row at
+    position i, kept if token i + 1 is a prompt token from `prompt_from` on (the sampled row is the processor's)."""
     serial, vocab, first = want
     start = max(first, computed + 1)
     end = min(computed + scheduled, prompt_len - 1)  # last predicted position, inclusive
@@ -89,8 +76,7 @@ class PromptRowsV1:
 
 
 class PromptRowsV2:
-    """Mixed before the V2 runner's `PromptLogprobsWorker`: keeps the rows, then vLLM's own step.
-    Checked on the CPU without an engine only (the V2 runner's kernels are Triton's)."""
+    """Mixed before the V2 runner's `PromptLogprobsWorker` (checked on the CPU without an engine only)."""
 
     def add_request(self, req_id: str, req_idx: int, sampling_params: Any) -> None:
         wants: dict[int, Want] = self.__dict__.setdefault("rstitch_wants", {})
@@ -136,8 +122,7 @@ def _with(mixin: type, base: type) -> type:
 
 
 def keep_prompt_rows(worker: Any) -> str:
-    """Run in the worker (`LLM.collective_rpc`): give its model runner's prompt step the row
-    keeping. Returns the runner found ("v1" or "v2")."""
+    """Run in the worker: give its model runner's prompt step the row keeping; the runner found ("v1", "v2")."""
     runner = worker.model_runner
     prompt_worker = getattr(runner, "prompt_logprobs_worker", None)
     if prompt_worker is not None:  # V2: the runner's component for prompt rows

@@ -1,38 +1,14 @@
-"""vLLM logits processors that end a request at the first token crossing a `SwitchRule`.
+"""vLLM logits processors that end a request at the first token crossing a `SwitchRule`, decided on
+the device in the step that computes it (docs/vllm.md, "Runs of tokens are one request"), and keep
+scoring requests' raw logits rows on the device ("Distributions on the device"). A request takes
+part through `SamplingParams.extra_args`:
 
-The rule is decided on the device, inside the step that computes the crossing distribution, so
-a token-level hybrid's run of tokens on one model is one request and its steps are its tokens:
+    KEY: {"serial": unique int, "vocab": V, "sentinel": S, "tau": float | None, "stop_above": bool, "keep_last": bool}
+    CAPTURE_KEY: {"serial": int, "vocab": V, "prompt_from": i (optional: prompt rows, `vllm_rows`)}
 
-* every row of a ruled request has the logits beyond the shared vocabulary V masked (the HF
-  engine cuts them off), and its exact normalized entropy over V is computed from the raw logits
-  (before temperature, as `TokenDistribution.normalized_entropy` on the HF engine);
-* a row that crosses is forced to the sentinel S, a stop token of the request, so the request
-  ends at that step. Drop rule (`keep_last` false): the crossing position is left to the other
-  model. Keep rule: the token the step would have sampled (the argmax, or a draw from the
-  temperature/top-p distribution for sampled runs) is recorded in place of S, so no further
-  forward runs just to end the request.
-
-A request takes part through `SamplingParams.extra_args[KEY]`:
-
-    {"serial": unique int, "vocab": V, "sentinel": S, "tau": float | None, "stop_above": bool, "keep_last": bool}
-
-Per-request values live in per-slot tensors (staged on the host when a request is admitted,
-copied once per admission); `apply` reads no device value on the host. Forced steps are written
-to a device log keyed by serial, which the caller reads once, after its request ends on S
-(`forced`): that tells a forced S from one the model sampled (on vocabularies without padding
-ids S is a real token), and gives the kept token. This needs the engine core in this process
-(`VLLM_ENABLE_V1_MULTIPROCESSING=0`, the engine's default).
-
-The same processors hand the per-forward path its exact distributions (`CAPTURE_KEY`): a
-scoring request that carries `{"serial": int, "vocab": V}` has its raw logits row, cut to V,
-kept on the device at every step, keyed by serial and the sampled token's sequence position
-(`captured`); with `"prompt_from": i` also the prompt positions from i on (`vllm_rows`, in the
-model runner). The row stays a device tensor: the host never receives a vocabulary-sized list,
-and what a method reads from it (entropy, a token's probability, top-p mass, a draw) is reduced
-on the device, as on the HF engine.
-
-`SwitchProcessorV2` is the interface of vLLM's V2 model runner (the default where Triton runs);
-`SwitchProcessor` the V1 runner's (vLLM's fallback, e.g. on CPUs). Both share `SwitchState`.
+Per-request values live in per-slot device tensors staged once per admission; `apply` reads no
+device value on the host. Forced steps go to a device log the caller reads once per run (`forced`).
+`SwitchProcessorV2` is vLLM's V2 model runner's interface, `SwitchProcessor` the V1 runner's.
 """
 from __future__ import annotations
 
@@ -71,8 +47,7 @@ def new_serial() -> int:
 
 
 def forced(serial: int, position: int) -> tuple[bool, int]:
-    """Whether the sentinel at sequence position `position` of request `serial` was forced, and
-    the token kept in its place (-1 under the drop rule). One device read, after the request."""
+    """Whether the sentinel at `position` of request `serial` was forced, and the token kept (-1: dropped)."""
     owner = _OWNERS.pop(serial, None)
     states = [owner()] if owner is not None else list(_STATES)
     for state in states:
@@ -83,14 +58,12 @@ def forced(serial: int, position: int) -> tuple[bool, int]:
 
 
 def captured(serial: int) -> dict[int, torch.Tensor]:
-    """The raw logits rows (device tensors [V]) that request `serial` computed, by the sequence
-    position of the token each predicts; taken once, after the request."""
+    """Request `serial`'s raw logits rows ([V] on the device) by the position each predicts; taken once."""
     return _CAPTURED.pop(serial, {})
 
 
 def capture_rows(logits: torch.Tensor, rows: list[tuple[int, int, int, int]]) -> None:
-    """Keep rows of `logits` on the device: (row, serial, vocab, position) each, copied (the
-    logits are edited in place after). No value is read on the host, nothing crosses devices."""
+    """Keep copies of rows of `logits` on the device, (row, serial, vocab, position) each (edited in place after)."""
     for row, serial, vocab, position in rows:
         _CAPTURED.setdefault(serial, {})[position] = logits[row, :vocab].float().clone()
         _CAPTURED.move_to_end(serial)
@@ -128,12 +101,10 @@ class SwitchState:
         self.floats = torch.zeros((max_slots, 3), dtype=torch.float32, device=device)
         self._staged: list[torch.Tensor] = []  # host buffers of the last copy, alive until it ran
         self._dirty = False
-        # The log: serial, position and kept token of each request's forced step; the last
-        # entry takes the rows of requests without a rule.
+        # serial, position and kept token of each request's forced step; the last entry takes unruled rows
         self.log = torch.full((LOG_SIZE + 1, 3), -1, dtype=torch.long, device=device)
         _STATES.add(self)
 
-    # --- host side: admission ---------------------------------------------------------
     def stage(self, slot: int, rule: dict[str, Any] | None, temperature: float, top_p: float, seed: int) -> bool:
         """Write slot `slot`'s row (inactive without a rule); True if the slot is ruled."""
         self._dirty = True
@@ -154,8 +125,7 @@ class SwitchState:
         if not self._dirty:
             return
         self._dirty = False
-        # Fresh host copies (the staging arrays change at the next admission); pageable memory:
-        # the copy returns once staged, with no wait on the device, and pinning would allocate.
+        # Fresh pageable host copies (the staging arrays change at the next admission; pinning would allocate).
         staged = [torch.from_numpy(self.host_ints.copy()), torch.from_numpy(self.host_floats.copy())]
         self.ints.copy_(staged[0], non_blocking=True)
         self.floats.copy_(staged[1], non_blocking=True)
@@ -169,16 +139,14 @@ class SwitchState:
         rows = self.host_ints[slots]
         return bool((rows[:, RULED] & rows[:, KEEP_LAST] & (self.host_floats[slots, TEMPERATURE] > 0)).any())
 
-    # --- device side: one step ----------------------------------------------------------
     def ruled(self, slots: np.ndarray) -> bool:
         """Whether a rule that can end a run is among `slots` (else only the mask applies)."""
         return bool(self.host_ints[slots, RULED].any())
 
     def apply(self, logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, ruled: bool,
               draw: bool) -> None:
-        """Mask, decide and force the rows of ruled requests in place; log forced steps.
-        `slots` maps rows to slots, `positions` is each row's sampled token's sequence position;
-        `ruled` false: no row has a rule that can end it, so only the mask applies."""
+        """Mask, decide and force the rows of ruled requests in place; log forced steps (`positions`: each
+        row's sampled token's; `ruled` false: only the mask applies)."""
         ints, floats = self.ints[slots], self.floats[slots]
         active = ints[:, ACTIVE].bool()
         columns = torch.arange(logits.shape[-1], device=logits.device)
@@ -199,9 +167,8 @@ class SwitchState:
     @staticmethod
     def _kept_token(logits: torch.Tensor, floats: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
                     draw: bool) -> torch.Tensor:
-        """The token each row would sample: the argmax, or for rows with a temperature a draw
-        from the temperature-scaled distribution cut to its top-p mass (Gumbel-max, with noise
-        hashed from the request's seed and the position: reproducible per seed)."""
+        """The token each row would sample: the argmax, or a top-p draw at its temperature (Gumbel-max
+        with noise hashed from the request's seed and the position: reproducible per seed)."""
         greedy = logits.argmax(-1)
         if not draw:
             return greedy
@@ -216,9 +183,8 @@ class SwitchState:
         return torch.where(temperature > 0, drawn, greedy)
 
     def _log(self, serials: torch.Tensor, positions: torch.Tensor, crossed: torch.Tensor, kept: torch.Tensor) -> None:
-        """A forced step is written unless its request already logged an earlier forced position
-        (a step run after the stop, under async scheduling); a step at the logged position that
-        did not force clears it (a chunked prefill's discarded sample runs again there)."""
+        """Write a forced step unless an earlier one is logged (a step after the stop, async scheduling);
+        an unforced step at the logged position clears it (a chunked prefill's discarded sample)."""
         entry = torch.where(serials >= 0, serials % LOG_SIZE, LOG_SIZE)
         current = self.log[entry]
         same = current[:, 0] == serials
@@ -234,8 +200,7 @@ class SwitchState:
 
 
 def _hashed_uniform(seeds: torch.Tensor, positions: torch.Tensor, width: int) -> torch.Tensor:
-    """Uniform noise in (0, 1), float64 [rows, width]: a splitmix64-style hash of (seed,
-    position, column), so a draw depends on nothing but its request's seed and position."""
+    """Uniform noise in (0, 1), float64 [rows, width]: a splitmix64-style hash of (seed, position, column)."""
     columns = torch.arange(width, device=seeds.device)
     x = seeds[:, None] * 0x9E3779B97F4A7C1 + positions[:, None] * 0x632BE59BD9B4E01 + columns[None, :]
     for shift, factor in ((30, 0x5851F42D4C957F2D), (27, 0x14057B7EF767814F)):
@@ -254,12 +219,10 @@ def _capture_of(params: Any) -> tuple[int, int] | None:
 
 
 def _validate(sampling_params: Any) -> None:
-    rule = _rule_of(sampling_params)
-    if rule is not None:
-        check_rule(rule)
-    capture = (getattr(sampling_params, "extra_args", None) or {}).get(CAPTURE_KEY)
-    if capture is not None:
-        check_capture(capture)
+    extra = getattr(sampling_params, "extra_args", None) or {}
+    for key, check in ((KEY, check_rule), (CAPTURE_KEY, check_capture)):
+        if extra.get(key) is not None:
+            check(extra[key])
 
 
 def _sampling(params: Any) -> tuple[float, float, int]:
@@ -302,8 +265,8 @@ class SwitchProcessorV2(V2LogitsProcessor):
 
 
 class SwitchProcessor(V1LogitsProcessor):
-    """The V1 model runner's interface: slots are batch rows, moved as vLLM reorders the batch;
-    positions come from the prompt and output lengths vLLM keeps on the host."""
+    """The V1 model runner's interface: slots are batch rows (moved as vLLM reorders the batch);
+    positions from the prompt and output lengths vLLM keeps on the host."""
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool):
         max_rows = int(getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", None) or 1024)

@@ -146,7 +146,7 @@ def test_hf_batched_forward_matches_one_by_one_with_rollbacks_joins_and_leaves(t
                 assert torch.allclose(hidden, torch.stack([d.hidden for d in want]), atol=1e-4)
             else:
                 assert hidden is None
-    assert worst < 1e-3 and model._slots.shape[0] >= 4 and model._slots.shape[1] >= 64
+    assert worst < 1e-3 and model._slots.slots >= 4 and model._slots.length >= 64
 
 
 def _request(model, seq, keep: int) -> ForwardRequest:

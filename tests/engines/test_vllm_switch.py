@@ -187,14 +187,14 @@ def test_the_engine_registers_the_processor_of_the_runner_vllm_picks(monkeypatch
 
     envs.disable_envs_cache()  # an engine started earlier in this process froze the environment it read
 
-    from rstitch.engines.vllm import _switch_processor, _v2_runner_expected
+    from rstitch.engines.vllm import _v2_runner_expected, switch_processor
 
     if setting is None:
         monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
         expected = "SwitchProcessorV2" if HAS_TRITON else "SwitchProcessor"
     else:
         monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", setting)
-    assert _switch_processor(_v2_runner_expected()).__name__ == expected
+    assert switch_processor(_v2_runner_expected()).__name__ == expected
 
 
 def kept_draw(seed: int, position: int) -> int:
