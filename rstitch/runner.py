@@ -40,16 +40,10 @@ INTERRUPT_REQUESTED = threading.Event()
 
 def load_models(cfg: dict[str, Any], method: Method, records: list, prompt: PromptFormat, max_new_tokens: int,
                 batch_size: int) -> tuple[ModelPair, dict | None]:
-    """The run's pair (cached across a sweep's jobs) and its fitted latency models (`latency_dir`;
-    None: not given or none fitted there). The pair is checked by its engine's class: before any model
-    loads, a device torch has, the engine installed, and memory (its `check_memory`, where it has
-    one: the HF engine's static KV slots on CUDA) for the run's batch size and longest sample (a pair
-    already loaded, a sweep's earlier job, was checked when it loaded; another one is dropped first,
-    as loading this one would); once loaded, the engine's default threads (`default_threads`: the HF
-    engine left at `num_threads: null` gets threads that do not oversubscribe the CPUs), and what the
-    method reads given by the engine (its declared capabilities): one line before any sample, not an
-    out-of-memory error in the middle of the run or a wrong result. A batched run reports the batch-1
-    latency model's estimate as latency_s: it needs the latency models."""
+    """The run's pair (cached across a sweep's jobs) and its fitted latency models (None: no
+    `latency_dir`, or none fitted there), checked by the engine's class before any model loads
+    (device, installed, memory for the batch and the longest sample) and once loaded (threads, the
+    capabilities the method reads): one line before any sample, not an error mid-run."""
     import torch
 
     engine = engine_class(cfg["engine"]["name"])

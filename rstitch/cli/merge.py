@@ -197,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for line in contention_notes([summary]):
             print(line)
         # Why the merged run has no speedup, and the command that makes its baseline, as rstitch-run says.
-        note = missing_baseline_note(summary, plan.target.parent.parent, shard_overrides(plan.shards[0]))
+        note = missing_baseline_note(summary, shard_overrides(plan.shards[0]))
         if note:
             print(note)
         print(f"merged {len(plan.shards)} shards, {len(plan.samples)} samples: {plan.target}")

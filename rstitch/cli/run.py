@@ -136,7 +136,7 @@ def app(cfg: DictConfig) -> None:
     print(format_table(*summaries))
     for line in [*speedup_legend(*summaries), *contention_notes(summaries)]:
         print(line)
-    note = missing_baseline_note(summaries[-1], runs[-1].comparison_root, HydraConfig.get().overrides.task)
+    note = missing_baseline_note(summaries[-1], HydraConfig.get().overrides.task)
     if note:
         print(note)
     print(f"results: {run_dir}")

@@ -64,18 +64,23 @@ def nearest_differences(summary: dict[str, Any], baselines: Iterable[dict[str, A
     return min(found, key=len) if found else None
 
 
-def missing_baseline_note(summary: dict[str, Any], comparison_root: str | Path, overrides: Sequence[str]) -> str | None:
-    """Why `speedup` is empty and how to fill it, or None when it is not."""
+def missing_speedup_reason(summary: dict[str, Any], comparison_root: str | Path) -> str | None:
+    """Why `summary`'s speedup is empty, from the baseline runs under `comparison_root` (None: it
+    is not, or `summary` is the baseline's own): summary.json keeps it as `speedup_missing`."""
     if summary.get("speedup") is not None or summary.get("method") == baseline_method():
         return None
     name = baseline_method()
-    baselines = [s for s in find_summaries(comparison_root) if s.get("method") == name]
-    differences = nearest_differences(summary, baselines)
+    differences = nearest_differences(summary, [s for s in find_summaries(comparison_root) if s.get("method") == name])
     if differences is None:
-        why = f"no {name} run under {comparison_root} yet"
-    elif differences:
-        why = (f"no {name} run under {comparison_root} has this run's comparison key "
-               f"(the nearest differs in: {', '.join(differences)})")
-    else:
-        why = f"the matching {name} run under {comparison_root} has no latency (no samples)"
+        return f"no {name} run under {comparison_root} yet"
+    if differences:
+        return f"no {name} run under {comparison_root} has this run's comparison key (the nearest differs in: {', '.join(differences)})"
+    return f"the matching {name} run under {comparison_root} has no latency (no samples)"
+
+
+def missing_baseline_note(summary: dict[str, Any], overrides: Sequence[str]) -> str | None:
+    """Why `speedup` is empty (the summary's `speedup_missing`) and the command that fills it, or None."""
+    why = summary.get("speedup_missing")
+    if not why:
+        return None
     return f"speedup -: {why}; make it with\n  {baseline_command(overrides)}\nor rerun with baseline=auto, which runs it first"

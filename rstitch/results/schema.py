@@ -103,6 +103,7 @@ class RunSummary(Comparison, total=False):
     decoded_samples: int
     samples_per_s: float | None
     decode_tokens_per_s: float | None
+    speedup_missing: Annotated[str | None, "why `speedup` is null: no `llm_only` run, the settings the nearest differs in, or no latency"]
     grader_version: Annotated[int, "`rstitch-regrade` grades a run of an older grader again ([grading.md](grading.md))"]
     measurement: Annotated[dict[str, Any] | None, "the samples' `measurement` aggregated; `contention`: why the latency is not a quiet machine's"]
     contention: str | None

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rstitch.grading.version import GRADER_VERSION
+from rstitch.results.baseline import missing_speedup_reason
 from rstitch.results.keys import RunIdentity, identify
 from rstitch.results.metrics import COMPARISON_KEYS, compare_with_baseline, self_comparison, summarize_samples
 
@@ -40,6 +41,7 @@ def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, A
         summary.update(self_comparison(summary))
     else:
         summary.update(compare_with_baseline(summary, samples, results_root))
+    summary["speedup_missing"] = missing_speedup_reason(summary, results_root)
     return summary
 
 

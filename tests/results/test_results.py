@@ -5,7 +5,7 @@ import pytest
 
 from rstitch.errors import ConfigError
 from rstitch.results import SampleStore, find_speedup, find_speedups, load_summaries, pareto_front, summarize_samples
-from rstitch.results.baseline import missing_baseline_note
+from rstitch.results.baseline import missing_baseline_note, missing_speedup_reason
 from rstitch.results.keys import comparison_key, fingerprint, method_weights, run_tag
 from rstitch.results.summary import format_table
 
@@ -77,17 +77,18 @@ def test_a_missing_speedup_says_why_and_how_to_make_the_baseline(tmp_path):
     key = {"dataset": {"limit": 2}, "engine": {"num_threads": 1}, "max_new_tokens": 32}
     run = {"method": "rstitch", "speedup": None, "comparison_key": key}
     overrides = ["dataset.limit=2", "method=rstitch", "method.tau=0.1", "+method.x=1", "baseline=null", "prompt.system=a b"]
-    note = missing_baseline_note(run, tmp_path, overrides)
+    note = missing_baseline_note({**run, "speedup_missing": missing_speedup_reason(run, tmp_path)}, overrides)
     assert note.splitlines() == [f"speedup -: no llm_only run under {tmp_path} yet; make it with",
                                  "  rstitch-run method=llm_only dataset.limit=2 'prompt.system=a b'",
                                  "or rerun with baseline=auto, which runs it first"]
     write_summary(tmp_path, "far", method="llm_only", comparison_key={**key, "dataset": {"limit": 5}, "max_new_tokens": 64})
     near = {**key, "dataset": {"limit": 5}, "engine": {"num_threads": 2}}
     write_summary(tmp_path, "near", method="llm_only", comparison_key=near)
-    note = missing_baseline_note(run, tmp_path, overrides)
-    assert "has this run's comparison key (the nearest differs in: dataset.limit, engine.num_threads)" in note
-    assert missing_baseline_note({**run, "speedup": 1.5}, tmp_path, overrides) is None
-    assert missing_baseline_note({**run, "method": "llm_only"}, tmp_path, overrides) is None
+    why = missing_speedup_reason(run, tmp_path)
+    assert "has this run's comparison key (the nearest differs in: dataset.limit, engine.num_threads)" in why
+    assert missing_speedup_reason({**run, "speedup": 1.5}, tmp_path) is None
+    assert missing_speedup_reason({**run, "method": "llm_only"}, tmp_path) is None
+    assert missing_baseline_note({**run, "speedup_missing": None}, overrides) is None
 
 
 def test_format_table_has_one_row_per_run():
