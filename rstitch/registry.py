@@ -1,14 +1,6 @@
-"""The one registration mechanism of the package: methods, datasets, engines and process reward
-models are named entries of a `Registry`.
-
-A registry is lazy: the modules that register its entries are imported at its first read (so
-importing `rstitch.methods` loads no method module), and an entry may be given as a
-`"module:attribute"` string, imported only when that name is used (a PRM's or engine's heavy
-dependencies). It is validated: an optional check runs on every entry as it is registered (a
-programming error, raised at import). It fails loudly: an unknown name is one `ConfigError`
-line with the valid names. `build` checks keyword parameters against the entry's constructor
-(`check_parameters`, written once here) before calling it.
-"""
+"""The one registration mechanism: methods, datasets, engines and PRMs are named entries of a
+`Registry`, lazy (an entry may be a "module:attribute" string imported at first use, so heavy
+dependencies load only when used) and loud (an unknown name or parameter is one `ConfigError` line)."""
 from __future__ import annotations
 
 import importlib
