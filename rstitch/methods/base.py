@@ -13,12 +13,9 @@ from rstitch.registry import Registry
 
 SLM, LLM = 0, 1  # token sources
 
-# What kind of hybrid a method is (docs/adding-a-method.md): `token`, the models hand over single
-# tokens (one model writes each position); `speculative`, the SLM drafts tokens the LLM verifies in
-# one forward; `step`, the unit is a reasoning step (drafted, judged or scored, regenerated).
+# What kind of hybrid a method is (docs/adding-a-method.md: single tokens, drafted tokens, steps).
 FAMILIES = ("token", "speculative", "step")
-# The single-model reference runs: `target`, the LLM alone (every speedup is measured against it,
-# tables list it first); `draft`, the SLM alone. A hybrid has no baseline role (None).
+# Single-model reference runs: `target`, the LLM alone (speedups are against it); `draft`, the SLM alone.
 BASELINE_ROLES = ("target", "draft")
 
 
@@ -66,14 +63,12 @@ class Method(ABC):
         """Decode one sample at batch size 1."""
 
     def summarize(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
-        """Run-level statistics beyond the common ones (e.g. acceptance rates), from the
-        per-sample records of results/samples.jsonl (each has the method's `stats` dict)."""
+        """Run-level statistics beyond the common ones, from the samples.jsonl records."""
         return {}
 
 
-# Per-sample FLOPs of the models outside the pair (PRM, routers): a method reports them in
-# `stats[EXTRA_FLOPS]` and the runner adds them to the pair's own (judges run on the pair's LLM and
-# are in its counter already). FLOPs = 2 x parameters x processed tokens (RSD section 3.3).
+# Per-sample FLOPs of the models outside the pair (PRM, routers), which the runner adds to the pair's
+# own; FLOPs = 2 x parameters x processed tokens (RSD section 3.3).
 EXTRA_FLOPS = "extra_flops"
 
 
@@ -105,8 +100,7 @@ def register_method(name: str) -> Callable[[type[Method]], type[Method]]:
 
 
 def method_class(name: str) -> type[Method]:
-    """The registered class of `name` (its metadata: family, baseline role); result files name
-    their method, so an unknown name is a one-line error, not a silent default."""
+    """The registered class of `name`; an unknown name is a one-line error, not a silent default."""
     return METHODS.get_entry(name)
 
 
@@ -125,8 +119,7 @@ def method_rank(name: str) -> tuple[int, str]:
 
 
 def build_method(name: str, **params: Any) -> Method:
-    """The method `name` with its parameters checked against its constructor (one error line for a
-    missing or unknown one)."""
+    """The method `name`; a missing or unknown parameter is one error line."""
     return METHODS.build(name, **params)
 
 

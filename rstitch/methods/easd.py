@@ -56,8 +56,7 @@ class EntropyPenalty:
 
 
 def user_calibration_file() -> Path:
-    """Where scripts/calibrate_easd.py writes by default, as conf/method/easd.yaml's `calibration`
-    names it: $RSTITCH_CACHE (default ~/.cache/rstitch)/easd_calibration.json."""
+    """Where scripts/calibrate_easd.py writes by default (conf/method/easd.yaml's `calibration`)."""
     return cache_root() / "easd_calibration.json"
 
 
@@ -80,8 +79,7 @@ def store_calibration(pair_name: str, entry: dict[str, Any], path: Path) -> Path
 
 
 def calibrated_tau_h(pair: ModelPair, files: Sequence[Path] = (PACKAGED_CALIBRATION,)) -> float:
-    """The stored tau_H of the first entry, in `files` order, whose models are this pair's
-    (matched by model name)."""
+    """The stored tau_H of the first entry, in `files` order, whose model names are this pair's."""
     for path in files:
         for entry in read_calibration(path).values():
             if entry.get("slm") == pair.slm.name and entry.get("llm") == pair.llm.name:
@@ -90,14 +88,6 @@ def calibrated_tau_h(pair: ModelPair, files: Sequence[Path] = (PACKAGED_CALIBRAT
         f"method.tau_h of 'easd' is 'auto' but no calibration for SLM '{pair.slm.name}' and LLM '{pair.llm.name}' "
         f"is in {' or '.join(map(str, files))}; run scripts/calibrate_easd.py (it writes {files[0]}) or set method.tau_h=<nats>"
     )
-
-
-def _require_tau_h(value: Any) -> float | str:
-    if value == "auto":
-        return value
-    if isinstance(value, str):
-        raise ConfigError(f"method.tau_h of 'easd' must be a number of nats or 'auto', got {value!r}")
-    return require_number("easd", "tau_h", value)
 
 
 @register_method("easd")
@@ -113,7 +103,9 @@ class EASD(SpecDec):
         calibration: str | None = None,
     ):
         super().__init__(k)
-        self.tau_h = _require_tau_h(tau_h)
+        if isinstance(tau_h, str) and tau_h != "auto":
+            raise ConfigError(f"method.tau_h of 'easd' must be a number of nats or 'auto', got {tau_h!r}")
+        self.tau_h = tau_h if tau_h == "auto" else require_number("easd", "tau_h", tau_h)
         self.top_n = require_int("easd", "top_n", top_n)
         self.tau_o = require_number("easd", "tau_o", tau_o, 0.0, 1.0)
         self.use_overlap = require_bool("easd", "use_overlap", use_overlap)
@@ -128,7 +120,7 @@ class EASD(SpecDec):
     def penalty_for(self, pair: ModelPair) -> EntropyPenalty:
         key = (pair.slm.name, pair.llm.name)
         if key not in self._penalties:
-            # _require_tau_h lets one string through: "auto".
+            # The one string __init__ lets through is "auto".
             tau_h = calibrated_tau_h(pair, self.calibration_files) if isinstance(self.tau_h, str) else self.tau_h
             self._penalties[key] = EntropyPenalty(tau_h, self.top_n, self.tau_o, self.use_overlap, self.use_draft_entropy)
         return self._penalties[key]

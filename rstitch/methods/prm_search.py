@@ -55,9 +55,10 @@ class _SampledCandidates(StepMethod):
             solutions.append((path, path.complete(lambda p: self.next_step(run, p))))
         return solutions
 
-    def log_path(self, run: StepRun, path: StepDecoder) -> None:
-        for step in path.steps:
-            run.log.add(step.source, "select")
+    def log_path(self, run: StepRun, path: StepDecoder, score: float | None = None) -> None:
+        """Log the chosen path's steps; `score`, the PRM's on its last step, goes on the last."""
+        for i, step in enumerate(path.steps, 1):
+            run.log.add(step.source, "select", score if i == len(path.steps) else None)
 
 
 @register_method("maj")
@@ -91,8 +92,7 @@ class BestOfN(_SampledCandidates):
         scores = [self.scoring_prm().score(run.problem, path.step_texts)[-1] for path, _ in solutions]
         index = max(range(len(scores)), key=scores.__getitem__)
         path, finish = solutions[index]
-        self.log_path(run, path)
-        run.log.records[-1].draft_score = scores[index]
+        self.log_path(run, path, scores[index])
         return run.result(path, finish, candidate_scores=scores)
 
 
@@ -127,8 +127,7 @@ class BeamSearch(_SampledCandidates):
                 else:
                     finished.append((path, finish, score))
         path, finish, score = max(finished, key=lambda f: f[2])
-        self.log_path(run, path)
-        run.log.records[-1].draft_score = score
+        self.log_path(run, path, score)
         return run.result(path, finish, beams_finished=len(finished))
 
     def _expand(self, run: StepRun, beams: list[StepDecoder]) -> list[tuple[StepDecoder, Step, float]]:

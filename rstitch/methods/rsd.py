@@ -4,7 +4,6 @@ the step, so steps follow eq. 2's mixture P_RSD = omega_r P_m + nu P_M (docs/ste
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -19,34 +18,17 @@ def _clip01(x: float) -> float:
     return min(1.0, max(0.0, x))
 
 
-def _scaled_clipping(r: float, delta: float) -> float:
-    return 1.0 if delta <= 0 else _clip01(r / delta)
-
-
-def _sigmoidal(r: float) -> float:
-    """Table 1's sigmoidal transformation max(0, r / (1 + r)). For r <= -1 the fraction is undefined or
-    above 1, which Algorithm 2 (omega maps into [0, 1]) and Proposition 2.2 (omega non-decreasing in r)
-    rule out: 0 there, as for every r <= 0."""
-    return r / (1.0 + r) if r > 0 else 0.0
-
-
-def _logistic(r: float, alpha: float, delta: float) -> float:
-    """Table 1's logistic function 1 / (1 + exp(-alpha (r - delta))), evaluated without overflow: a
-    reward far below delta (a steep alpha, or a PRM on a logit scale) gives 0, not an error."""
-    z = alpha * (r - delta)
-    if z >= 0:
-        return 1.0 / (1.0 + math.exp(-z))
-    small = math.exp(z)  # z < 0: no overflow (exp(-z) would overflow past z = -709)
-    return small / (1.0 + small)
-
-
 WEIGHTINGS: dict[str, Callable[[float, RSD], float]] = {  # Table 1's rows
     "constant": lambda r, m: m.p,
     "binary": lambda r, m: 1.0 if r >= m.delta else 0.0,  # the paper's choice (§3: delta = 0.7)
     "clipping": lambda r, m: _clip01(r),
-    "scaled_clipping": lambda r, m: _scaled_clipping(r, m.delta),  # ours, not in Table 1: the ramp ends at delta
-    "sigmoidal": lambda r, m: _sigmoidal(r),
-    "logistic": lambda r, m: _logistic(r, m.alpha, m.delta),
+    "scaled_clipping": lambda r, m: 1.0 if m.delta <= 0 else _clip01(r / m.delta),  # ours, not in Table 1: the ramp ends at delta
+    # max(0, r / (1 + r)): for r <= -1 the fraction is undefined or above 1, which Algorithm 2 (omega
+    # maps into [0, 1]) and Proposition 2.2 (omega non-decreasing in r) rule out: 0 there, as for every r <= 0.
+    "sigmoidal": lambda r, m: r / (1.0 + r) if r > 0 else 0.0,
+    # 1 / (1 + exp(-alpha (r - delta))) without overflow: a reward far below delta (a steep alpha, or a
+    # PRM on a logit scale) gives 0, not an error.
+    "logistic": lambda r, m: float(torch.sigmoid(torch.tensor(m.alpha * (r - m.delta), dtype=torch.float64))),
 }
 
 

@@ -179,9 +179,8 @@ class _DeerDecoder:
         return self._active_at(cut) if chosen is None else chosen
 
     def _trial(self, cut: int) -> tuple[list[int], float]:
-        """Greedy trial answer after `answer_prompt` at output position `cut`; rolled back, so the
-        model's cache ends where it was (or at `cut`). Greedy: no sampler draw, so the token
-        stream of the reasoning is the one plain R-Stitch samples."""
+        """Greedy trial answer after `answer_prompt` at output position `cut`, rolled back. Greedy: no
+        sampler draw, so the token stream of the reasoning is the one plain R-Stitch samples."""
         source = self._trial_source(cut)
         self.models.truncate(cut, source)
         seq = self.models.synced(source, self.state.output[:cut])
@@ -204,9 +203,8 @@ class _DeerDecoder:
         return tokens, conf
 
     def _exit(self, cut: int, reason: str, trial: list[int] | None) -> bool:
-        """Stop the reasoning at output position `cut` (what follows it is dropped). Keeping the
-        trial answer ends the sample (True); otherwise the exit text is appended and R-Stitch
-        decodes the answer (False)."""
+        """Stop the reasoning at output position `cut`; True when the kept trial answer ends the sample,
+        False when the exit text is appended and R-Stitch decodes the answer."""
         self.stats["deer_exit"], self.stats["deer_exit_position"] = reason, cut
         writer = self._trial_source(cut)
         resume = self._active_at(cut)

@@ -101,8 +101,7 @@ class RouterSwitch:
 
 def routed_decode(prompt_ids: list[int], ctx: DecodeContext, policy: RouterSwitch,
                   latency: Mapping[str, LatencyModel] | None = None) -> tuple[DecodeResult, ForwardTrace]:
-    """Decode with `policy`, logging every forward; `stats` gets the router's counters and, with
-    latency models, the estimated latency of the trajectory."""
+    """Decode with `policy`, logging every forward (the trajectory's latency estimate, with models)."""
     trace = ForwardTrace()
     traced_ctx = DecodeContext(trace.wrap(ctx.pair), ctx.sampler, ctx.max_new_tokens, ctx.problem, ctx.metadata)
     result = switch_decode(prompt_ids, traced_ctx, policy)

@@ -11,6 +11,7 @@ from itertools import zip_longest
 from typing import Any
 
 from rstitch.engines import ModelPair, ModelRunner, Sampler
+from rstitch.methods.drafts import TokenVerdict
 
 
 @dataclass
@@ -28,19 +29,19 @@ class SpecStats:
         self.accepted_per_position = self.accepted_per_position or [0] * self.k
         self.reached_per_position = self.reached_per_position or [0] * self.k
 
-    def record(self, drafted: int, accepted: int, rejected: bool) -> None:
-        """One target pass over `drafted` draft tokens (see `TokenVerdict`)."""
+    def record(self, drafted: int, verdict: TokenVerdict) -> None:
+        """One target pass over `drafted` draft tokens."""
         self.target_forward_calls += 1
         if drafted == 0:
             return
         self.verifications += 1
         self.proposed += drafted
-        self.accepted += accepted
-        for position in range(accepted):
+        self.accepted += verdict.accepted
+        for position in range(verdict.accepted):
             self.accepted_per_position[position] += 1
             self.reached_per_position[position] += 1
-        if rejected:
-            self.reached_per_position[accepted] += 1
+        if verdict.rejected:
+            self.reached_per_position[verdict.accepted] += 1
 
     def as_dict(self) -> dict[str, Any]:
         return {

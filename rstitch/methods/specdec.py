@@ -77,9 +77,8 @@ class SpeculativeDecoder:
     def extend(
         self, draft: Sequence, target: Sequence, ctx: DecodeContext, limit: int, stats: SpecStats, stop: tuple[str, ...] = ()
     ) -> tuple[list[int], list[int], str]:
-        """Decode up to `limit` tokens after the two sequences' (equal) tokens. Ends at EOS, or at
-        the token completing a stop string, whose block's later tokens are rolled back from both
-        caches so the output is token-exact; returns (tokens, sources, "eos" | "stop" | "length")."""
+        """Up to `limit` tokens after the two sequences' (equal) tokens, to EOS or a stop string (its
+        block's later tokens rolled back: token-exact); (tokens, sources, "eos" | "stop" | "length")."""
         eos = ctx.eos_ids
         watcher = StopWatcher(ctx.pair.llm.tokenizer, stop)
         output: list[int] = []
@@ -88,7 +87,7 @@ class SpeculativeDecoder:
             # The target adds one token per block, so draft one fewer than the tokens left.
             proposal = self._propose(draft, min(self.k, limit - len(output) - 1), ctx.sampler, eos)
             verdict = self._verify(proposal, target.score(proposal.tokens), ctx.sampler, eos, stats)
-            stats.record(len(proposal.tokens), verdict.accepted, verdict.rejected)
+            stats.record(len(proposal.tokens), verdict)
             produced = self._advance(draft, target, proposal, verdict)
             block_sources = [SLM] * verdict.accepted + [LLM] * (len(produced) - verdict.accepted)
             for i, token in enumerate(produced):

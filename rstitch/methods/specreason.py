@@ -25,9 +25,8 @@ _STEPS_MARK = "\x00steps\x00"  # stands for the reasoning when the scoring promp
 
 
 def judge_suffix_ids(tokenizer: Any) -> list[int]:
-    """The scoring prompt that follows the reasoning on the base model's own sequence: what the
-    chat template puts after the assistant's reasoning in `judge_prompt`'s conversation (the end of
-    the assistant turn, the user turn JUDGE_INSTRUCTION, the generation prompt), then JUDGE_PREFIX."""
+    """The scoring prompt after the reasoning on the base model's own sequence: what the chat template
+    puts after the assistant's reasoning in `judge_prompt`'s conversation, then JUDGE_PREFIX."""
     full = judge_prompt(tokenizer, "", [_STEPS_MARK], "")
     if _STEPS_MARK not in full:
         raise ConfigError("SpecReason: the base model's chat template drops the assistant's reasoning; use method.judge_context=chat")
@@ -105,7 +104,7 @@ class SpecReason(DraftVerifyMethod):
     def judge(self, run: StepRun, steps: list[str]) -> float:
         """The 0-9 score of the last of `steps` in a separate conversation (`judge_context: chat`)."""
         base = run.ctx.pair.llm
-        text = judge_prompt(base.tokenizer, run.problem, steps, run.config.separator)
+        text = judge_prompt(base.tokenizer, run.problem, steps, self.step_config.separator)
         ids = base.tokenizer.encode(text, add_special_tokens=False)
         with run.meter.judging():
             logits = run.state["judge"].aligned(LLM, ids).next_distribution().logits
@@ -132,5 +131,5 @@ class SpecReasonDecode(SpecReason):
         context = path.prompt_ids + path.output
         draft, target = path.models.aligned(SLM, context), path.models.aligned(LLM, context)
         tokens, _, finish = SpeculativeDecoder(self.k).extend(
-            draft, target, run.ctx, path.step_limit, run.state["spec"], stop=(run.config.separator,))
+            draft, target, run.ctx, path.step_limit, run.state["spec"], stop=(self.step_config.separator,))
         return path.as_step(LLM, tokens, finish)

@@ -242,13 +242,9 @@ class StepRun:
     """Everything one sample of a step-level method works with."""
 
     ctx: DecodeContext
-    prompt_ids: list[int]
-    config: StepConfig
     log: StepLog
     meter: CostMeter
-    models: ModelSequences
-    calls: Counter
-    path: StepDecoder  # the sample's main solution path
+    path: StepDecoder  # the sample's main solution path: its sequences and call counts are the sample's
     state: dict[str, Any] = field(default_factory=dict)  # a method's own per-sample state
 
     @property
@@ -257,16 +253,18 @@ class StepRun:
 
     def new_path(self) -> StepDecoder:
         """Another path of this sample, on this sample's sequences."""
-        return StepDecoder(self.prompt_ids, self.ctx, self.config, self.models, self.calls)
+        main = self.path
+        return StepDecoder(main.prompt_ids, self.ctx, main.config, main.models, main.calls)
 
     def result(self, path: StepDecoder, finish: str, **extra: Any) -> DecodeResult:
-        generated = self.calls[f"tokens_{SLM}"] + self.calls[f"tokens_{LLM}"]
+        calls = path.calls
+        generated = calls[f"tokens_{SLM}"] + calls[f"tokens_{LLM}"]
         stats = {
             **self.log.stats(),
-            "draft_calls": self.calls[f"steps_{SLM}"],
-            "target_calls": self.calls[f"steps_{LLM}"],
+            "draft_calls": calls[f"steps_{SLM}"],
+            "target_calls": calls[f"steps_{LLM}"],
             "generated_tokens": generated,
-            "capped_steps": self.calls["capped_steps"],
+            "capped_steps": calls["capped_steps"],
             **self.meter.stats(),
             **extra,
         }
@@ -307,10 +305,8 @@ class StepMethod(Method):
         return None
 
     def start(self, prompt_ids: list[int], ctx: DecodeContext) -> StepRun:
-        models, calls = ModelSequences(ctx), Counter[str]()
-        meter = CostMeter(ctx.pair, self.prm, self.router())
-        path = StepDecoder(prompt_ids, ctx, self.step_config, models, calls)
-        return StepRun(ctx, list(prompt_ids), self.step_config, StepLog(), meter, models, calls, path)
+        path = StepDecoder(prompt_ids, ctx, self.step_config)
+        return StepRun(ctx, StepLog(), CostMeter(ctx.pair, self.prm, self.router()), path)
 
     def decode(self, prompt_ids: list[int], ctx: DecodeContext) -> DecodeResult:
         """One path, extended by `next_step` until it ends (search methods override this)."""

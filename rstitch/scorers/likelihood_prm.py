@@ -95,10 +95,8 @@ class CheckedLogProbs(torch.nn.Module):
 
 
 def encode_prm_input(tokenizer, problem: str, steps: Sequence[str], separator: str = "\n\n") -> tuple[list[int], int, list[int]]:
-    """Input ids of ``problem + "\\n" + "".join(step + separator)``, the first solution token, and
-    the last token of each step's separator. Pieces are tokenized one by one: the testbed tokenizer
-    isolates newline runs, so this equals tokenizing the joined text, and a prefix of the steps
-    gives a prefix of the ids (what the prefix cache reuses)."""
+    """Input ids, the first solution token, and the last token of each step's separator. Pieces are
+    tokenized one by one, so a prefix of the steps gives a prefix of the ids (what the cache reuses)."""
     ids = tokenizer.encode(problem + "\n", add_special_tokens=False)
     start, ends = len(ids), []
     for step in steps:
@@ -109,10 +107,8 @@ def encode_prm_input(tokenizer, problem: str, steps: Sequence[str], separator: s
 
 def step_features(rows: torch.Tensor, ids: Sequence[int], start: int, ends: Sequence[int], values: CheckedValues,
                   floor: float) -> torch.Tensor:
-    """Features [len(ends), 2] of the steps whose last tokens are `ends` (in order).
-
-    `rows[t]` are the checked log-probabilities predicted at position t (`CheckedLogProbs`), so the
-    written token ids[t] is judged by rows[t - 1]; the solution starts at token `start`."""
+    """Features [len(ends), 2] of the steps whose last tokens are `ends`; token ids[t] is judged by
+    rows[t - 1], the checked log-probabilities predicted before it (`CheckedLogProbs`)."""
     checked = torch.zeros(len(ids))  # 0 = certain: unchecked tokens never lower a minimum
     for t in range(max(1, start), len(ids)):
         v = values.value_of.get(ids[t])
@@ -150,20 +146,15 @@ def fit_head(features: torch.Tensor, labels: torch.Tensor, head: LikelihoodHead,
 
 
 def save_prm(directory: str | Path, model, tokenizer, head: LikelihoodHead) -> None:
-    """A self-contained likelihood PRM directory: the causal LM, its tokenizer and the head (a PRM
-    over a model saved elsewhere needs only `head.save(directory)`)."""
+    """A self-contained PRM directory (over a model saved elsewhere, `head.save(directory)` is enough)."""
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
     head.save(directory)
 
 
 class TestbedPRM(ProcessRewardModel):
-    """The testbed PRM (registry name ``testbed``): a likelihood PRM directory `path` (its head,
-    `prm_head.json`) and the causal LM it reads, `model` (by default the one saved in `path`). The
-    shipped one (`path` None) is the testbed LLM's weights read by `assets/prm`'s head. Like the
-    other transformer PRMs it reuses the KV cache of the prefix shared with the previous call, so
-    scoring a growing solution costs each step's own tokens. The LM runs through the engine
-    interface (`engine`, default: the run config's): any engine with exact full-vocabulary distributions."""
+    """The head in directory `path` over the causal LM `model` (by default the one saved in `path`;
+    with `path` None, the shipped head over the testbed LLM)."""
 
     __test__ = False  # not a pytest class
 

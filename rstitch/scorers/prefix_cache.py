@@ -19,8 +19,7 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def logit_rows(dists: list[TokenDistribution]) -> torch.Tensor:
-    """The distributions' logits [n, V]: the engine's output rows (a classification model's
-    logits on the HF engine's `auto_class` path)."""
+    """The distributions' logits [n, V] (a classification model's on the HF `auto_class` path)."""
     return torch.stack([d.logits for d in dists])
 
 
@@ -38,13 +37,8 @@ class _Prefix:
 
 
 class PrefixCachedScorer:
-    """`read(distributions)` for every position of `ids`, one row per token, through `runner`.
-
-    `read` turns the distributions at the positions of a forward into rows [n, k] (by default their
-    logits; with `want_hidden` a head on their hidden states). Rows of positions shared with the
-    previous call are kept; the sequence rolls back to the shared prefix and only the rest runs.
-    `use_cache=False` reruns everything (remote-code models whose forward takes no cache object).
-    Costs are booked on the runner's counter (`cost`)."""
+    """`read(distributions)` -> rows [n, k] for every position of `ids`, through `runner` (its counter
+    books the cost). `use_cache=False` reruns everything (remote code whose forward takes no cache)."""
 
     def __init__(self, runner: ModelRunner, read: Callable[[list[TokenDistribution]], torch.Tensor] = logit_rows,
                  want_hidden: bool = False, use_cache: bool = True):

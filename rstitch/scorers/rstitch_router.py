@@ -96,9 +96,8 @@ def load_router(directory: str | Path) -> RStitchRouter:
 
 
 def _without_llm_projection(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A checkpoint's weights under the current names: checkpoints from before the LLM input
-    projection was dropped hold `inputs.0.*` (the SLM's, kept as `input.*`) and `inputs.1.*`
-    (the LLM's, never read under Algorithm 1, left out)."""
+    """Older checkpoints' `inputs.0.*` (the SLM's projection) as `input.*`, without `inputs.1.*` (the
+    LLM's, never read under Algorithm 1)."""
     renamed = {}
     for key, value in state.items():
         if key.startswith("inputs.1."):
