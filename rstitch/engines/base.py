@@ -492,8 +492,7 @@ class ModelRunner(ABC):
         return output, self.elapsed_since(start)
 
     def forward_batch(self, requests: list[ForwardRequest]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        """Several sequences' forwards (or a backend's own requests), one by one here; a backend's override
-        runs one batched forward whose rows equal these up to floating-point rounding."""
+        """Several sequences' forwards (or a backend's own requests), one by one (an override batches them, rows equal up to rounding)."""
         return [r.seq._forward(r.new_ids, r.keep) for r in requests]
 
     def prepare_shapes(self, batch_size: int, shortest: int, longest: int) -> None:  # noqa: B027 (optional hook)

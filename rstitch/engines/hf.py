@@ -30,7 +30,7 @@ from rstitch.engines.base import (
     warn_remote_code,
 )
 from rstitch.engines.hf_forward import KVBuffers, ViewLayer, attention_implementation, attention_mask, cache_kwargs, compiled_path, width_groups
-from rstitch.engines.hf_static import StaticDecoder, StaticSequence, check_static_memory, resolve_mode
+from rstitch.engines.hf_static import STATIC_MODEL_TYPES, StaticDecoder, StaticSequence, check_static_memory, resolve_mode
 from rstitch.engines.loading import (
     eos_token_ids,
     load_config,
@@ -224,8 +224,7 @@ class HFModelRunner(ModelRunner):
     @staticmethod
     def check_memory(pair_cfg: dict[str, Any], engine_cfg: dict[str, Any], batch_size: int,
                      longest_prompt: Callable[[Any], int], max_new_tokens: int) -> None:
-        """On CUDA, when a model takes the static path: `check_static_memory` for the run's longest sample.
-        Reads config.json and the tokenizer only; hub models are left to the check at each resize."""
+        """On CUDA, `check_static_memory` for the run's longest sample (local models; hub ones at each resize)."""
         device = torch.device(pair_cfg.get("device", "cpu"))
         if device.type != "cuda":
             return
@@ -254,15 +253,10 @@ class HFModelRunner(ModelRunner):
         check_static_memory(models, batch_size, positions, torch.cuda.mem_get_info(device)[0] + cached)
 
 
-# Architectures whose causal-LM head is exactly lm_head(final hidden state) and whose attention
-# takes a 4D mask; others run their rows one by one (same results, no batching gain).
-BATCHED_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
-BATCHED_ATTENTION = {"sdpa", "eager"}
-
-
 def batchable(model: PreTrainedModel) -> bool:
+    """Whether batched forwards fit the model (others run their rows one by one: same results, no gain)."""
     config = model.config
-    return config.model_type in BATCHED_MODEL_TYPES and attention_implementation(config) in BATCHED_ATTENTION
+    return config.model_type in STATIC_MODEL_TYPES and attention_implementation(config) in ("sdpa", "eager")
 
 
 class SlotCache(KVBuffers):
@@ -326,8 +320,7 @@ class _SlotLayer(ViewLayer):
 
 def _row_mask(starts: list[int], width: int, read: int, implementation: str, dtype: torch.dtype,
               device: torch.device) -> torch.Tensor:
-    """[rows, 1, width, read]: query j of a row sees its positions up to start + j (padding
-    queries see finite values too, so no row is all masked)."""
+    """Query j of a row sees its positions up to start + j (padding queries too: no row is all masked)."""
     limit = torch.tensor(starts, device=device)[:, None] + torch.arange(width, device=device)
     return attention_mask(torch.arange(read, device=device)[None, None, :] <= limit[:, :, None], implementation, dtype)
 

@@ -45,7 +45,8 @@ FULL_STEP_WIDTH = 16
 FULL_STEP_POSITIONS = 256
 INITIAL_LENGTH = 2048  # positions per slot at first; doubles when outgrown
 MIN_READ = 128  # the shortest attention window (positions of a slot read); `read_bucket` above
-STATIC_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}  # lm_head(final norm) and a 4D mask
+# Heads that are exactly lm_head(final hidden state), attention that takes a 4D mask: the static and the batched forwards
+STATIC_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
 GROUPED_ATTENTION = "rstitch_grouped_sdpa"  # the name grouped_attention is registered under
 
 
@@ -331,8 +332,7 @@ def unowned_alias(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class _Step:
-    """One (rows, width, read) forward over static inputs (`ids`, `positions`: [R, W], filled in place);
-    `run()`'s outputs are overwritten by the next run."""
+    """One (rows, width, read) forward over static inputs filled in place; outputs overwritten by the next run."""
 
     def __init__(self, decoder: StaticDecoder, rows: int, width: int, read: int, capture: str):
         device = decoder.kv.device
@@ -539,8 +539,7 @@ class StaticDecoder:
         return (*self.summarize(hidden), hidden)
 
     def summarize(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits (float32, the shared vocabulary) and per position (entropy, argmax) as one float64 pair
-        (exact for any index), which the host reads in one transfer."""
+        """Logits and per position (entropy, argmax) as one float64 pair (exact for any index): one transfer."""
         logits = self.head(hidden)[..., : self.runner.vocab_size].float()
         log_probs = torch.log_softmax(logits, dim=-1)
         entropy = -(log_probs.exp() * log_probs).nan_to_num().sum(-1)

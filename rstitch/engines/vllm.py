@@ -345,8 +345,7 @@ class VLLMModelRunner(ModelRunner):
     @staticmethod
     def check_memory(pair_cfg: dict[str, Any], engine_cfg: dict[str, Any], batch_size: int,
                      longest_prompt: Callable[[Any], int], max_new_tokens: int) -> None:
-        """Both pools hold `batch_size` of the run's longest samples (`vllm_memory.check_run`; docs/vllm.md,
-        Memory); reads config.json and the tokenizer only."""
+        """Both pools hold `batch_size` of the run's longest samples (`vllm_memory.check_run`), from config.json."""
         from rstitch.engines import vllm_memory
 
         shared = {"dtype": pair_cfg.get("dtype", "float32"), **{k: v for k, v in engine_cfg.items() if k != "name"}}
@@ -547,8 +546,7 @@ def _check_options(dtype: str, max_lookahead: Any, hidden_gpu_memory_utilization
 
 
 def cached_tokens(llm: Any, token_ids: list[int]) -> int:
-    """How many leading tokens of `token_ids` `llm`'s prefix cache holds now (a lookup, nothing
-    allocated); with the engine core in another process, all it could hold."""
+    """How many leading tokens of `token_ids` `llm`'s prefix cache holds now (engine core elsewhere: all it could)."""
     block = llm.llm_engine.vllm_config.cache_config.block_size
     limit = (len(token_ids) - 1) // block * block
     core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
