@@ -127,13 +127,6 @@ def sample_flops(cost: dict[str, dict], pair: ModelPair, stats: dict[str, Any]) 
     return own + float(stats.get(EXTRA_FLOPS, 0.0))
 
 
-def check_batch_size(cfg: dict[str, Any]) -> int:
-    size = cfg.get("batch_size", 1)
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ConfigError(f"batch_size must be a positive integer, got {size!r}")
-    return size
-
-
 def decode_one_by_one(method: Method, ctx: DecodeContext, todo: list, fitted: dict, latency_models: dict | None,
                       batch_size: int = 1) -> Iterator[tuple[Any, int, dict[str, Any]]]:
     """Batch size 1: each sample timed on its own (the papers' latency protocol)."""
@@ -252,8 +245,10 @@ def plan(run: RunIdentity, logger=None, problems: int | None = None) -> RunPlan:
     n_samples, budget = count("n_samples", cfg["n_samples"]), count("max_new_tokens", cfg["max_new_tokens"])
     if problems is not None:
         count("problems", problems)
-    batch_size = check_batch_size(cfg)
-    records = selected_records(cfg)
+    batch_size = count("batch_size", cfg.get("batch_size", 1))
+    records = load_dataset_records(**cfg["dataset"])
+    if not records:
+        raise ConfigError(f"dataset '{cfg['dataset']['name']}' selected no records")
     method = build_method(**cfg["method"])
     if any(r.metadata.get("answer_type") == "code" for r in records):  # before any model loads
         check_code_sandbox(bool(cfg.get("weak_code_sandbox", False)))
@@ -339,15 +334,6 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
     """Evaluate one configuration (a resolved config dict) into `run_dir`, its speedup taken from the
     baseline run under `results_root` (its comparison directory; default: `run_dir`'s parent)."""
     return evaluate(identify(cfg, results_root if results_root is not None else Path(run_dir).parent, run_dir), logger)
-
-
-def selected_records(cfg: dict[str, Any]) -> list[Any]:
-    """The run's dataset selection; for a code benchmark, only once the sandbox that will run the
-    model-written programs is checked (docs/sandbox.md)."""
-    records = load_dataset_records(**cfg["dataset"])
-    if not records:
-        raise ConfigError(f"dataset '{cfg['dataset']['name']}' selected no records")
-    return records
 
 
 def warm_up(method: Method, ctx: DecodeContext, prompt_ids: list[int], engine: str) -> None:

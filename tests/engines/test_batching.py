@@ -89,7 +89,7 @@ def test_a_batched_run_resumes_and_refills_slots(tmp_path):
 @pytest.mark.parametrize("value", [0, -2, 1.5, "4", True])
 def test_batch_size_must_be_a_positive_integer(tmp_path, value):
     cfg = {**config(tmp_path, "dataset.limit=1"), "batch_size": value}
-    with pytest.raises(ConfigError, match="^batch_size must be a positive integer"):
+    with pytest.raises(ConfigError, match="^batch_size must be an integer >= 1"):
         run(cfg, tmp_path / "run")
 
 
