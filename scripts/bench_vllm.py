@@ -119,9 +119,9 @@ def forward_cost_row(key: str, hf, vllm, prompt: list[int], n_tokens: int) -> No
 
     one, chunk = (vllm.scoring_params(n, 1, read_cache=True) for n in (1, n_tokens))
     native = vllm.run_params(n_tokens, Sampler(), (), set(), SwitchRule.never(), vllm.new_tag())
-    request = best_ms(lambda: vllm.run(prompt, one))
-    ahead = (best_ms(lambda: vllm.run(prompt, chunk)) - request) / (n_tokens - 1)
-    generate = (best_ms(lambda: vllm.run(prompt, native)) - request) / (n_tokens - 1)
+    request = best_ms(lambda: vllm.run_many([prompt], [one]))
+    ahead = (best_ms(lambda: vllm.run_many([prompt], [chunk])) - request) / (n_tokens - 1)
+    generate = (best_ms(lambda: vllm.run_many([prompt], [native])) - request) / (n_tokens - 1)
     hidden = best_ms(lambda: vllm.hidden_states(prompt, 1)) if vllm.hidden_llm is not None else math.nan
     print(f"{key:5s} {best_ms(hf_step):8.2f} {request:12.2f} {ahead:13.2f} {generate:12.2f} {hidden:14.2f}")
 

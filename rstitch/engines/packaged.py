@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from tqdm import tqdm
 
@@ -54,9 +55,6 @@ class PackagedModel:
 
     def distribution(self, part: int) -> str:
         return f"{self.package_prefix}{part}"
-
-    def module(self, part: int) -> str:
-        return self.distribution(part).replace("-", "_")
 
 
 PACKAGED_MODELS = {
@@ -105,27 +103,26 @@ def source() -> str:
 
 def part_paths(model: PackagedModel) -> list[Path]:
     """The installed chunk files in part order, from each package's RECORD (never imported)."""
-    return [_chunk_path(model, part) for part in range(1, model.parts + 1)]
-
-
-def _chunk_path(model: PackagedModel, part: int) -> Path:
-    name = model.distribution(part)
-    try:
-        dist = importlib.metadata.distribution(name)
-    except importlib.metadata.PackageNotFoundError:
-        hub = f", or {SOURCE_ENV}=hub to download it from {model.hub.repo_id}" if model.hub else ""
-        raise ConfigError(f"packaged model '{model.name}' needs package '{name}=={model.version}', "
-                          f"which is not installed ({INSTALL_HINT}{hub})") from None
-    if dist.version != model.version:
-        raise ConfigError(f"packaged model '{model.name}' needs package '{name}=={model.version}', found {dist.version} ({INSTALL_HINT})")
-    folder = f"{model.module(part)}/data/"
-    chunks = [f for f in dist.files or [] if f.as_posix().startswith(folder) and f.suffix == ".bin"]
-    if len(chunks) != 1:
-        raise ConfigError(f"package '{name}' lists {len(chunks)} chunk files under {folder} in its RECORD, expected 1; reinstall it")
-    chunk = Path(str(dist.locate_file(chunks[0])))
-    if not chunk.is_file():
-        raise ConfigError(f"package '{name}' is installed but its chunk {chunk} is missing; reinstall it")
-    return chunk
+    paths = []
+    for name in map(model.distribution, range(1, model.parts + 1)):
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            hub = f", or {SOURCE_ENV}=hub to download it from {model.hub.repo_id}" if model.hub else ""
+            raise ConfigError(f"packaged model '{model.name}' needs package '{name}=={model.version}', "
+                              f"which is not installed ({INSTALL_HINT}{hub})") from None
+        if dist.version != model.version:
+            raise ConfigError(f"packaged model '{model.name}' needs package '{name}=={model.version}', "
+                              f"found {dist.version} ({INSTALL_HINT})")
+        folder = f"{name.replace('-', '_')}/data/"  # the package's module
+        chunks = [f for f in dist.files or [] if f.as_posix().startswith(folder) and f.suffix == ".bin"]
+        if len(chunks) != 1:
+            raise ConfigError(f"package '{name}' lists {len(chunks)} chunk files under {folder} in its RECORD, "
+                              "expected 1; reinstall it")
+        paths.append(Path(str(dist.locate_file(chunks[0]))))
+        if not paths[-1].is_file():
+            raise ConfigError(f"package '{name}' is installed but its chunk {paths[-1]} is missing; reinstall it")
+    return paths
 
 
 @contextmanager
@@ -184,37 +181,36 @@ def _rehashed(target: Path, model: PackagedModel) -> bool:
     """A cached file without a matching record: kept (and recorded) if its sha256 is right, else removed."""
     if not target.is_file():
         return False
-    if target.stat().st_size == model.size and _sha256_of(target, f"checking {model.name}") == model.sha256:
+    if target.stat().st_size == model.size and _sha256_of([target], f"checking {model.name}") == model.sha256:
         _record(target, model)
         return True
     target.unlink()
     return False
 
 
-def _sha256_of(path: Path, what: str) -> str:
+def _sha256_of(paths: list[Path], what: str, out: BinaryIO | None = None) -> str:
+    """The sha256 of the files joined in order, each block also written to `out` if given."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle, tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc=what) as bar:
-        while block := handle.read(CHUNK):
-            digest.update(block)
-            bar.update(len(block))
+    with tqdm(total=sum(p.stat().st_size for p in paths), unit="B", unit_scale=True, desc=what) as bar:
+        for path in paths:
+            with open(path, "rb") as handle:
+                while block := handle.read(CHUNK):
+                    digest.update(block)
+                    bar.update(len(block))
+                    if out is not None:
+                        out.write(block)
     return digest.hexdigest()
 
 
 def _assemble(model: PackagedModel, target: Path) -> None:
     parts = part_paths(model)
     partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
-    digest = hashlib.sha256()
     try:
-        with open(partial, "wb") as out, tqdm(total=model.size, unit="B", unit_scale=True, desc=f"assembling {model.name}") as bar:
-            for chunk_path in parts:
-                with open(chunk_path, "rb") as chunk:
-                    while block := chunk.read(CHUNK):
-                        out.write(block)
-                        digest.update(block)
-                        bar.update(len(block))
-        if digest.hexdigest() != model.sha256:
+        with open(partial, "wb") as out:
+            got = _sha256_of(parts, f"assembling {model.name}", out)
+        if got != model.sha256:
             raise ConfigError(
-                f"packaged model '{model.name}': sha256 of the assembled parts is {digest.hexdigest()}, expected "
+                f"packaged model '{model.name}': sha256 of the assembled parts is {got}, expected "
                 f"{model.sha256}; reinstall packages {model.distribution(1)}..{model.parts} =={model.version}"
             )
         os.replace(partial, target)
@@ -239,7 +235,7 @@ def _download(model: PackagedModel, target: Path) -> None:
             reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ConfigError(f"downloading {hub.repo_id}@{hub.revision[:12]}/{hub.filename} failed ({reason[:200]}); "
                               f"unset {SOURCE_ENV} to use the installed packages ({INSTALL_HINT})") from None
-        got = _sha256_of(fetched, f"checking {model.name}")
+        got = _sha256_of([fetched], f"checking {model.name}")
         if got != model.sha256:
             raise ConfigError(f"packaged model '{model.name}': sha256 of {hub.repo_id}@{hub.revision[:12]}/{hub.filename} "
                               f"is {got}, expected {model.sha256}")

@@ -1,12 +1,7 @@
-"""vLLM backend: every model is its own `vllm.LLM` engine in this process, with its own memory share.
-
-A forward is a request on the sequence's whole token list (vLLM's prefix cache reuses the cached
-blocks); runs of tokens (`decode_until`) are one request whose `SwitchRule` a logits processor
-evaluates on the device (`vllm_switch`); distributions are device logits rows (`vllm_rows`);
-hidden states come from a second, pooling engine. docs/vllm.md ("Design") explains each part.
-"""
+"""vLLM backend: every model is its own `vllm.LLM` engine in this process (docs/vllm.md, "Design")."""
 from __future__ import annotations
 
+import bisect
 import math
 import os
 from collections.abc import Callable, Collection, Mapping
@@ -352,17 +347,15 @@ class VLLMModelRunner(ModelRunner):
         per_model = shared.pop("per_model", None) or {}
         specs = {role: {**shared, **(per_model.get(role) or {}), **pair_cfg[role]} for role in ("slm", "llm")}
         models, contexts = [], []
-        for spec in specs.values():
-            path = resolve_model_path(spec["path"])
+        for role, spec in specs.items():
+            path, remote = resolve_model_path(spec["path"]), spec.get("trust_remote_code", False)
             with model_load_errors(path):
-                config = load_config(path, trust_remote_code=spec.get("trust_remote_code", False))
+                config = load_config(path, trust_remote_code=remote)
+                if role == "llm":  # the run's prompts are counted in the LLM's tokens
+                    tokenizer = load_tokenizer(path, spec.get("tokenizer"), trust_remote_code=remote)
             models.append(vllm_memory.model_memory(model_name(path, spec.get("name")), config,
                                                    count_parameters(config), spec["dtype"]))
             contexts.append(spec.get("max_model_len") or getattr(config, "max_position_embeddings", None) or 1 << 62)
-        llm_path = resolve_model_path(specs["llm"]["path"])
-        with model_load_errors(llm_path):
-            tokenizer = load_tokenizer(llm_path, specs["llm"].get("tokenizer"),
-                                       trust_remote_code=specs["llm"].get("trust_remote_code", False))
         max_len = min(longest_prompt(tokenizer) + max_new_tokens, *contexts)
         kv_tokens = {spec.get("kv_tokens") for spec in specs.values()}
         free = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
@@ -447,10 +440,6 @@ class VLLMModelRunner(ModelRunner):
         self.requests += len(prompts)
         self.generate_calls += 1
         return self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-
-    def run(self, token_ids: list[int], params: Any) -> Any:
-        [out] = self.run_many([token_ids], [params])
-        return out
 
     def new_tag(self) -> int:
         from rstitch.engines import vllm_switch
@@ -604,17 +593,13 @@ class ReusingBlockHasher:
     def _shared(self, tokens: list[int]) -> list[Any]:
         """The longest run of full-block hashes a recent prompt shares with `tokens` (newest first)."""
         best: list[Any] = []
+        size = self.block_size
         for previous, hashes in reversed(self.history.values()):
-            low, high = len(best), min(len(hashes), len(tokens) // self.block_size)
-            while low < high:  # the most leading blocks that agree (slices compare in C)
-                middle = (low + high + 1) // 2
-                end = middle * self.block_size
-                if previous[:end] == tokens[:end]:
-                    low = middle
-                else:
-                    high = middle - 1
-            if low > len(best):
-                best = hashes[:low]
+            # The first block count that disagrees, by bisection (slices compare in C), less one.
+            agree = bisect.bisect_left(range(min(len(hashes), len(tokens) // size) + 1), True, lo=len(best) + 1,
+                                       key=lambda m: previous[: m * size] != tokens[: m * size]) - 1
+            if agree > len(best):
+                best = hashes[:agree]
         return best
 
 

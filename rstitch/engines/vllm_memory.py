@@ -26,27 +26,22 @@ def kv_bytes_per_token(config: Any, dtype: str) -> int:
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return 2 * config.num_hidden_layers * kv_heads * head_dim * dtype_bytes(dtype)
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * torch_dtype(dtype).itemsize
 
 
 def model_memory(name: str, config: Any, num_parameters: int, dtype: str) -> ModelMemory:
-    return ModelMemory(name, num_parameters * dtype_bytes(dtype), kv_bytes_per_token(config, dtype))
-
-
-def dtype_bytes(dtype: str) -> int:
-    return torch_dtype(dtype).itemsize
+    return ModelMemory(name, num_parameters * torch_dtype(dtype).itemsize, kv_bytes_per_token(config, dtype))
 
 
 def plan(gpu_bytes: int, models: list[ModelMemory], batch_size: int, max_len: int, utilization: float = 0.9,
          overhead_bytes: int = 2 * GIB) -> int:
     """The KV tokens each pool gets (equal): what `utilization` of the GPU leaves after the weights and
     `overhead_bytes` per engine; a `ConfigError` below `batch_size * max_len`."""
-    budget = utilization * gpu_bytes - sum(m.weight_bytes + overhead_bytes for m in models)
+    fixed = sum(m.weight_bytes + overhead_bytes for m in models)
     per_token = sum(m.kv_bytes_per_token for m in models)
-    tokens = int(budget // per_token) if budget > 0 else 0
+    tokens = max(int((utilization * gpu_bytes - fixed) // per_token), 0)
     needed = batch_size * max_len
     if tokens < needed:
-        fixed = sum(m.weight_bytes + overhead_bytes for m in models)
         raise ConfigError(
             f"engine 'vllm': {' + '.join(m.name for m in models)} need {fixed / GIB:.1f} GiB (weights, "
             f"{overhead_bytes / GIB:.1f} GiB per engine) + {needed * per_token / GIB:.1f} GiB of KV for batch "

@@ -1,16 +1,13 @@
-"""Verification rows kept on the device: the prompt positions' logits of a scoring request.
-
-A scoring request with `keep` > 1 (verification, judges) needs its last `keep - 1` prompt positions'
-distributions, which vLLM 0.32 returns only as prompt logprobs (host lists of V values) and has no
-public hook on: they are computed inside the model runner (V1: `GPUModelRunner._get_prompt_logprobs_dict`,
-v1/worker/gpu_model_runner.py:5306; V2: `PromptLogprobsWorker.compute_prompt_logprobs`,
-v1/worker/gpu/sample/prompt_logprob.py:120). So `keep_prompt_rows` runs in the worker once per engine
-(`LLM.collective_rpc`, vLLM's documented way) and gives that prompt step a subclass that first keeps
-the raw rows of requests carrying `extra_args[CAPTURE_KEY]["prompt_from"]` in the switch processor's
-device store (`vllm_switch.captured`). Needs the engine core in this process.
+"""Verification rows kept on the device: the prompt positions' logits of a scoring request (docs/vllm.md,
+"Distributions on the device"). vLLM 0.32 has no public hook on them: they are computed inside the model
+runner (V1: `GPUModelRunner._get_prompt_logprobs_dict`, v1/worker/gpu_model_runner.py:5306; V2:
+`PromptLogprobsWorker.compute_prompt_logprobs`, v1/worker/gpu/sample/prompt_logprob.py:120), so
+`keep_prompt_rows` gives that step a subclass that first keeps the rows of requests carrying
+`extra_args[CAPTURE_KEY]["prompt_from"]` in `vllm_switch.captured`. Needs the engine core in this process.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -112,13 +109,9 @@ def v2_spans(wants: dict[int, Want], input_batch: Any, prompt_lens: np.ndarray) 
     return spans
 
 
-_SUBCLASSES: dict[tuple[type, type], type] = {}
-
-
+@functools.cache
 def _with(mixin: type, base: type) -> type:
-    if (mixin, base) not in _SUBCLASSES:
-        _SUBCLASSES[mixin, base] = type(f"RStitch{base.__name__}", (mixin, base), {})
-    return _SUBCLASSES[mixin, base]
+    return type(f"RStitch{base.__name__}", (mixin, base), {})
 
 
 def keep_prompt_rows(worker: Any) -> str:
@@ -127,10 +120,10 @@ def keep_prompt_rows(worker: Any) -> str:
     prompt_worker = getattr(runner, "prompt_logprobs_worker", None)
     if prompt_worker is not None:  # V2: the runner's component for prompt rows
         if not isinstance(prompt_worker, PromptRowsV2):
-            prompt_worker.__class__ = _with(PromptRowsV2, type(prompt_worker))
+            prompt_worker.__class__ = _with(PromptRowsV2, prompt_worker.__class__)
         return "v2"
     if not hasattr(runner, "_get_prompt_logprobs_dict"):
         raise RuntimeError(f"engine 'vllm': model runner {type(runner).__name__} has no prompt step to keep rows from")
     if not isinstance(runner, PromptRowsV1):
-        runner.__class__ = _with(PromptRowsV1, type(runner))
+        runner.__class__ = _with(PromptRowsV1, runner.__class__)
     return "v1"

@@ -1,14 +1,9 @@
 """vLLM logits processors that end a request at the first token crossing a `SwitchRule`, decided on
 the device in the step that computes it (docs/vllm.md, "Runs of tokens are one request"), and keep
 scoring requests' raw logits rows on the device ("Distributions on the device"). A request takes
-part through `SamplingParams.extra_args`:
-
-    KEY: {"serial": unique int, "vocab": V, "sentinel": S, "tau": float | None, "stop_above": bool, "keep_last": bool}
-    CAPTURE_KEY: {"serial": int, "vocab": V, "prompt_from": i (optional: prompt rows, `vllm_rows`)}
-
-Per-request values live in per-slot device tensors staged once per admission; `apply` reads no
-device value on the host. Forced steps go to a device log the caller reads once per run (`forced`).
-`SwitchProcessorV2` is vLLM's V2 model runner's interface, `SwitchProcessor` the V1 runner's.
+part through `SamplingParams.extra_args[KEY]` (`check_rule`) or `[CAPTURE_KEY]` (`check_capture`).
+Per-request values live in per-slot device tensors staged once per admission: `apply` reads no
+device value on the host; the caller reads forced steps' device log once per run (`forced`).
 """
 from __future__ import annotations
 
@@ -131,9 +126,6 @@ class SwitchState:
         self.floats.copy_(staged[1], non_blocking=True)
         self._staged = staged
 
-    def active(self, slots: np.ndarray) -> bool:
-        return bool(self.host_ints[slots, ACTIVE].any())
-
     def needs_draw(self, slots: np.ndarray) -> bool:
         """Whether a sampled keep-rule run is among `slots` (host tables: no device read)."""
         rows = self.host_ints[slots]
@@ -237,9 +229,7 @@ class SwitchProcessorV2(V2LogitsProcessor):
         self.state = SwitchState(req_states.max_num_reqs, torch.device(req_states.device))
         self.captures: dict[int, tuple[int, int]] = {}  # slot -> (serial, vocab) of a capturing request
 
-    @classmethod
-    def validate_params(cls, sampling_params: Any) -> None:
-        _validate(sampling_params)
+    validate_params = staticmethod(_validate)  # vLLM calls it on the class
 
     def add_request(self, req_idx: int, sampling_params: Any) -> bool:
         capture = _capture_of(sampling_params)
@@ -256,9 +246,9 @@ class SwitchProcessorV2(V2LogitsProcessor):
         if self.captures:  # one row per request (no speculative rows); positions from the host bounds
             capture_rows(logits, [(b, *self.captures[slot], int(ctx.seq_lens_upper_bound_np[b]))
                                   for b, slot in enumerate(ctx.idx_mapping_np.tolist()) if slot in self.captures])
-        if not self.state.active(ctx.idx_mapping_np):
-            return logits
         slots = ctx.idx_mapping_np
+        if not self.state.host_ints[slots, ACTIVE].any():
+            return logits
         self.state.apply(logits, ctx.expanded_idx_mapping.long(), ctx.pos.long() + 1, self.state.ruled(slots),
                          self.state.needs_draw(slots))
         return logits
@@ -275,9 +265,7 @@ class SwitchProcessor(V1LogitsProcessor):
         self.rows: dict[int, tuple[dict[str, Any], Any, int, list[int]]] = {}  # row -> rule, params, prompt, output
         self.captures: dict[int, tuple[int, int, int, list[int]]] = {}  # row -> serial, vocab, prompt, output
 
-    @classmethod
-    def validate_params(cls, sampling_params: Any) -> None:
-        _validate(sampling_params)
+    validate_params = staticmethod(_validate)
 
     def is_argmax_invariant(self) -> bool:
         return False  # it forces tokens
