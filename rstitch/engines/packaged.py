@@ -19,6 +19,7 @@ from typing import BinaryIO
 
 from tqdm import tqdm
 
+from rstitch.engines.loading import load_tokenizer
 from rstitch.errors import ConfigError
 
 SCHEME = "packaged:"
@@ -252,7 +253,8 @@ def hf_dir(path: str) -> Path:
 
 def tokenizer_dir(path: str) -> Path:
     """The Hugging Face tokenizer rebuilt from the GGUF vocabulary, once (engine=llamacpp)."""
-    return _cached_dir(path, "tokenizer", lambda source, target, model: _gguf_tokenizer(source).save_pretrained(target))
+    return _cached_dir(path, "tokenizer", lambda source, target, model: load_tokenizer(
+        str(source.parent), gguf_file=source.name).save_pretrained(target))
 
 
 def eos_token_ids(path: str, tokenizer) -> list[int]:
@@ -284,15 +286,9 @@ def _cached_dir(path: str, kind: str, build) -> Path:
     return target
 
 
-def _gguf_tokenizer(source: Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-
-
 def _convert(source: Path, target: Path, model_info: PackagedModel, tokenizer_path: Path) -> None:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     with tqdm(total=3, desc=f"converting {model_info.name} to safetensors (once)", unit="step") as bar:
         model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
@@ -301,7 +297,7 @@ def _convert(source: Path, target: Path, model_info: PackagedModel, tokenizer_pa
         model.hf_quantizer = None  # type: ignore[assignment]  # set at load time; undeclared, so torch's Module.__getattr__ types it
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        tokenizer = load_tokenizer(str(tokenizer_path))
         bar.update()
         model.generation_config.eos_token_id = eos_token_ids(SCHEME + model_info.name, tokenizer)
         model.save_pretrained(target, safe_serialization=True)

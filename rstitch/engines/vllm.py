@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from rstitch.engines import vllm_memory
 from rstitch.engines.base import (
     Capabilities,
     ConformanceEntry,
@@ -341,8 +342,6 @@ class VLLMModelRunner(ModelRunner):
     def check_memory(pair_cfg: dict[str, Any], engine_cfg: dict[str, Any], batch_size: int,
                      longest_prompt: Callable[[Any], int], max_new_tokens: int) -> None:
         """Both pools hold `batch_size` of the run's longest samples (`vllm_memory.check_run`), from config.json."""
-        from rstitch.engines import vllm_memory
-
         shared = {"dtype": pair_cfg.get("dtype", "float32"), **{k: v for k, v in engine_cfg.items() if k != "name"}}
         per_model = shared.pop("per_model", None) or {}
         specs = {role: {**shared, **(per_model.get(role) or {}), **pair_cfg[role]} for role in ("slm", "llm")}
@@ -603,12 +602,12 @@ class ReusingBlockHasher:
         return best
 
 
-def count_engine_steps(llm: Any, on_step: Callable[[], None]) -> bool:
+def count_engine_steps(llm: Any, on_step: Callable[[], None]) -> None:
     """Call `on_step` at each forward of `llm`'s model executor (engine core in this process only)."""
     core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
     executor = getattr(core, "model_executor", None)
     if executor is None:
-        return False
+        return
     execute = executor.execute_model
 
     def counted(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
@@ -617,13 +616,10 @@ def count_engine_steps(llm: Any, on_step: Callable[[], None]) -> bool:
         return execute(scheduler_output, *args, **kwargs)
 
     executor.execute_model = counted
-    return True
 
 
 def _kv_pool_bytes(name: str, config: Any, num_parameters: int, dtype: str, kv_tokens: Any) -> int:
     """`kv_tokens` of the model's KV in bytes; on a GPU, one line unless it fits the free memory."""
-    from rstitch.engines import vllm_memory
-
     if isinstance(kv_tokens, bool) or not isinstance(kv_tokens, int) or kv_tokens < 1:
         raise ConfigError(f"engine.kv_tokens must be an integer >= 1 or null, got {kv_tokens!r}")
     need = vllm_memory.model_memory(name, config, num_parameters, dtype)

@@ -89,7 +89,6 @@ class SwitchState:
     """Per-slot rule tables on the device, their host staging copies, and the forced-step log."""
 
     def __init__(self, max_slots: int, device: torch.device):
-        self.device = device
         self.host_ints = np.zeros((max_slots, 8), dtype=np.int64)
         self.host_floats = np.zeros((max_slots, 3), dtype=np.float32)
         self.ints = torch.zeros((max_slots, 8), dtype=torch.long, device=device)
