@@ -97,9 +97,6 @@ def search_order(response: str) -> list[str]:
     return [response]
 
 
-# --------------------------------------------------------------------------- boxes
-
-
 @dataclass(frozen=True)
 class _Box:
     content: str
@@ -198,9 +195,6 @@ def _last_boxes(text: str) -> tuple[list[_Box], int] | None:
     return joined[::-1], last.end
 
 
-# --------------------------------------------------------------------------- free-form answers
-
-
 def _extract_math(text: str) -> Extracted | None:
     boxed = _last_boxes(text)
     if boxed is not None:
@@ -252,7 +246,10 @@ def _stated_value(value: str) -> str | None:
     number_then_words = _NUMBER_THEN_WORDS_RE.match(value)  # "18 dollars" -> "18"
     if number_then_words:
         return number_then_words.group(1)
-    if _is_prose(_blanked(value, _math_spans(value))):
+    outside_math = list(value)
+    for start, end, _ in _math_spans(value):
+        outside_math[start:end] = " " * (end - start)
+    if _is_prose("".join(outside_math)):
         return _last_span_or_number(value) or value
     return value
 
@@ -276,8 +273,6 @@ def _leading_math(line: str) -> str | None:
                 return last_boxed(inner) or inner
     return None
 
-
-# --------------------------------------------------------------------------- math spans
 
 _DELIMITER_RE = re.compile(r"\\\$|\$\$|\$|\\\(|\\\)|\\\[|\\\]")
 MATH_DELIMITERS = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}  # opener -> closer, "$$" before "$"
@@ -306,14 +301,6 @@ def _math_spans(text: str) -> list[tuple[int, int, str]]:
             spans.append((opener.start(), token.end(), content))
             opener = None
     return spans
-
-
-def _blanked(text: str, spans: list[tuple[int, int, str]]) -> str:
-    """``text`` with ``spans`` blanked (positions kept)."""
-    chars = list(text)
-    for start, end, _ in spans:
-        chars[start:end] = " " * (end - start)
-    return "".join(chars)
 
 
 _BARE_FRACTION_RE = re.compile(r"-?\\[dtc]?frac\s*\{[^{}$]*\}\s*\{[^{}$]*\}")
@@ -362,9 +349,6 @@ def _span_value(content: str) -> str:
     return sides[-1].strip() if len(sides) > 2 else content
 
 
-# --------------------------------------------------------------------------- multiple choice
-
-
 def _extract_letter(text: str) -> str | None:
     boxed = last_boxed(text)
     if boxed is not None:  # "B", "(B)", "\\text{B}", "B) 42"
@@ -379,14 +363,8 @@ def _extract_letter(text: str) -> str | None:
     on_last_line = _MC_LAST_LINE_RE.match(last_line)
     if on_last_line:
         return on_last_line.group(1) or on_last_line.group(2)
-    return _letter_opening_the_answer(text)
-
-
-def _letter_opening_the_answer(text: str) -> str | None:
-    """"A. Because ...", unless the response lists the options ("A) x", "B) y")."""
-    stripped = text.strip()
-    match = _MC_FIRST_LINE_RE.match(stripped)
-    if not match:
-        return None
-    labels = set(_OPTION_LINE_RE.findall(stripped))
-    return match.group(1) if labels <= {match.group(1)} else None
+    # "A. Because ...", unless the response lists the options ("A) x", "B) y")
+    opening = _MC_FIRST_LINE_RE.match(text.strip())
+    if opening and set(_OPTION_LINE_RE.findall(text.strip())) <= {opening.group(1)}:
+        return opening.group(1)
+    return None

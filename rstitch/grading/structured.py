@@ -22,9 +22,6 @@ def _final_part(response: str) -> str:
     return response.rsplit(THINK_END, 1)[1] if THINK_END in response else response
 
 
-# --------------------------------------------------------------------------- ZebraLogic grids
-
-
 def grid_from_solution(solution: Mapping[str, Any]) -> Grid:
     """The hub's ``{"header": ["House", "Name", ...], "rows": [["1", "Arnold", ...], ...]}`` as
     ``{"House 1": {"Name": "Arnold", ...}}``, the shape the prompt asks the model to answer in."""
@@ -71,9 +68,6 @@ def grade_grid(response: str, gold: Grid) -> dict[str, Any]:
 
 def _key(text: str) -> str:
     return " ".join(str(text).split()).lower()
-
-
-# --------------------------------------------------------------------------- CRUXEval outputs
 
 
 def extract_literal(response: str) -> str | None:

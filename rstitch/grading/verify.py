@@ -60,16 +60,12 @@ def shaped_like_gold(found: Extracted, gold: str) -> str:
     for opener, closer in _BRACKETS:
         if text.startswith(opener) and text.endswith(closer):
             inner = text[len(opener) : len(text) - len(closer)]
-            if _encloses_all(inner) and len(split_parts(inner)) == len(found.parts):
+            # "(1, 2), (3, 4)" is two tuples, not one: the first bracket must not close early
+            encloses_all = all(depth >= 0 for depth in itertools.accumulate((c in "([{") - (c in ")]}") for c in inner))
+            if encloses_all and len(split_parts(inner)) == len(found.parts):
                 return f"{opener}{joined}{closer}"
             break
     return joined
-
-
-def _encloses_all(inner: str) -> bool:
-    """True when ``inner``, the text between a gold's first and last bracket, never closes the
-    first one early ("(1, 2), (3, 4)" is two tuples, not one)."""
-    return all(depth >= 0 for depth in itertools.accumulate((c in "([{") - (c in ")]}") for c in inner))
 
 
 TOLERANCE_SLACK = 1.01  # OlympiadBench's judge accepts |gold - answer| <= error * 1.01 (float rounding)
@@ -114,12 +110,21 @@ def grade_sample(response: str, gold: str, multiple_choice: bool = False, timeou
                  metadata: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A sample's ``answer`` and ``correct``, plus ``grading_error`` when grading raised (the run goes
     on). ``metadata["answer_type"]`` picks the grader (math when absent; docs/datasets.md)."""
-    answer_type = (metadata or {}).get("answer_type") or ("multiple_choice" if multiple_choice else "math")
+    metadata = metadata or {}
+    answer_type = metadata.get("answer_type") or ("multiple_choice" if multiple_choice else "math")
     try:
-        if answer_type not in ("math", "multiple_choice"):
-            return _grade_structured(response, gold, answer_type, metadata or {})
+        if answer_type == "code":  # code runs in the sandbox only here, for records marked as code
+            from rstitch.grading.code import grade_code
+
+            return grade_code(response, metadata["tests"])
+        if answer_type == "zebra_grid":
+            return grade_grid(response, metadata["grid"])
+        if answer_type == "python_literal":
+            return grade_literal(response, gold)
+        if answer_type not in ANSWER_TYPES:
+            raise ValueError(f"unknown answer_type {answer_type!r}; valid: {', '.join(ANSWER_TYPES)}")
         choice = answer_type == "multiple_choice"
-        tolerance = (metadata or {}).get("tolerance")
+        tolerance = metadata.get("tolerance")
         found = extract_final(response, multiple_choice=choice)
         return {"answer": found.text if found is not None else None,
                 "correct": _grade_found(found, gold, choice, timeout_s, tolerance)}
@@ -127,19 +132,6 @@ def grade_sample(response: str, gold: str, multiple_choice: bool = False, timeou
         reason = f"{type(err).__name__}: {err}"[:500]
         logger.warning("grading failed; sample counted as wrong (%s)", reason)
         return {"answer": None, "correct": False, "grading_error": reason}
-
-
-def _grade_structured(response: str, gold: str, answer_type: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """Code runs in the sandbox only here, for records whose loader marked them as code."""
-    if answer_type == "code":
-        from rstitch.grading.code import grade_code  # the sandbox, imported only where code is graded
-
-        return grade_code(response, metadata["tests"])
-    if answer_type == "zebra_grid":
-        return grade_grid(response, metadata["grid"])
-    if answer_type == "python_literal":
-        return grade_literal(response, gold)
-    raise ValueError(f"unknown answer_type {answer_type!r}; valid: {', '.join(ANSWER_TYPES)}")
 
 
 def is_equivalent(predicted: str, gold: str, timeout_s: float = 5.0, fast_path: bool = True) -> bool:
@@ -162,8 +154,6 @@ def is_equivalent(predicted: str, gold: str, timeout_s: float = 5.0, fast_path: 
         return False
     return result
 
-
-# --------------------------------------------------------------------------- fast path
 
 _DROPPED_TOKENS = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\displaystyle", "~")
 _DEGREE_RE = re.compile(r"\^\s*\{?\\circ\}?|°")
@@ -277,9 +267,6 @@ def _as_latex(answer: str) -> str:
     return f"\\boxed{{{text}}}"
 
 
-# --------------------------------------------------------------------------- worker processes
-
-
 class _VerifyPool:
     """math-verify in a pebble pool; a task's limit counts from when a worker starts it, never while it waits."""
 
@@ -336,9 +323,6 @@ def _close_pool() -> None:
 
 os.register_at_fork(after_in_child=_forget_parent_pool)
 atexit.register(_close_pool)
-
-
-# --------------------------------------------------------------------------- inside a worker
 
 
 def _start_worker() -> None:
