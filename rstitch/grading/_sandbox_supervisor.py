@@ -79,15 +79,13 @@ def main() -> None:
 
 def _join_cgroup(procs_files: list[str]) -> bool:
     """While still root, move this process into the sample's cgroup(s): the program inherits them."""
-    if not procs_files:
-        return False
     try:
         for path in procs_files:
             with open(path, "wb") as handle:
                 handle.write(str(os.getpid()).encode())
     except OSError:
         return False
-    return True
+    return bool(procs_files)
 
 
 def _drop_root(uid: int | None) -> str:
@@ -107,20 +105,14 @@ def _enter_namespaces(config: dict) -> dict:
     _libc.prctl(PR_SET_DUMPABLE, 1)  # /proc/self/*_map are writable only by a dumpable process
     mount_namespace = _libc.unshare(flags | CLONE_NEWNS) == 0
     isolated = mount_namespace or _libc.unshare(flags) == 0
-    if isolated:
-        _map_ids(uid, gid)
+    if isolated:  # our own ids mapped in, so files on its tmpfs get an owner (unmapped, creating one fails)
+        with contextlib.suppress(OSError):
+            for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+                with open(f"/proc/self/{name}", "wb") as handle:  # bytes: no codec import as the new user
+                    handle.write(text.encode())
     private, sized = _private_tmp(config["workdir"], config["disk_bytes"]) if mount_namespace else (False, False)
     _libc.prctl(PR_SET_DUMPABLE, 0)  # nothing of this user may ptrace the supervisor
     return {"pid_namespace": isolated, "no_network": isolated, "private_tmp": private, "disk_limit": sized}
-
-
-def _map_ids(uid: int, gid: int) -> None:
-    """Map our own ids into the new user namespace, so files on its tmpfs get an owner."""
-    # unmapped, the owner makes file creation on the tmpfs fail: the sample fails, nothing leaks
-    with contextlib.suppress(OSError):
-        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-            with open(f"/proc/self/{name}", "wb") as handle:  # bytes: no codec import as the new user
-                handle.write(text.encode())
 
 
 def _private_tmp(workdir: str, disk_bytes: int) -> tuple[bool, bool]:
@@ -160,7 +152,11 @@ def _exec_program(config: dict, stdin: int, writers: dict[str, int], isolation: 
         moved = {target: fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, HIGH_FD) for target, fd in targets.items()}
         for target, fd in moved.items():  # from above HIGH_FD: no source is overwritten by a target
             os.dup2(fd, target)
-        _set_limits(config)
+        cpu = int(config["cpu_s"])
+        for kind, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_AS, (config["memory_bytes"],) * 2),
+                            (resource.RLIMIT_FSIZE, (config["disk_bytes"],) * 2), (resource.RLIMIT_NOFILE, (64, 64)),
+                            (resource.RLIMIT_CORE, (0, 0)), (resource.RLIMIT_NPROC, (config["max_processes"],) * 2)):
+            resource.setrlimit(kind, value)
         os.execve(argv[0], argv, config["env"])
     except BaseException as err:  # noqa: BLE001 - report and leave; never return into the supervisor
         os.write(2, f"sandbox: cannot start the program: {err}\n".encode())
@@ -176,20 +172,6 @@ def _private_proc(isolation: dict) -> bytes:
     if _libc.mount(b"proc", b"/proc", b"proc", flags, None) == 0:
         return b"F"
     return b"H" if _libc.mount(b"tmpfs", b"/proc", b"tmpfs", flags, b"size=4k,mode=0555") == 0 else b"-"
-
-
-def _set_limits(config: dict) -> None:
-    cpu = int(config["cpu_s"])
-    limits = {
-        resource.RLIMIT_CPU: (cpu, cpu + 1),
-        resource.RLIMIT_AS: (config["memory_bytes"],) * 2,
-        resource.RLIMIT_FSIZE: (config["disk_bytes"],) * 2,
-        resource.RLIMIT_NOFILE: (64, 64),
-        resource.RLIMIT_CORE: (0, 0),
-        resource.RLIMIT_NPROC: (config["max_processes"],) * 2,
-    }
-    for kind, value in limits.items():
-        resource.setrlimit(kind, value)
 
 
 def _supervise(child: int, readers: dict[str, int], config: dict) -> dict:

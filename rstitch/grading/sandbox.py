@@ -217,18 +217,10 @@ def _supervise(config: dict[str, Any], limits: SandboxLimits) -> dict[str, Any]:
 def _result(verdict: dict[str, Any], duration: float) -> SandboxResult:
     if "sandbox_error" in verdict:
         return SandboxResult("sandbox_error", None, "", f"sandbox: {verdict['sandbox_error']}", duration)
-    return SandboxResult(_status(verdict), verdict["exit_code"], verdict["stdout"], verdict["stderr"], duration,
+    status = ("timeout" if verdict["timed_out"] else "output_limit" if verdict["output_limit"]
+              else "killed" if verdict["signal"] is not None else "ok" if verdict["exit_code"] == 0 else "error")
+    return SandboxResult(status, verdict["exit_code"], verdict["stdout"], verdict["stderr"], duration,
                          verdict.get("isolation", {}), verdict["report"])
-
-
-def _status(verdict: dict[str, Any]) -> str:
-    if verdict["timed_out"]:
-        return "timeout"
-    if verdict["output_limit"]:
-        return "output_limit"
-    if verdict["signal"] is not None:
-        return "killed"
-    return "ok" if verdict["exit_code"] == 0 else "error"
 
 
 def check_code_sandbox(allow_weak: bool = False) -> dict[str, Any]:
