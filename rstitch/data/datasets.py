@@ -65,6 +65,7 @@ class DatasetSpec:
 
 # Filled from the yamls when the registry is first read, by rstitch/data/normalizers.py.
 DATASETS: Registry[DatasetSpec] = Registry("dataset", modules=("rstitch.data.normalizers",), replace=True)
+get_dataset_spec = DATASETS.get_entry  # the spec registered as a name (or alias); ConfigError if there is none
 
 
 def dataset_configs() -> list[Path]:
@@ -101,11 +102,6 @@ def _spec_from_source(name: str, source: dict[str, Any], functions: Mapping[str,
         name=name, normalize=found.pop("normalizer"), hf_id=source.get("hub_id"), config=source.get("config"),
         split=source.get("split"), revision=source.get("revision"), id_fields=tuple(source.get("id_fields", DEFAULT_ID_FIELDS)),
         options=dict(source.get("options") or {}), configs=tuple(source.get("configs") or ()), source=source, **found)
-
-
-def get_dataset_spec(name: str) -> DatasetSpec:
-    """The spec registered as ``name`` (or as an alias of it); ConfigError if there is none."""
-    return DATASETS.get_entry(name)
 
 
 def load_dataset_records(name: str, path: str | None = None, limit: int | None = None, ids: list[str] | None = None,

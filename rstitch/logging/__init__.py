@@ -31,18 +31,6 @@ def wandb_summary(summary: dict[str, Any]) -> dict[str, Any]:
 LOGGED_FILE = "wandb_run.json"  # in a run directory: the W&B run that holds it, once finished
 
 
-def wandb_run_id(run_id: str, run_dir: Path | None) -> str:
-    """A W&B run's id: from the run directory's absolute path where there is one, else from `run_id`."""
-    identity = str(run_dir.resolve()) if run_dir is not None else run_id
-    return hashlib.sha1(identity.encode()).hexdigest()[:16]
-
-
-def saved_samples(run_dir: Path | None) -> int:
-    """Samples a run directory already holds (a resumed run's)."""
-    path = None if run_dir is None else run_dir / "samples.jsonl"
-    return path.read_bytes().count(b"\n") if path is not None and path.is_file() else 0
-
-
 class NullLogger:
     def start(self, name: str, config: dict[str, Any], run_id: str, run_dir: str | os.PathLike | None = None) -> None:
         pass
@@ -88,8 +76,10 @@ class WandbLogger(NullLogger):
 
     def start(self, name: str, config: dict[str, Any], run_id: str, run_dir: str | os.PathLike | None = None) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.run = self.init(name=name, config=config, id=wandb_run_id(run_id, self.run_dir))
-        decoded = saved_samples(self.run_dir)
+        identity = str(self.run_dir.resolve()) if self.run_dir is not None else run_id
+        self.run = self.init(name=name, config=config, id=hashlib.sha1(identity.encode()).hexdigest()[:16])
+        saved = None if self.run_dir is None else self.run_dir / "samples.jsonl"
+        decoded = saved.read_bytes().count(b"\n") if saved is not None and saved.is_file() else 0  # a resumed run's
         if decoded:
             print(f"rstitch-run: resuming W&B run {self.run.id}: {decoded} samples of {self.run_dir} were decoded "
                   "before", file=sys.stderr)

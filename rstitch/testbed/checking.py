@@ -41,14 +41,6 @@ def eval_expr(expr: str) -> int | None:
     return total + sign * term
 
 
-def _parse_binary(expr: str) -> tuple[int, str, int] | None:
-    m = _BIN_RE.match(expr)
-    if not m:
-        return None
-    op = {"×": "*", "x": "*"}.get(m.group(2), m.group(2))
-    return int(m.group(1)), op, int(m.group(3))
-
-
 def check_steps(problem: TestbedProblem, steps: Sequence[str]) -> list[bool]:
     """For each step, whether it is correct, by the rules of docs/testbed.md, "Step checker"; beyond
     them, a check is never an attempt, and a step makes at most one attempt unless a later chain
@@ -67,7 +59,8 @@ def check_steps(problem: TestbedProblem, steps: Sequence[str]) -> list[bool]:
             exprs = [e.strip() for e in m.group(0).split("=")]
             vals = [eval_expr(e) for e in exprs]
             arith_ok = None not in vals and len(set(vals)) == 1
-            first = _parse_binary(exprs[0])
+            binary = _BIN_RE.match(exprs[0])  # "a op b": an operation's attempt, or a restatement
+            first = (int(binary[1]), {"×": "*", "x": "*"}.get(binary[2], binary[2]), int(binary[3])) if binary else None
             is_check = "check" in step[max(0, m.start() - 12) : m.start()].lower()
             if first is not None and not is_check and k < len(ops) and first[1:] == ops[k] and (not attempted or first[0] == true_vals[k]):
                 attempted = True  # an attempt at the next operation

@@ -255,11 +255,9 @@ class FamilyTrainer:
         return {"accuracy": acc, "mean_output_tokens": ntok, "n": len(problems), "seconds": round(time.time() - t0, 1), "texts": texts}
 
     def save(self, model, name: str) -> None:
-        d = self.out / name
-        if d.exists():
-            shutil.rmtree(d)
-        model.save_pretrained(d, safe_serialization=True)
-        self.tok.save_pretrained(d)
+        shutil.rmtree(self.out / name, ignore_errors=True)
+        model.save_pretrained(self.out / name, safe_serialization=True)
+        self.tok.save_pretrained(self.out / name)
 
     def labelled(self, problems: list[TestbedProblem], texts: list[str], what: str) -> list[tuple[TestbedProblem, list[str]]]:
         """(problem, steps) of each text that has steps; logs and reports how many steps are wrong."""
@@ -308,7 +306,7 @@ class FamilyTrainer:
         for i in range(0, len(items), bs):
             chunk = items[i : i + bs]
             enc = [encode_prm_input(self.tok, q.problem, steps) for q, steps in chunk]
-            ids, _, att = collate(self.pad, [(x, x) for x, *_ in enc])
+            ids, att = padded([x for x, *_ in enc], self.pad)
             rows = rows_of(model.model(input_ids=ids, attention_mask=att).last_hidden_state)
             for b, ((q, steps), (x, start, ends)) in enumerate(zip(chunk, enc)):
                 feats.append(step_features(rows[b, : len(x)], x, start, ends, values, head.floor))
@@ -374,8 +372,7 @@ class FamilyTrainer:
                                     "weight": prm_head.weight, "bias": prm_head.bias, "minutes": round((time.time() - t0) / 60, 2)}
         self.log(f"PRM head on {len(y)} steps: weight {prm_head.weight}, bias {prm_head.bias}, "
                  f"train AUC {self.report['prm_train']['auc']:.3f}")
-        if (self.out / "prm").exists():
-            shutil.rmtree(self.out / "prm")
+        shutil.rmtree(self.out / "prm", ignore_errors=True)
         (self.out / "prm").mkdir(parents=True)
         prm_head.save(self.out / "prm")  # the head only: it reads the LLM's weights (conf/prm/testbed.yaml `model`)
         return prm_head
