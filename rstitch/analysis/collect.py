@@ -49,17 +49,11 @@ def find_run_dirs(paths: PathsLike) -> list[Path]:
     for root in roots:
         if not root.is_dir():
             raise ConfigError(f"no such results directory: {root}")
-    found = list(dict.fromkeys(_dirs_holding(roots, SUMMARY_FILE)))
-    if not found:
-        raise ConfigError(f"no finished runs ({SUMMARY_FILE}) under {', '.join(map(str, roots))}")
-    return distinct_runs(found)
-
-
-def distinct_runs(run_dirs: list[Path]) -> list[Path]:
-    """Each run key once (a copy, or a configuration measured again), the first root's; `repeated_runs` lists the others."""
-    kept: dict[str, Path] = {}
-    for run_dir in run_dirs:
+    kept: dict[str, Path] = {}  # each run key once (a copy, or a run measured again): the first root's
+    for run_dir in _dirs_holding(roots, SUMMARY_FILE):
         kept.setdefault(run_identity(run_dir), run_dir)
+    if not kept:
+        raise ConfigError(f"no finished runs ({SUMMARY_FILE}) under {', '.join(map(str, roots))}")
     return list(kept.values())
 
 
@@ -269,9 +263,6 @@ def _label_value(value: Any) -> str:
     return text if len(text) <= MAX_LABEL_VALUE_CHARS and text.isprintable() else f"#{short_hash(value)}"
 
 
-# --------------------------------------------------------------------------- samples
-
-
 def load_samples(runs: pd.DataFrame, traces: bool = False) -> pd.DataFrame:
     """One row per (run, problem, sample) of `runs`; `traces` adds token ids, token sources and `stats`."""
     run_columns = ["run_dir", "pair", "dataset", "method", "setting", "budget", "comparison", "group"]
@@ -314,9 +305,6 @@ def outcome(correct: bool, baseline_correct: bool, baseline: str = BASELINE) -> 
     if not correct and not baseline_correct:
         return "both wrong"
     return "only this method correct" if correct else f"only {baseline} correct"
-
-
-# --------------------------------------------------------------------------- W&B
 
 
 def runs_from_wandb(wandb_runs: Iterable[Any]) -> pd.DataFrame:

@@ -71,13 +71,6 @@ def png_bytes(fig: Figure, dpi: int = 130) -> bytes:
     return buffer.getvalue()
 
 
-def _log_x_if_wide(ax, values: pd.Series) -> None:
-    """Latencies of SLM-only and LLM-only runs can be an order of magnitude apart."""
-    positive = values[values > 0]
-    if len(positive) and positive.max() / positive.min() > 20:
-        ax.set_xscale("log")
-
-
 MIN_ACCURACY_SPAN = 10.0  # percentage points the accuracy axis shows at least
 
 
@@ -120,7 +113,9 @@ def accuracy_latency_figure(runs: pd.DataFrame, group: str, latency: str = "late
         if label:
             labels.append(ax.annotate(label, (run[latency], run["accuracy"] * 100), textcoords="offset points",
                                       xytext=(6, 6), fontsize=7, color="black" if run["on_frontier"] else "dimgrey"))
-    _log_x_if_wide(ax, points[latency])
+    positive = points[latency][points[latency] > 0]
+    if len(positive) and positive.max() / positive.min() > 20:  # SLM-only and LLM-only can be 10x apart
+        ax.set_xscale("log")
     ax.set_xlabel(LATENCY_LABELS[latency])
     _accuracy_axis(ax, points)
     ax.set_title(group, fontsize=10)

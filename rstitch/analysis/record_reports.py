@@ -43,8 +43,6 @@ OPS: dict[type, Callable[[float, float], float]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
 
-# Records ------------------------------------------------------------------------------------------
-
 def run_id(method: str, params: dict[str, Any]) -> str:
     """A run's name in a report: its method and the settings it overrides (`rstitch-tau=0.02`)."""
     return "-".join([method, *(f"{k}={v}" for k, v in params.items())])
@@ -94,8 +92,6 @@ def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=False) + "\n")
 
-
-# Summaries ----------------------------------------------------------------------------------------
 
 def summarize_records(method_cfg: dict[str, Any], samples: list[dict[str, Any]],
                       baseline_samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -149,8 +145,6 @@ def sitting_measures(manifest: dict[str, Any], folder: Path) -> dict[int, dict[s
                         "problems": len({r["id"] for r in mine})}
     return out
 
-
-# Readings: every figure an expression over the summaries -----------------------------------------
 
 def lookup(summaries: dict[str, dict[str, Any]], manifest: dict[str, Any], ref: re.Match) -> Any:
     """The value `method[setting].key` names; one error naming the reference when it names nothing."""
@@ -214,8 +208,6 @@ def expand_readings(template: str, summaries: dict[str, dict[str, Any]], manifes
 
     return EXPRESSION.sub(render, template)
 
-
-# The page -----------------------------------------------------------------------------------------
 
 def _cell(key: str, fmt: str, spread: str = "") -> Callable[[dict[str, Any]], str]:
     """A summary's `key` as the tables render it: `value ± se` (spread "se") or `value [low, high]` ("ci")."""

@@ -60,9 +60,6 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.=]+", "_", text).strip("_")
 
 
-# --------------------------------------------------------------------------- building
-
-
 def build_report(runs: pd.DataFrame, latency: str = "latency_s", entropy: bool = False,
                  entropy_samples: int | None = None, title: str = "rstitch results") -> Report:
     """Every section the runs support; `entropy` loads the pair's SLM to score the stored traces."""
@@ -203,9 +200,6 @@ def _consistency_section(runs: pd.DataFrame, paired: pd.DataFrame, max_samples: 
     return section
 
 
-# --------------------------------------------------------------------------- writing
-
-
 def write_report(report: Report, path: str | Path) -> list[Path]:
     """Write `report` as .html (self-contained) or .md (figures in `<stem>_files/`); returns the files written."""
     path = Path(path)
@@ -263,9 +257,6 @@ def _html(report: Report) -> str:
         body += [t.to_html() for t in section.tables]
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(report.title)}</title>"
             f"<style>{STYLE}</style></head><body>{''.join(body)}</body></html>\n")
-
-
-# --------------------------------------------------------------------------- W&B
 
 
 def wandb_table(table: tables.Table):

@@ -143,9 +143,6 @@ def _spans(columns: list[Column]) -> list[tuple[str | None, int, int]]:
     return spans
 
 
-# --------------------------------------------------------------------------- paper layouts
-
-
 def _row_key(run: pd.Series) -> tuple:
     """Tables list the baselines first (LLM-only, SLM-only), then methods by name, knobs in ascending order."""
     params = tuple(sorted((k, (0, v) if isinstance(v, (int, float)) else (1, str(v))) for k, v in run["params"].items()))

@@ -31,9 +31,6 @@ class JobError(CompactHydraException):
     """A run inside a submitit job that failed or was interrupted (pickled back to the submitter)."""
 
 
-# --------------------------------------------------------------------------- inside a job
-
-
 def exit_run(code: int, message: str) -> NoReturn:
     """End `rstitch-run` with `code`, its message printed; in a submitit job, a `JobError` naming point, job and log."""
     if not os.environ.get("SUBMITIT_EXECUTOR"):
@@ -56,9 +53,6 @@ def slurm_job_preempted() -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return any(f"JobState={state}" in out for state in ("PREEMPTED", "REQUEUE"))
-
-
-# --------------------------------------------------------------------------- job states without sacct
 
 
 def job_states(array_ids: Sequence[str]) -> dict[str, dict[str, str]]:
@@ -122,9 +116,6 @@ def install_slurm_watcher() -> Any:
 
     SlurmJob.watcher = SqueueWatcher()
     return SlurmJob.watcher
-
-
-# --------------------------------------------------------------------------- the submitter
 
 
 def launcher_of(argv: Sequence[str]) -> str | None:
@@ -195,9 +186,6 @@ def submitting(argv: Sequence[str]) -> Iterator[None]:
             ended = ", ".join(f"{j} {states[j]['State']}" for j in others)
             print(f"rstitch-run: jobs that did not complete: {ended}", file=sys.stderr)
         sys.exit(2)
-
-
-# --------------------------------------------------------------------------- requests before submission
 
 
 def gpu_count(gres: str) -> int:

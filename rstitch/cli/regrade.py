@@ -154,15 +154,11 @@ def regrade(roots: Sequence[str | Path], force: bool = False, dry_run: bool = Fa
             current += 1
         else:
             done.append(result)
-            print(_run_line(result), flush=True)
+            print(f"{'regraded' if result.written else 'would regrade'} {run_dir} (grader {result.version_before} -> "
+                  f"{GRADER_VERSION}): {result.changed} of {result.samples} verdicts changed (+{result.gained} right, "
+                  f"-{result.changed - result.gained}), accuracy {_fmt(result.accuracy_before)} -> {_fmt(result.accuracy_after)}",
+                  flush=True)
     return done, unfinished, current
-
-
-def _run_line(r: Regraded) -> str:
-    accuracy = f"{_fmt(r.accuracy_before)} -> {_fmt(r.accuracy_after)}"
-    verb = "regraded" if r.written else "would regrade"
-    return (f"{verb} {r.run_dir} (grader {r.version_before} -> {GRADER_VERSION}): {r.changed} of {r.samples} "
-            f"verdicts changed (+{r.gained} right, -{r.changed - r.gained}), accuracy {accuracy}")
 
 
 def _fmt(value: float | None) -> str:

@@ -82,14 +82,6 @@ def checked_manifest(folder: Path, spec: ReportSpec, cfgs: dict[str, dict[str, A
     return {**fresh, "sittings": manifest["sittings"]}
 
 
-def seeded_run(cfg: dict[str, Any], rows: list[dict[str, Any]]) -> Path:
-    """The scratch run directory of `cfg` holding its records, so that the runner decodes only what they lack."""
-    run_dir = comparison_run_dir(comparison_dir(cfg["results_root"], cfg), cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_samples(run_dir, rows)
-    return run_dir
-
-
 def decode_first(cfg: dict[str, Any], problems: int) -> None:
     """Decode what `cfg`'s run lacks of its first `problems` problems; a report's rows are not whole runs, so no
     summary is written and nothing is logged."""
@@ -105,7 +97,9 @@ def decode_problem(folder: Path, cfgs: dict[str, dict[str, Any]], index: int, pr
         kept = read_records(folder, run)
         if any(r["id"] == problem for r in kept):
             continue
-        run_dir = seeded_run(cfg, kept)
+        run_dir = comparison_run_dir(comparison_dir(cfg["results_root"], cfg), cfg)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_samples(run_dir, kept)  # the scratch run holds the records: the runner decodes only what they lack
         decode_first(cfg, index + 1)
         new = [s for s in iter_samples(run_dir / "samples.jsonl") if s["id"] == problem]
         write_records(folder, run, [*kept, *(compact(s, sitting) for s in new)])
