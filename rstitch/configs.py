@@ -21,4 +21,3 @@ CONF_DIR = find_conf_dir()
 def override_key(override: str) -> str:
     """The key a Hydra override sets: `x` for `x=1`, `+x=1`, `~x` or `++x=1`."""
     return override.lstrip("+~").split("=", 1)[0]
-

@@ -54,18 +54,6 @@ DIFFICULTIES = {
 DEFAULT_DIFFICULTY = DIFFICULTIES["medium"]
 
 
-def _resolve_difficulty(difficulty: Difficulty | str | dict | None) -> Difficulty:
-    if difficulty is None or isinstance(difficulty, Difficulty):
-        return difficulty or DEFAULT_DIFFICULTY
-    if isinstance(difficulty, str):
-        if difficulty not in DIFFICULTIES:
-            raise ValueError(f"unknown difficulty {difficulty!r}; choose from {sorted(DIFFICULTIES)}")
-        return DIFFICULTIES[difficulty]
-    if isinstance(difficulty, dict):
-        return Difficulty(**difficulty)
-    raise TypeError(f"difficulty must be a Difficulty, a name or a dict, got {type(difficulty)}")
-
-
 def apply_op(value: int, op: str, operand: int) -> int:
     if op == "/":
         if operand == 0 or value % operand:
@@ -192,7 +180,12 @@ def generate_problems(split: str, n: int, seed: int = 0, difficulty: Difficulty 
     (split, n, seed, difficulty); the first k problems of a call with n >= k are those of n = k."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose from {SPLITS}")
-    d = _resolve_difficulty(difficulty)
+    if isinstance(difficulty, str) and difficulty not in DIFFICULTIES:
+        raise ValueError(f"unknown difficulty {difficulty!r}; choose from {sorted(DIFFICULTIES)}")
+    if not isinstance(difficulty, (Difficulty, str, dict, type(None))):
+        raise TypeError(f"difficulty must be a Difficulty, a name or a dict, got {type(difficulty)}")
+    named = DIFFICULTIES[difficulty] if isinstance(difficulty, str) else difficulty
+    d = Difficulty(**named) if isinstance(named, dict) else named or DEFAULT_DIFFICULTY
     rng = random.Random(_stable_hash(f"rstitch-testbed/{split}/{seed}"))
     out: list[TestbedProblem] = []
     seen: set[str] = set()
