@@ -41,7 +41,12 @@ def main() -> None:
     isolation: dict[str, object] = {"cgroup": _join_cgroup(config["cgroup_procs"])}
     if not isolation["cgroup"]:  # per-process limits only: fewer processes, so their sum fits the machine
         config["max_processes"] = config["fallback_max_processes"]
-    isolation.update(user=_drop_root(config["uid"]), interpreter=config["argv"][0])
+    isolation.update(user=f"uid {os.getuid()} (not dropped)", interpreter=config["argv"][0])
+    if os.getuid() == 0 and config["uid"] is not None:  # nobody: process limits then count, files and signals are denied
+        os.setgroups([])
+        os.setgid(config["uid"])
+        os.setuid(config["uid"])
+        isolation["user"] = f"uid {config['uid']}"
     isolation.update(empty_root=config["empty_root_note"], seccomp=config["seccomp_note"])
     if config["empty_root"] and "--unshare-user" in config["empty_root"]:
         isolation["user"] = "uid 65534 in a user namespace of its own (the caller's root outside, no capabilities)"
@@ -86,16 +91,6 @@ def _join_cgroup(procs_files: list[str]) -> bool:
     except OSError:
         return False
     return bool(procs_files)
-
-
-def _drop_root(uid: int | None) -> str:
-    """As root, become ``uid`` (nobody): process limits then count, files and signals are denied."""
-    if os.getuid() != 0 or uid is None:
-        return f"uid {os.getuid()} (not dropped)"
-    os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
-    return f"uid {uid}"
 
 
 def _enter_namespaces(config: dict) -> dict:

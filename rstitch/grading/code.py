@@ -47,25 +47,21 @@ def run_tests(program: str, tests: Mapping[str, Any], limits: SandboxLimits | No
         setup_and_program = f"{tests.get('prefix', '')}\n{program}\n"
         return _run_harness("script", "", setup_and_program, str(tests.get("suffix", "")), [], limits)
     if kind == "stdio":
-        return _run_stdio(program, tests["cases"], limits)
+        results: list[SandboxResult] = []
+        for case in tests["cases"]:
+            result = run_python(program, stdin=case["input"], limits=limits)
+            if result.ok and not outputs_match(result.stdout, case["output"]):
+                result = dataclasses.replace(result, status="wrong_output")
+            results.append(result)
+            if not result.ok:
+                break
+        return _summary(results, len(tests["cases"]))
     if kind == "functional":
         # one JSON value per line: the method's arguments in order
         calls = [[json.loads(line) for line in case["input"].split("\n") if line.strip()] for case in tests["cases"]]
         expected = [json.loads(case["output"]) for case in tests["cases"]]
         return _run_harness("functional", str(tests["func_name"]), program, "", calls, limits, expected)
     raise ValueError(f"unknown code test kind {kind!r}; valid: script, stdio, functional")
-
-
-def _run_stdio(program: str, cases: list[Mapping[str, str]], limits: SandboxLimits | None) -> dict[str, Any]:
-    results: list[SandboxResult] = []
-    for case in cases:
-        result = run_python(program, stdin=case["input"], limits=limits)
-        if result.ok and not outputs_match(result.stdout, case["output"]):
-            result = dataclasses.replace(result, status="wrong_output")
-        results.append(result)
-        if not result.ok:
-            break
-    return _summary(results, len(cases))
 
 
 def outputs_match(printed: str, expected: str) -> bool:

@@ -29,13 +29,11 @@ class PeerCase:
     mv_precision: int = 6
 
     @property
-    def from_peer(self) -> bool:
-        """False for our own variants of a peer's class ("rstitch, a variant after ...")."""
+    def from_peer(self) -> bool:  # False for our own variants ("rstitch, a variant after ...")
         return not self.source.startswith("rstitch")
 
     @property
     def intended(self) -> bool:
-        """The verdict our grader should give."""
         return self.expected if self.ours is None else self.ours
 
 

@@ -27,9 +27,6 @@ class SampleCgroup:
     def procs_files(self) -> list[str]:
         return [str(d / "cgroup.procs") for d in self.dirs]
 
-    def describe(self, memory_bytes: int, max_processes: int) -> str:
-        return f"cgroup v{self.version}: {memory_bytes / 1024**3:.3g} GiB and {max_processes} processes for the whole sample"
-
     def remove(self) -> None:
         """Kill whatever is left in it and remove it; bounded in time."""
         for directory in self.dirs:
@@ -38,7 +35,10 @@ class SampleCgroup:
         pending = [d for d in self.dirs if d.exists()]
         while pending and time.monotonic() < deadline:
             for directory in pending:
-                _kill_members(directory)
+                with contextlib.suppress(OSError):
+                    for pid in (directory / "cgroup.procs").read_text().split():
+                        with contextlib.suppress(OSError, ValueError):
+                            os.kill(int(pid), signal.SIGKILL)
                 with contextlib.suppress(OSError):  # busy until its last process is gone
                     directory.rmdir()
             pending = [d for d in pending if d.exists()]
@@ -105,13 +105,6 @@ def _own_v1_paths() -> dict[str, str]:
             if controller:
                 paths[controller] = path
     return paths
-
-
-def _kill_members(directory: Path) -> None:
-    with contextlib.suppress(OSError):
-        for pid in (directory / "cgroup.procs").read_text().split():
-            with contextlib.suppress(OSError, ValueError):
-                os.kill(int(pid), signal.SIGKILL)
 
 
 def _write_quietly(path: Path, text: str) -> None:

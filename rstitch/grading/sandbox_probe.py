@@ -49,6 +49,10 @@ def probe_output_links(outer_s: float) -> list[ProbeOutcome]:
     """Class 1: the program replaces its output files by links or FIFOs before exiting."""
     secret = f"probe-secret-{os.getpid()}"
     os.environ["RSTITCH_PROBE_SECRET"] = secret
+    # This process's initial environment (what /proc/self/environ shows the caller): entries long
+    # enough to be recognised that the sandbox's own fixed environment does not have.
+    environ = Path("/proc/self/environ").read_bytes().decode(errors="replace").split("\0")
+    own = [entry for entry in environ if len(entry) >= 12 and not entry.startswith(("PATH=", "LANG=", "HOME=", "PYTHON"))]
     outcomes = []
     with tempfile.TemporaryDirectory() as private_dir:
         private = Path(private_dir) / "root-only.txt"
@@ -58,7 +62,7 @@ def probe_output_links(outer_s: float) -> list[ProbeOutcome]:
             source = _replace_outputs(f"os.symlink({target!r}, name)") + "raise SystemExit(1)\n"
             done = run_bounded(functools.partial(run_python, source, limits=probe_limits()), outer_s)
             returned = done[0].stdout + done[0].stderr + done[0].report if done is not None else ""
-            leaked = any(text in returned for text in (secret, *_own_environment()))
+            leaked = any(text in returned for text in (secret, *own))
             outcomes.append(ProbeOutcome("1 outputs", f"stdout/stderr -> link to {what}",
                                          "LEAKED into the result" if leaked else "not leaked", not leaked))
     del os.environ["RSTITCH_PROBE_SECRET"]
@@ -66,17 +70,6 @@ def probe_output_links(outer_s: float) -> list[ProbeOutcome]:
     outcome = f"returned in {done[1]:.1f} s" if done else f"STALLED the caller (abandoned after {outer_s:.0f} s)"
     outcomes.append(ProbeOutcome("1 outputs", "stdout/stderr -> FIFO", outcome, done is not None))
     return outcomes
-
-
-def _own_environment() -> list[str]:
-    """Entries of this process's initial environment (what /proc/self/environ shows the caller),
-    long enough to be recognised, that the sandbox's own fixed environment does not have."""
-    try:
-        entries = Path("/proc/self/environ").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
-    fixed = ("PATH=", "LANG=", "HOME=", "PYTHON")
-    return [entry for entry in entries if len(entry) >= 12 and not entry.startswith(fixed)]
 
 
 def _replace_outputs(make: str) -> str:

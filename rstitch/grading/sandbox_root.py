@@ -70,21 +70,16 @@ def bwrap_argv(python: str, disk_bytes: int, map_to_nobody: bool, seccomp: bool)
         argv += ["--unshare-user", "--uid", str(NOBODY_UID), "--gid", str(NOBODY_UID)]
     # The sample's tmpfs first, so that nothing bound later can end up under it unseen.
     argv += ["--perms", "1777", "--size", str(int(disk_bytes)), "--tmpfs", "/tmp", "--symlink", "/tmp", "/var/tmp"]
-    argv += read_only_binds(interpreter_prefix(python))
+    prefix = interpreter_prefix(python)  # read-only, with the library directories that exist outside it
+    argv += ["--ro-bind", prefix, prefix]
+    for path in LIBRARY_DIRS:
+        if path != prefix and not path.startswith(prefix.rstrip("/") + "/"):
+            argv += ["--ro-bind-try", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
     argv += ["--file", str(SOURCE_FD), f"{INSIDE_WORKDIR}/main.py", "--chdir", INSIDE_WORKDIR, "--remount-ro", "/"]
     if seccomp:
         argv += ["--seccomp", str(SECCOMP_FD)]
     return [*argv, "--"]
-
-
-def read_only_binds(prefix: str) -> list[str]:
-    """The interpreter's prefix and the library directories that exist outside it, read-only."""
-    args = ["--ro-bind", prefix, prefix]
-    for path in LIBRARY_DIRS:
-        if path != prefix and not path.startswith(prefix.rstrip("/") + "/"):
-            args += ["--ro-bind-try", path, path]
-    return args
 
 
 @functools.lru_cache(maxsize=1)
