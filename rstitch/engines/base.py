@@ -6,7 +6,6 @@ backends implement only `ModelRunner.new_sequence`, `Sequence._forward` and `Seq
 from __future__ import annotations
 
 import importlib.util
-import logging
 import math
 import os
 import time
@@ -183,7 +182,7 @@ class TokenDistribution:
         """H / log V, in [0, 1] (R-Stitch's uncertainty score)."""
         return self.entropy / math.log(self.logits.shape[-1])
 
-    @property
+    @cached_property
     def argmax(self) -> int:
         return int(self.logits.argmax())
 
@@ -404,11 +403,6 @@ def resolve_model_path(path: str, kind: str = "hf") -> str:
     return path
 
 
-def warn_remote_code(path: str) -> None:
-    """trust_remote_code runs the checkpoint repository's Python in this process: say so."""
-    logging.getLogger("rstitch").warning("trust_remote_code is set for '%s': its repository's code runs in this process", path)
-
-
 class ModelRunner(ABC):
     """One loaded model: its tokenizer, size, cost counters and a factory of sequences. The class-level
     declarations and hooks are docs/adding-an-engine.md's table."""
@@ -463,10 +457,6 @@ class ModelRunner(ABC):
     def decode_path_key(cls, options: Mapping[str, Any], device: str) -> str | None:
         """The decode path a run key records when `options` select another than the eager one, or None."""
         return None
-
-    @property
-    def gives_hidden_states(self) -> bool:
-        return self.capabilities.hidden_states
 
     @abstractmethod
     def new_sequence(self, prompt_ids: Seq[int], want_hidden: bool = False) -> Sequence:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import os
 import sys
 import time
 import weakref
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -27,9 +29,8 @@ from rstitch.engines.base import (
     default_torch_threads,
     resolve_model_path,
     torch_dtype,
-    warn_remote_code,
 )
-from rstitch.engines.hf_forward import KVBuffers, ViewLayer, attention_implementation, attention_mask, cache_kwargs, compiled_path, width_groups
+from rstitch.engines.hf_forward import KVBuffers, ViewLayer, attention_implementation, attention_mask, cache_kwargs, compiled_path, forward_by_width
 from rstitch.engines.hf_static import STATIC_MODEL_TYPES, StaticDecoder, StaticSequence, check_static_memory, resolve_mode
 from rstitch.engines.loading import (
     eos_token_ids,
@@ -44,6 +45,7 @@ from rstitch.errors import ConfigError
 if TYPE_CHECKING:
     from transformers import DynamicCache, PreTrainedModel
 
+log = logging.getLogger("rstitch")
 CAUSAL_LM = "AutoModelForCausalLM"
 
 
@@ -158,8 +160,8 @@ class HFModelRunner(ModelRunner):
         torch_dtype(dtype)  # one line for an unknown name, before anything loads
         self.path = path  # as configured (a packaged:<name> stays one)
         path = resolve_model_path(path)
-        if trust_remote_code:
-            warn_remote_code(path)
+        if trust_remote_code:  # the checkpoint repository's Python runs in this process: say so
+            log.warning("trust_remote_code is set for '%s': its repository's code runs in this process", path)
         if num_threads:  # small models on a shared CPU run far faster on one thread than on two
             torch.set_num_threads(int(num_threads))
         hf_logging.disable_progress_bar()  # per-shard bars would bury the run's own output
@@ -178,8 +180,10 @@ class HFModelRunner(ModelRunner):
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
         self.hidden_size = self.model.config.hidden_size
         self.eos_token_ids = eos_token_ids(self.tokenizer, getattr(getattr(self.model, "generation_config", None), "eos_token_id", None))
-        self.capabilities = Capabilities(hidden_states=True, batched_forward=self.causal_lm and batchable(self.model),
-                                         exact_distributions=True)
+        # Other model types run a batch's rows one by one: same results, no gain.
+        config = self.model.config
+        batchable = config.model_type in STATIC_MODEL_TYPES and attention_implementation(config) in ("sdpa", "eager")
+        self.capabilities = Capabilities(hidden_states=True, batched_forward=self.causal_lm and batchable)
         self._slots: SlotCache | None = None  # made at the first batched forward
         mode = resolve_mode(compile, self.device)
         # Latency profiles are keyed by the identity: a captured or compiled path's forwards are
@@ -200,11 +204,7 @@ class HFModelRunner(ModelRunner):
             return super().forward_batch(requests)
         if self._slots is None:
             self._slots = SlotCache(self.model.config, self.model.dtype, self.device)
-        outputs: list = [None] * len(requests)
-        for group in width_groups([len(r.new_ids) for r in requests]):
-            for i, out in zip(group, batched_forward(self, [requests[i] for i in group])):
-                outputs[i] = out
-        return outputs
+        return forward_by_width(requests, partial(batched_forward, self))
 
     def prepare_shapes(self, batch_size: int, shortest: int, longest: int) -> None:
         """Capture every step shape the run can use (`StaticDecoder.warm_up`)."""
@@ -251,12 +251,6 @@ class HFModelRunner(ModelRunner):
         # what the device has free, plus what torch's allocator holds unused (a dropped pair's)
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         check_static_memory(models, batch_size, positions, torch.cuda.mem_get_info(device)[0] + cached)
-
-
-def batchable(model: PreTrainedModel) -> bool:
-    """Whether batched forwards fit the model (others run their rows one by one: same results, no gain)."""
-    config = model.config
-    return config.model_type in STATIC_MODEL_TYPES and attention_implementation(config) in ("sdpa", "eager")
 
 
 class SlotCache(KVBuffers):
@@ -318,13 +312,6 @@ class _SlotLayer(ViewLayer):
         return out[0], out[1]
 
 
-def _row_mask(starts: list[int], width: int, read: int, implementation: str, dtype: torch.dtype,
-              device: torch.device) -> torch.Tensor:
-    """Query j of a row sees its positions up to start + j (padding queries too: no row is all masked)."""
-    limit = torch.tensor(starts, device=device)[:, None] + torch.arange(width, device=device)
-    return attention_mask(torch.arange(read, device=device)[None, None, :] <= limit[:, :, None], implementation, dtype)
-
-
 @torch.inference_mode()
 def batched_forward(runner: HFModelRunner, requests: list[ForwardRequest]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """One padded forward, each row at its own slot's positions n_cached..; its last `keep` rows out."""
@@ -344,7 +331,9 @@ def batched_forward(runner: HFModelRunner, requests: list[ForwardRequest]) -> li
     ids = torch.zeros((len(requests), width), dtype=torch.long, device=runner.device)
     for row, r in enumerate(requests):
         ids[row, : len(r.new_ids)] = torch.tensor(r.new_ids, dtype=torch.long)
-    mask = _row_mask(starts, width, view.read, attention_implementation(model.config), model.dtype, runner.device)
+    # Query j of a row sees its positions up to start + j (padding queries too: no row is all masked).
+    allowed = torch.arange(view.read, device=runner.device)[None, None, :] <= view.positions[:, :, None]
+    mask = attention_mask(allowed, attention_implementation(model.config), model.dtype)
     want_hidden = any(s.want_hidden for s in seqs)
     base = getattr(model, model.base_model_prefix)
     out = base(input_ids=ids, attention_mask=mask, position_ids=view.positions, use_cache=True,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ def compiled_path(compile_setting: Any, device: Any) -> str:
         return "graphs" if str(device).startswith("cuda") else "off"
     return str(compile_setting)
 
+
 def width_groups(widths: list[int]) -> list[list[int]]:
     """Rows (by index) split into padded forwards of similar widths, minimizing the sum over
     forwards of FORWARD_COST_TOKENS + rows x widest row (exact, over the rows sorted by width)."""
@@ -41,6 +43,15 @@ def width_groups(widths: list[int]) -> list[list[int]]:
         groups.append(sorted(order[cut[j]:j]))
         j = cut[j]
     return groups[::-1]
+
+
+def forward_by_width(requests: list[Any], forward: Callable[[list[Any]], list[Any]]) -> list[Any]:
+    """`forward` over the requests' groups of similar widths (`width_groups`); outputs in request order."""
+    outputs: list[Any] = [None] * len(requests)
+    for group in width_groups([len(r.new_ids) for r in requests]):
+        for i, out in zip(group, forward([requests[i] for i in group])):
+            outputs[i] = out
+    return outputs
 
 
 def cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:

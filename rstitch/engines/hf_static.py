@@ -26,8 +26,8 @@ from rstitch.engines.hf_forward import (
     attention_mask,
     cache_kwargs,
     compiled_path,
+    forward_by_width,
     kv_shape,
-    width_groups,
 )
 from rstitch.errors import ConfigError
 
@@ -173,7 +173,8 @@ class StaticSequence(Sequence):
         decoder = runner.static
         assert decoder is not None, "a runner opens static sequences only with its decoder"
         self._slot = [decoder.acquire()]  # a box: the decoder may move the sequence to another slot
-        weakref.finalize(self, _release, decoder, self._slot)
+        box = self._slot
+        weakref.finalize(self, lambda: decoder.release(box[0]))
         self._summaries: list[tuple[float, int]] = []  # (entropy, argmax) of each window row
 
     @property
@@ -200,21 +201,12 @@ class StaticSequence(Sequence):
         return SummarizedDistribution(self._window_logits[row], hidden, entropy, argmax)
 
 
-def _release(decoder: StaticDecoder, slot: list[int]) -> None:
-    decoder.release(slot[0])
-
-
 class SummarizedDistribution(TokenDistribution):
     """A distribution whose entropy and argmax came in the forward's one transfer: no further sync."""
 
     def __init__(self, logits: torch.Tensor, hidden: torch.Tensor | None, entropy: float, argmax: int):
         super().__init__(logits, hidden)
-        self.__dict__["entropy"] = entropy  # the cached_property's slot
-        self._argmax = argmax
-
-    @property
-    def argmax(self) -> int:
-        return self._argmax
+        self.__dict__.update(entropy=entropy, argmax=argmax)  # the cached_properties' slots
 
 
 class StaticKV(KVBuffers):
@@ -404,7 +396,11 @@ class StaticDecoder:
         if self.attention == GROUPED_ATTENTION:
             _register_grouped_attention()
         if mode == "inductor":
-            raise_recompile_limit()
+            # Past `recompile_limit` (8) Dynamo runs the step uncompiled without a word: cover every
+            # shape (as vLLM): row buckets x widths x attention windows (two per doubling up to 2**20).
+            dynamo, shapes = torch._dynamo.config, 8 * len(WIDTHS) * 26
+            dynamo.recompile_limit = max(dynamo.recompile_limit, shapes)
+            dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, 4 * shapes)
             self.kv.memoize = False
 
     def acquire(self) -> int:
@@ -461,12 +457,8 @@ class StaticDecoder:
 
     @torch.inference_mode()
     def forward(self, requests: list[ForwardRequest]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        """The requests' forwards in one step, or one per group of similar widths (`width_groups`)."""
-        outputs: list[Any] = [None] * len(requests)
-        for group in width_groups([len(r.new_ids) for r in requests]):
-            for i, out in zip(group, self._forward_group([requests[i] for i in group])):
-                outputs[i] = out
-        return outputs
+        """The requests' forwards in one step, or one per group of similar widths."""
+        return forward_by_width(requests, self._forward_group)
 
     def _forward_group(self, requests: list[ForwardRequest]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         seqs = [r.seq for r in requests]
@@ -499,17 +491,10 @@ class StaticDecoder:
             kept_logits, kept_summary = self.summarize(kept_hidden)
         summaries = kept_summary.tolist()  # the one sync
         hidden_out = kept_hidden.float() if want_hidden and kept_hidden is not None else None
-        return self._split(requests, kept_logits, hidden_out, summaries)
-
-    def _split(self, requests: list[ForwardRequest], kept_logits: torch.Tensor, kept_hidden: torch.Tensor | None,
-               summaries: list[list[float]]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        """Each request's rows of the kept outputs; its summaries go to its sequence."""
-        out, start = [], 0
-        for r in requests:
-            s = r.seq
-            assert isinstance(s, StaticSequence)
-            s._summaries = [(e, int(a)) for e, a in summaries[start: start + r.keep]]
-            h = kept_hidden[start: start + r.keep] if kept_hidden is not None and s.want_hidden else None
+        out, start = [], 0  # each request's rows of the kept outputs; its summaries go to its sequence
+        for r, s in zip(requests, seqs):
+            s._summaries = [(e, int(a)) for e, a in summaries[start: start + r.keep]]  # type: ignore[attr-defined]
+            h = hidden_out[start: start + r.keep] if hidden_out is not None and s.want_hidden else None
             out.append((kept_logits[start: start + r.keep], h))
             start += r.keep
         return out
@@ -616,14 +601,3 @@ def warm_shapes(slots: int, length: int, shortest: int, longest: int) -> list[tu
 def _rows_for(highest_slot: int) -> int:
     """The rows a step runs to cover slots [0, highest_slot]: a power of two."""
     return 1 << highest_slot.bit_length()
-
-
-# Shapes one decoder can compile: row buckets x widths x attention windows (two per doubling up to 2**20 positions).
-COMPILED_SHAPES = 8 * len(WIDTHS) * 26
-
-
-def raise_recompile_limit() -> None:
-    """Past `recompile_limit` (8) Dynamo runs the step uncompiled without a word: cover every shape (as vLLM)."""
-    config = torch._dynamo.config
-    config.recompile_limit = max(config.recompile_limit, COMPILED_SHAPES)
-    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * COMPILED_SHAPES)

@@ -34,11 +34,8 @@ class Sampler:
     def reseed(self, seed: int) -> None:
         self.generator.manual_seed(int(seed))
 
-    def probs(self, dist) -> torch.Tensor:
-        """The distribution actually sampled from (temperature and top-p applied); one-hot when greedy."""
-        return self.probs_from_logits(dist.logits)
-
     def probs_from_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distribution actually sampled from (temperature and top-p applied); one-hot when greedy."""
         if self.greedy:
             out = torch.zeros_like(logits, dtype=torch.float32)
             out[..., logits.argmax(-1)] = 1.0
@@ -51,18 +48,15 @@ class Sampler:
     def sample(self, dist) -> int:
         if self.greedy:
             return dist.argmax
-        return self.sample_from(self.probs(dist))
+        return self.sample_from(self.probs_from_logits(dist.logits))
 
     def sample_from(self, probs: torch.Tensor) -> int:
-        return draw(probs, self.generator)
+        """One index drawn from `probs` (any device) on the generator's device (the host)."""
+        return int(torch.multinomial(probs.to(device=self.generator.device, dtype=torch.float32), 1,
+                                     generator=self.generator))
 
     def uniform(self) -> float:
         return float(torch.rand((), generator=self.generator))
-
-
-def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One index drawn from `probs` (any device) with `generator`, on the generator's device (the host)."""
-    return int(torch.multinomial(probs.to(device=generator.device, dtype=torch.float32), 1, generator=generator))
 
 
 def _is_number(value: object) -> bool:

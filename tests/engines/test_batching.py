@@ -209,7 +209,7 @@ def test_a_failing_sample_fails_the_run_and_unwinds_the_others(tiny_runners):
 
 
 def test_rows_of_very_different_widths_run_as_separate_forwards():
-    from rstitch.engines.hf import width_groups
+    from rstitch.engines.hf_forward import width_groups
 
     assert width_groups([1, 1, 1, 30, 1]) == [[0, 1, 2, 4], [3]]  # a catch-up prefill beside single steps
     assert width_groups([1] * 16) == [list(range(16))] and width_groups([5, 6, 7, 8]) == [[0, 1, 2, 3]]

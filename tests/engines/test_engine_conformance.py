@@ -126,7 +126,6 @@ def test_identity_and_capabilities_are_declared(entry, runner):
     assert identity.engine == entry.engine and identity.model == runner.name
     assert identity.device and identity.precision and "." not in identity.device + identity.precision
     assert isinstance(runner.capabilities, Capabilities)
-    assert runner.gives_hidden_states == runner.capabilities.hidden_states
 
 
 # --- rollback and partial prefill ------------------------------------------------------------
