@@ -80,16 +80,12 @@ def contention_text(runs: pd.DataFrame) -> str:
     flagged = runs[runs["contention"].notna()] if "contention" in runs else runs.iloc[:0]
     if flagged.empty:
         return ""
-    listed = "; ".join(f"{run['method']} {run['setting']} ({run['group']}): {run['contention']}" + held_figure(run)
+    held = ("speedup_estimate", "speedup_cpu", "latency_cpu_s")  # what of a contended run still holds
+    listed = "; ".join(f"{run['method']} {run['setting']} ({run['group']}): {run['contention']}"
+                       + robust_figure({k: None if pd.isna(run.get(k)) else run.get(k) for k in held if k in run.index})
                        for _, run in flagged.iterrows())
     advice = CONTENTION_ADVICE[0].upper() + CONTENTION_ADVICE[1:]
     return f"Latency measured under contention in {len(flagged)} of {len(runs)} runs: {listed}. {advice}."
-
-
-def held_figure(run: pd.Series) -> str:
-    """What of a contended run still holds (`results.measurement.robust_figure`), from its frame row."""
-    keys = ("speedup_estimate", "speedup_cpu", "latency_cpu_s")
-    return robust_figure({k: None if pd.isna(run.get(k)) else run.get(k) for k in keys if k in run.index})
 
 
 def _frontier_section(runs: pd.DataFrame, latency: str) -> Section:

@@ -20,21 +20,6 @@ TOKEN_COLUMNS = ("run_dir", "method", "setting", "group", "comparison", "id", "s
                  "token", "source", "entropy", "normalized_entropy", "scorer_agrees")
 
 
-def _run_inputs(run: pd.Series) -> tuple[Any, dict[str, list[int]]]:
-    """The run's model pair (loaded once per configuration) and its problems' prompt ids."""
-    from rstitch.data import load_dataset_records
-    from rstitch.data.prompts import PromptFormat
-    from rstitch.engines.cache import get_pair
-
-    config = read_summary(run["run_dir"])["config"]
-    warn_if_models_changed(config["pair"], Path(run["run_dir"]))
-    pair = get_pair(config["pair"], config["engine"])
-    prompt = PromptFormat(**config["prompt"])
-    records = load_dataset_records(**config["dataset"])
-    prompts = {r.id: prompt.encode(pair.tokenizer, r.problem) for r in records}
-    return pair, prompts
-
-
 def warn_if_models_changed(pair_cfg: dict[str, Any], run_dir: Path) -> None:
     """Warn when a local model directory was written after the run's samples (retrained in place): its
     scores would not be those of the weights that decoded the run."""
@@ -60,7 +45,15 @@ def run_token_scores(run: pd.Series, scorer: str = "slm", max_samples: int | Non
     entropy (nats), normalized_entropy (H / log V, R-Stitch's tau scale), scorer_agrees, source."""
     if scorer not in SCORERS:
         raise ConfigError(f"unknown scorer '{scorer}'; valid: {', '.join(SCORERS)}")
-    pair, prompts = _run_inputs(run)
+    from rstitch.data import load_dataset_records
+    from rstitch.data.prompts import PromptFormat
+    from rstitch.engines.cache import get_pair
+
+    config = read_summary(run["run_dir"])["config"]
+    warn_if_models_changed(config["pair"], Path(run["run_dir"]))
+    pair = get_pair(config["pair"], config["engine"])  # loaded once per configuration
+    prompt = PromptFormat(**config["prompt"])
+    prompts = {r.id: prompt.encode(pair.tokenizer, r.problem) for r in load_dataset_records(**config["dataset"])}
     runner = getattr(pair, scorer)
     rows = []
     for sample in read_samples(Path(run["run_dir"]))[:max_samples]:

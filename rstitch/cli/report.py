@@ -82,24 +82,20 @@ def main(argv: list[str] | None = None) -> None:
     if args.latex:
         written.append(write_latex(report, args.latex))
     if args.wandb_project:
-        _log_to_wandb(report, runs, args)
+        import wandb
+
+        from rstitch.analysis.report import log_report
+        from rstitch.logging import WandbLogger
+
+        settings = WandbLogger(project=args.wandb_project, entity=args.wandb_entity, mode=args.wandb_mode)
+        run = wandb.init(project=settings.project, entity=settings.entity, mode=settings.mode, job_type="report",
+                         name=args.title, config={"runs": sorted(map(str, runs["run_dir"]))}, reinit="finish_previous")
+        log_report(report, run)
+        run.finish()
     print(f"{len(runs)} runs, {len(report.all_tables())} tables, {len(report.all_figures())} figures")
     print(f"report: {Path(written[0]).resolve()}")
     if args.latex:
         print(f"latex: {args.latex.resolve()}")
-
-
-def _log_to_wandb(report, runs, args: argparse.Namespace) -> None:
-    import wandb
-
-    from rstitch.analysis.report import log_report
-    from rstitch.logging import WandbLogger
-
-    settings = WandbLogger(project=args.wandb_project, entity=args.wandb_entity, mode=args.wandb_mode)
-    run = wandb.init(project=settings.project, entity=settings.entity, mode=settings.mode, job_type="report",
-                     name=args.title, config={"runs": sorted(map(str, runs["run_dir"]))}, reinit="finish_previous")
-    log_report(report, run)
-    run.finish()
 
 
 if __name__ == "__main__":
