@@ -70,7 +70,11 @@ def main() -> None:
     for fd in (stdin, *extra.values(), *(write for _, write in pipes.values())):
         os.close(fd)
     verdict = _supervise(child, {name: read for name, (read, _) in pipes.items()}, config)
-    _reap_orphans()
+    until = time.monotonic() + REAP_S  # every process left to this one ends once bwrap has
+    with contextlib.suppress(ChildProcessError):  # raised once none is left
+        while time.monotonic() < until:
+            if not os.waitpid(-1, os.WNOHANG)[0]:
+                time.sleep(0.005)
     setup = verdict.pop("setup")  # before exec (no bubblewrap), or the program's first act inside it
     isolation["private_proc"] = PROC_STATES.get(setup[:1].encode(), False)
     if config["empty_root"]:
@@ -189,24 +193,16 @@ def _supervise(child: int, readers: dict[str, int], config: dict) -> dict:
             break
         flooded = _read_ready(open_fds, captured, cap, min(remaining, 0.05))
     _kill_group(child)  # leftovers of a program that exited (gone already in a PID namespace)
-    _drain(open_fds, captured, cap)
+    until = time.monotonic() + DRAIN_S  # bounded in time even if a leftover holds a pipe
+    while open_fds and time.monotonic() < until and not _over(captured, cap):
+        _read_ready(open_fds, captured, cap, 0.01)
+    for fd in open_fds:
+        os.close(fd)
     captured["setup"] = captured["setup"][:1]  # one byte, whatever was written after it; not an output
     code = os.waitstatus_to_exitcode(status)  # -n: killed by signal n
     return {"exit_code": code if code >= 0 else None, "signal": -code if code < 0 else None, "timed_out": timed_out,
             "output_limit": flooded or _over(captured, cap),
             **{name: bytes(data[:cap]).decode("utf-8", errors="replace") for name, data in captured.items()}}
-
-
-def _reap_orphans() -> None:
-    """Wait (bounded) for every process left to this one; each ends once bwrap has."""
-    until = time.monotonic() + REAP_S
-    while time.monotonic() < until:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if not pid:
-            time.sleep(0.005)
 
 
 def _read_ready(open_fds: dict[int, str], captured: dict[str, bytearray], cap: int, wait_s: float) -> bool:
@@ -226,15 +222,6 @@ def _read_ready(open_fds: dict[int, str], captured: dict[str, bytearray], cap: i
             continue
         captured[open_fds[fd]] += chunk[: cap + 1 - len(captured[open_fds[fd]])]
     return _over(captured, cap)
-
-
-def _drain(open_fds: dict[int, str], captured: dict[str, bytearray], cap: int) -> None:
-    """What the program wrote before it ended; bounded in time even if a leftover holds a pipe."""
-    until = time.monotonic() + DRAIN_S
-    while open_fds and time.monotonic() < until and not _over(captured, cap):
-        _read_ready(open_fds, captured, cap, 0.01)
-    for fd in open_fds:
-        os.close(fd)
 
 
 def _over(captured: dict[str, bytearray], cap: int) -> bool:

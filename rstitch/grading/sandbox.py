@@ -3,6 +3,7 @@ are in docs/sandbox.md. Whatever the program does, the caller gets a ``SandboxRe
 timeout plus a fixed grace; a sandbox that cannot start is a failed sample, not an exception."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -98,15 +99,26 @@ def run_python(source: str, stdin: str | None = None, limits: SandboxLimits | No
         overhead = BWRAP_PROCESSES if empty_root else 0
         cgroup = sample_cgroup(int(limits.memory_bytes), int(limits.max_processes) + overhead)
         verdict = _supervise(_config(workdir, python, uid, source, stdin, limits, cgroup), limits)
-        verdict.setdefault("isolation", {})["whole_sample"] = _whole_sample_note(cgroup, verdict, limits)
-        return _result(verdict, time.monotonic() - start)
+        isolation = verdict.setdefault("isolation", {})
+        gib = int(limits.memory_bytes) / 1024**3
+        isolation["whole_sample"] = (
+            f"cgroup v{cgroup.version}: {gib:.3g} GiB and {int(limits.max_processes)} processes for the whole sample"
+            if cgroup is not None and isolation.get("cgroup") else
+            f"no cgroup: {gib:.3g} GiB per process, at most {fitting_process_count(limits)} processes (their product fits the machine)")
     except OSError as err:  # e.g. no space for the mount point
-        return SandboxResult("sandbox_error", None, "", f"sandbox: {err}", time.monotonic() - start)
+        verdict = {"sandbox_error": str(err)}
     finally:
+        duration = time.monotonic() - start
         if cgroup is not None:
             cgroup.remove()
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)  # fd-based: a link left in it is removed, not followed
+    if "sandbox_error" in verdict:
+        return SandboxResult("sandbox_error", None, "", f"sandbox: {verdict['sandbox_error']}", duration)
+    status = ("timeout" if verdict["timed_out"] else "output_limit" if verdict["output_limit"]
+              else "killed" if verdict["signal"] is not None else "ok" if verdict["exit_code"] == 0 else "error")
+    return SandboxResult(status, verdict["exit_code"], verdict["stdout"], verdict["stderr"], duration,
+                         verdict.get("isolation", {}), verdict["report"])
 
 
 def sandbox_python() -> tuple[str, int | None]:
@@ -123,9 +135,7 @@ def sandbox_python() -> tuple[str, int | None]:
 
 def _runnable_by_others(path: str) -> bool:
     real = Path(os.path.realpath(path))
-    if not real.is_file() or not real.stat().st_mode & stat.S_IXOTH:
-        return False
-    return all(parent.stat().st_mode & stat.S_IXOTH for parent in real.parents)
+    return real.is_file() and all(entry.stat().st_mode & stat.S_IXOTH for entry in (real, *real.parents))
 
 
 def _config(workdir: Path | None, python: str, uid: int | None, source: str, stdin: str | None,
@@ -172,26 +182,15 @@ def fitting_process_count(limits: SandboxLimits) -> int:
     return max(1, min(int(limits.max_processes), int(machine * MACHINE_SHARE) // int(limits.memory_bytes)))
 
 
-def _whole_sample_note(cgroup: SampleCgroup | None, verdict: dict[str, Any], limits: SandboxLimits) -> str:
-    if cgroup is not None and verdict.get("isolation", {}).get("cgroup"):
-        return cgroup.describe(int(limits.memory_bytes), int(limits.max_processes))
-    return (f"no cgroup: {int(limits.memory_bytes) / 1024**3:.3g} GiB per process, "
-            f"at most {fitting_process_count(limits)} processes (their product fits the machine)")
-
-
 def _process_limit(uid: int | None, wanted: int) -> int:
     """RLIMIT_NPROC counts every process of the user: as the caller's own, its current ones are added."""
     if uid is not None:
         return int(wanted)
-    mine = sum(1 for entry in Path("/proc").iterdir() if entry.name.isdigit() and _owned_by_me(entry))
+    mine = 0
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):  # a process that ended meanwhile
+            mine += entry.name.isdigit() and entry.stat().st_uid == os.getuid()
     return mine + int(wanted)
-
-
-def _owned_by_me(entry: Path) -> bool:
-    try:
-        return entry.stat().st_uid == os.getuid()
-    except OSError:
-        return False
 
 
 def _supervise(config: dict[str, Any], limits: SandboxLimits) -> dict[str, Any]:
@@ -212,15 +211,6 @@ def _supervise(config: dict[str, Any], limits: SandboxLimits) -> dict[str, Any]:
         reason = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no verdict"]
         return {"sandbox_error": reason[0][:300]}
     return verdict
-
-
-def _result(verdict: dict[str, Any], duration: float) -> SandboxResult:
-    if "sandbox_error" in verdict:
-        return SandboxResult("sandbox_error", None, "", f"sandbox: {verdict['sandbox_error']}", duration)
-    status = ("timeout" if verdict["timed_out"] else "output_limit" if verdict["output_limit"]
-              else "killed" if verdict["signal"] is not None else "ok" if verdict["exit_code"] == 0 else "error")
-    return SandboxResult(status, verdict["exit_code"], verdict["stdout"], verdict["stderr"], duration,
-                         verdict.get("isolation", {}), verdict["report"])
 
 
 def check_code_sandbox(allow_weak: bool = False) -> dict[str, Any]:
