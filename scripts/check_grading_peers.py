@@ -10,7 +10,7 @@ import logging
 import sys
 from pathlib import Path
 
-from rstitch.grading.peer_check import load_cases, math_verify_verdict, our_verdict, report, run_grader
+from rstitch.grading.peer_check import Agreement, load_cases, math_verify_verdict, our_verdict, report
 
 DEFAULT_CASES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "grading_peers.jsonl"
 
@@ -27,9 +27,9 @@ def main() -> None:
         sys.exit(2)
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # its warnings about disabled timeouts
     cases = load_cases(args.cases)
-    results = [run_grader("rstitch", lambda case: our_verdict(case, timeout_s=args.timeout_s), cases)]
+    results = [Agreement("rstitch", {case.id: our_verdict(case, timeout_s=args.timeout_s) for case in cases})]
     if not args.no_math_verify:
-        results.append(run_grader("math-verify", math_verify_verdict, cases))
+        results.append(Agreement("math-verify", {case.id: math_verify_verdict(case) for case in cases}))
     print(report(cases, results))
 
 

@@ -188,11 +188,13 @@ def _supervise(child: int, readers: dict[str, int], config: dict) -> dict:
         remaining = deadline - time.monotonic()
         if remaining <= 0 or flooded:
             timed_out = not flooded
-            _kill_group(child)  # PID 1 of its namespace: takes every descendant with it
+            with contextlib.suppress(OSError):  # PID 1 of its namespace: takes every descendant with it
+                os.killpg(child, signal.SIGKILL)
             _, status = os.waitpid(child, 0)
             break
         flooded = _read_ready(open_fds, captured, cap, min(remaining, 0.05))
-    _kill_group(child)  # leftovers of a program that exited (gone already in a PID namespace)
+    with contextlib.suppress(OSError):  # leftovers of a program that exited (gone already in a PID namespace)
+        os.killpg(child, signal.SIGKILL)
     until = time.monotonic() + DRAIN_S  # bounded in time even if a leftover holds a pipe
     while open_fds and time.monotonic() < until and not _over(captured, cap):
         _read_ready(open_fds, captured, cap, 0.01)
@@ -226,11 +228,6 @@ def _read_ready(open_fds: dict[int, str], captured: dict[str, bytearray], cap: i
 
 def _over(captured: dict[str, bytearray], cap: int) -> bool:
     return any(len(data) > cap for data in captured.values())
-
-
-def _kill_group(leader: int) -> None:
-    with contextlib.suppress(OSError):
-        os.killpg(leader, signal.SIGKILL)
 
 
 if __name__ == "__main__":

@@ -66,12 +66,10 @@ def extract_answer(response: str, multiple_choice: bool = False) -> str | None:
 
 def extract_final(response: str, multiple_choice: bool = False) -> Extracted | None:
     """The final answer of ``response`` with its parts, or None when there is none."""
-    for part in search_order(_squeeze_whitespace(response)):
-        if multiple_choice:
-            letter = _extract_letter(part)
-            found = Extracted(letter) if letter is not None else None
-        else:
-            found = _extract_math(part)
+    # one space or newline per whitespace run: runs of optional ``\s*`` would backtrack polynomially
+    squeezed = _NEWLINE_RUN_RE.sub("\n", _SPACE_RUN_RE.sub(" ", response))
+    for part in search_order(squeezed):
+        found = _extract_letter(part) if multiple_choice else _extract_math(part)
         if found is not None:
             return found
     return None
@@ -81,11 +79,6 @@ def last_boxed(text: str) -> str | None:
     """Content of the last complete, non-empty ``\\boxed{...}``-style command in ``text``."""
     box = next(_boxes_from_end(text), None)
     return box.content if box is not None else None
-
-
-def _squeeze_whitespace(text: str) -> str:
-    """One space or newline per whitespace run: runs of optional ``\\s*`` would backtrack polynomially."""
-    return _NEWLINE_RUN_RE.sub("\n", _SPACE_RUN_RE.sub(" ", text))
 
 
 def search_order(response: str) -> list[str]:
@@ -137,10 +130,12 @@ def _box_argument(text: str, start: int, limit: int, closers: list[int]) -> tupl
     if text.startswith("[", i):  # more optional arguments than any box command takes: not a box
         return None, None, start
     if text.startswith("{", i):
-        end = _matching_brace(text, i, limit)
-        if end is None:
-            return None, i, start
-        return text[i + 1 : end].strip(), i, end + 1
+        depth = 0
+        for brace in _BRACE_RE.finditer(text, i, limit):
+            depth += {"{": 1, "}": -1}.get(brace.group(0), 0)  # an escaped brace \\{ or \\} is neither
+            if depth == 0:
+                return text[i + 1 : brace.start()].strip(), i, brace.end()
+        return None, i, start
     token = re.match(r"[^\s$]+", text[i : i + 200])
     if i == start or not token:  # "\\boxed5" is not LaTeX for a box; only "\\boxed 5" is
         return None, None, start
@@ -151,15 +146,6 @@ def _skip_spaces(text: str, i: int) -> int:
     while i < len(text) and text[i] in " \t":
         i += 1
     return i
-
-
-def _matching_brace(text: str, open_index: int, limit: int) -> int | None:
-    depth = 0
-    for token in _BRACE_RE.finditer(text, open_index, limit):
-        depth += {"{": 1, "}": -1}.get(token.group(0), 0)  # an escaped brace \\{ or \\} is neither
-        if depth == 0:
-            return token.start()
-    return None
 
 
 # Between two boxes of one answer: spacing, math delimiters, punctuation, markup and a few words
@@ -180,26 +166,25 @@ def _joins_boxes(separator: str) -> bool:
     return len(tokens) <= MAX_SEPARATOR_WORDS and bool({"and", "or"} & set(tokens))
 
 
-def _last_boxes(text: str) -> tuple[list[_Box], int] | None:
-    """The last box and those before it that form one answer with it, in order; where the last ends."""
+def _last_boxes(text: str) -> list[_Box]:
+    """The last box and those before it that form one answer with it, in order."""
     boxes = _boxes_from_end(text)
     last = next(boxes, None)
     if last is None:
-        return None
+        return []
     joined = [last]
     for box in boxes:
         if (len(joined) == MAX_JOINED_BOXES or box.end > joined[-1].start or box.content == joined[-1].content
                 or not _joins_boxes(text[box.end : joined[-1].start])):
             break
         joined.append(box)
-    return joined[::-1], last.end
+    return joined[::-1]
 
 
 def _extract_math(text: str) -> Extracted | None:
-    boxed = _last_boxes(text)
-    if boxed is not None:
-        boxes, end = boxed
-        later = _answer_statement(text, after_box=end)
+    boxes = _last_boxes(text)
+    if boxes:
+        later = _answer_statement(text, after_box=boxes[-1].end)
         if later is not None:
             return Extracted(later)
         parts = tuple(box.content for box in boxes)
@@ -231,12 +216,9 @@ def _statement_value(line: str) -> str | None:
         return boxed
     # Plain prose: the value ends at the first sentence break ("." not inside a number).
     value = re.split(r"\.(?:\s|$)|;|\*\*", line, maxsplit=1)[0].strip().rstrip(".").strip()
-    # a lone delimiter ("$" of a span that goes on below) states nothing
-    return _stated_value(value) if re.search(r"[A-Za-z0-9]", value) else None
-
-
-def _stated_value(value: str) -> str | None:
-    """What a statement's sentence states (docs/grading.md, rule 2)."""
+    if not re.search(r"[A-Za-z0-9]", value):  # a lone delimiter ("$" of a span that goes on below) states nothing
+        return None
+    # what the sentence states (docs/grading.md, rule 2)
     copulas = list(_COPULA_RE.finditer(value))
     if copulas and _is_prose(value[: copulas[-1].start()]):
         value = value[copulas[-1].end() :].strip()
@@ -349,22 +331,22 @@ def _span_value(content: str) -> str:
     return sides[-1].strip() if len(sides) > 2 else content
 
 
-def _extract_letter(text: str) -> str | None:
+def _extract_letter(text: str) -> Extracted | None:
     boxed = last_boxed(text)
     if boxed is not None:  # "B", "(B)", "\\text{B}", "B) 42"
         letter = _BOXED_LETTER_RE.match(_TEXT_WRAPPER_RE.sub(r"\1", boxed).strip().strip("*").strip())
         if letter:
-            return letter.group(1)
+            return Extracted(letter.group(1))
     for pattern in (_MC_ANSWER_RE, _MC_CHOICE_RE):
         found = pattern.findall(text)
         if found:
-            return "".join(found[-1])  # one of the two groups is empty
+            return Extracted("".join(found[-1]))  # one of the two groups is empty
     last_line = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
     on_last_line = _MC_LAST_LINE_RE.match(last_line)
     if on_last_line:
-        return on_last_line.group(1) or on_last_line.group(2)
+        return Extracted(on_last_line.group(1) or on_last_line.group(2))
     # "A. Because ...", unless the response lists the options ("A) x", "B) y")
     opening = _MC_FIRST_LINE_RE.match(text.strip())
     if opening and set(_OPTION_LINE_RE.findall(text.strip())) <= {opening.group(1)}:
-        return opening.group(1)
+        return Extracted(opening.group(1))
     return None

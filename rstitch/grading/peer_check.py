@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,10 +85,6 @@ class Agreement:
 
     def disagreements(self, cases: Iterable[PeerCase]) -> list[PeerCase]:
         return [c for c in cases if self.verdicts[c.id] != c.expected]
-
-
-def run_grader(name: str, verdict: Callable[[PeerCase], bool], cases: list[PeerCase]) -> Agreement:
-    return Agreement(name, {case.id: verdict(case) for case in cases})
 
 
 def report(cases: list[PeerCase], results: list[Agreement]) -> str:

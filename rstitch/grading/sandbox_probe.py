@@ -114,9 +114,7 @@ def probe_fake_passes(outer_s: float) -> list[ProbeOutcome]:
 
 def _graded(program: str, tests: dict[str, Any], outer_s: float) -> str:
     done = run_bounded(lambda: grade_code(f"```python\n{program}\n```", tests, probe_limits()), outer_s)
-    if done is None:
-        return "(no answer in time)"
-    return "right" if done[0]["correct"] else "wrong"
+    return "(no answer in time)" if done is None else "right" if done[0]["correct"] else "wrong"
 
 
 def memory_hog(mib: int) -> str:
