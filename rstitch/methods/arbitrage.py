@@ -63,5 +63,5 @@ class ArbitrageRouted(DraftVerifyMethod):
         """y_hat = P(delta > 0) from (problem, earlier steps tagged "Model 0: " / "Model 1: " by who
         wrote them (§6.2), draft step); the target writes the step iff y_hat > tau (§4.2)."""
         history = [(step.source, step.text) for step in path.steps]
-        y_hat = self.router().predict(run.problem, history, draft.text)
+        y_hat = self.router().predict(run.ctx.problem, history, draft.text)
         return Verdict(not y_hat > self.tau, y_hat)

@@ -10,7 +10,7 @@ from typing import Any
 
 from rstitch.errors import ConfigError
 from rstitch.grading import extract_answer, normalize_answer
-from rstitch.methods.base import DecodeContext, DecodeResult, register_method, require_int, require_number
+from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, register_method, require_choice, require_int, require_number
 from rstitch.methods.steps import (
     DEFAULT_PRM,
     ModelSequences,
@@ -19,8 +19,9 @@ from rstitch.methods.steps import (
     StepMethod,
     StepRun,
     candidate_sampler,
-    choose_source,
 )
+
+MODEL_SOURCES = {"slm": SLM, "llm": LLM}
 
 
 class _SampledCandidates(StepMethod):
@@ -33,7 +34,7 @@ class _SampledCandidates(StepMethod):
         super().__init__(**step_options)
         self.n = require_int(self.name, "n", n)
         self.model = model
-        self.source = choose_source(self.name, model)
+        self.source = MODEL_SOURCES[require_choice(self.name, "model", model, MODEL_SOURCES)]
         self.temperature = None if temperature is None else require_number(self.name, "temperature", temperature, low=0.0)
         self.top_p = None if top_p is None else require_number(self.name, "top_p", top_p, 0.0, 1.0)
         if self.needs_prm:
@@ -51,7 +52,7 @@ class _SampledCandidates(StepMethod):
         """N complete solutions, one after the other on the sample's sequences."""
         solutions = []
         for _ in range(self.n):
-            path = run.new_path()
+            path = StepDecoder(run.path.prompt_ids, run.ctx, self.step_config, run.path.models, run.path.calls)
             solutions.append((path, path.complete(lambda p: self.next_step(run, p))))
         return solutions
 
@@ -89,7 +90,7 @@ class BestOfN(_SampledCandidates):
     def decode(self, prompt_ids: list[int], ctx: DecodeContext) -> DecodeResult:
         run = self.start(prompt_ids, ctx)
         solutions = self.full_solutions(run)
-        scores = [self.scoring_prm().score(run.problem, path.step_texts)[-1] for path, _ in solutions]
+        scores = [self.scoring_prm().score(run.ctx.problem, path.step_texts)[-1] for path, _ in solutions]
         index = max(range(len(scores)), key=scores.__getitem__)
         path, finish = solutions[index]
         self.log_path(run, path, scores[index])

@@ -65,7 +65,7 @@ class RSD(DraftVerifyMethod):
         return run
 
     def verify(self, run: StepRun, path: StepDecoder, draft: Step) -> Verdict:
-        scores = self.scoring_prm().score(run.problem, path.step_texts + [draft.text])
+        scores = self.scoring_prm().score(run.ctx.problem, path.step_texts + [draft.text])
         run.log.fill_target_scores(scores[:-1])  # earlier target steps' rewards come for free
         reward = scores[-1]
         return Verdict(accepts(self.omega(reward), run.state["coins"]), reward)

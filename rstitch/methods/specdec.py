@@ -56,29 +56,37 @@ def check_vocabularies(ctx: DecodeContext) -> None:
         )
 
 
-class SpeculativeDecoder:
-    """Draft-and-verify decoding of one sample; `penalty` adds a rejection rule (EASD)."""
+@register_method("specdec")
+class SpecDec(Method):
+    """Lossless speculative decoding with a fixed draft length k; EASD adds its `penalty_for`."""
 
-    def __init__(self, k: int, penalty: DraftPenalty | None = None):
-        self.k = k
-        self.penalty = penalty
+    family = "speculative"
+
+    def __init__(self, k: int = 5):
+        self.k = require_int(self.name, "k", k)
+
+    def penalty_for(self, pair: ModelPair) -> DraftPenalty | None:
+        return None
 
     def decode(self, prompt_ids: list[int], ctx: DecodeContext) -> DecodeResult:
         check_vocabularies(ctx)
-        if self.penalty is not None or not ctx.sampler.greedy:  # entropies; p(x)/q(x) and the residual
+        penalty = self.penalty_for(ctx.pair)
+        if penalty is not None or not ctx.sampler.greedy:  # entropies; p(x)/q(x) and the residual
             for model in (ctx.pair.slm, ctx.pair.llm):
                 require(model, "exact_distributions", "EASD or sampled speculative decoding")
         draft = ctx.pair.slm.new_sequence(prompt_ids)
         target = ctx.pair.llm.new_sequence(prompt_ids)
         stats = SpecStats(self.k)
-        output, sources, finish = self.extend(draft, target, ctx, ctx.max_new_tokens, stats)
+        output, sources, finish = self.extend(draft, target, ctx, ctx.max_new_tokens, stats, penalty=penalty)
         return DecodeResult(output, sources, finish, stats.proposed - stats.accepted, stats.verifications, stats.as_dict())
 
     def extend(
-        self, draft: Sequence, target: Sequence, ctx: DecodeContext, limit: int, stats: SpecStats, stop: tuple[str, ...] = ()
+        self, draft: Sequence, target: Sequence, ctx: DecodeContext, limit: int, stats: SpecStats,
+        stop: tuple[str, ...] = (), penalty: DraftPenalty | None = None,
     ) -> tuple[list[int], list[int], str]:
         """Up to `limit` tokens after the two sequences' (equal) tokens, to EOS or a stop string (its
-        block's later tokens rolled back: token-exact); (tokens, sources, "eos" | "stop" | "length")."""
+        block's later tokens rolled back: token-exact); (tokens, sources, "eos" | "stop" | "length").
+        `penalty` adds a rejection rule (EASD)."""
         eos = ctx.eos_ids
         watcher = StopWatcher(ctx.pair.llm.tokenizer, stop)
         output: list[int] = []
@@ -86,7 +94,7 @@ class SpeculativeDecoder:
         while len(output) < limit:
             # The target adds one token per block, so draft one fewer than the tokens left.
             proposal = self._propose(draft, min(self.k, limit - len(output) - 1), ctx.sampler, eos)
-            verdict = self._verify(proposal, target.score(proposal.tokens), ctx.sampler, eos, stats)
+            verdict = self._verify(proposal, target.score(proposal.tokens), ctx.sampler, eos, stats, penalty)
             stats.record(len(proposal.tokens), verdict)
             produced = self._advance(draft, target, proposal, verdict)
             block_sources = [SLM] * verdict.accepted + [LLM] * (len(produced) - verdict.accepted)
@@ -115,14 +123,16 @@ class SpeculativeDecoder:
                 break
         return proposal
 
+    @staticmethod
     def _verify(
-        self, proposal: Draft, target_dists: list[TokenDistribution], sampler: Sampler, eos: set[int], stats: SpecStats
+        proposal: Draft, target_dists: list[TokenDistribution], sampler: Sampler, eos: set[int], stats: SpecStats,
+        penalty: DraftPenalty | None,
     ) -> TokenVerdict:
         for i, token in enumerate(proposal.tokens):
             target_dist = target_dists[i]
-            if self.penalty is not None and self.penalty.applies(proposal.dists[i], target_dist):
+            if penalty is not None and penalty.applies(proposal.dists[i], target_dist):
                 stats.penalties += 1
-                return TokenVerdict(i, draw(sampler, self.penalty.replacement_probs(sampler, target_dist, token)), True)
+                return TokenVerdict(i, draw(sampler, penalty.replacement_probs(sampler, target_dist, token)), True)
             p = sampler.probs_from_logits(target_dist.logits)
             replacement = verify_draft_token(p, proposal.probs[i], token, sampler)
             if replacement is not None:
@@ -144,22 +154,6 @@ class SpeculativeDecoder:
             target.append(verdict.target_token)
             produced.append(verdict.target_token)
         return produced
-
-
-@register_method("specdec")
-class SpecDec(Method):
-    """Lossless speculative decoding with a fixed draft length k; EASD adds its `penalty_for`."""
-
-    family = "speculative"
-
-    def __init__(self, k: int = 5):
-        self.k = require_int(self.name, "k", k)
-
-    def penalty_for(self, pair: ModelPair) -> DraftPenalty | None:
-        return None
-
-    def decode(self, prompt_ids: list[int], ctx: DecodeContext) -> DecodeResult:
-        return SpeculativeDecoder(self.k, self.penalty_for(ctx.pair)).decode(prompt_ids, ctx)
 
     def summarize(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
         return summarize_spec(samples)

@@ -16,7 +16,7 @@ from rstitch.judge_prompt import JUDGE_INSTRUCTION, JUDGE_PREFIX, judge_prompt  
 from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, register_method, require_choice, require_int, require_number
 from rstitch.methods.drafts import Step, Verdict
 from rstitch.methods.spec_stats import SpecStats
-from rstitch.methods.specdec import SpeculativeDecoder, check_vocabularies
+from rstitch.methods.specdec import SpecDec, check_vocabularies
 from rstitch.methods.steps import DraftVerifyMethod, ModelSequences, StepDecoder, StepRun
 
 SCORE_MODES = ("greedy", "expected")
@@ -104,7 +104,7 @@ class SpecReason(DraftVerifyMethod):
     def judge(self, run: StepRun, steps: list[str]) -> float:
         """The 0-9 score of the last of `steps` in a separate conversation (`judge_context: chat`)."""
         base = run.ctx.pair.llm
-        text = judge_prompt(base.tokenizer, run.problem, steps, self.step_config.separator)
+        text = judge_prompt(base.tokenizer, run.ctx.problem, steps, self.step_config.separator)
         ids = base.tokenizer.encode(text, add_special_tokens=False)
         with run.meter.judging():
             logits = run.state["judge"].aligned(LLM, ids).next_distribution().logits
@@ -130,6 +130,6 @@ class SpecReasonDecode(SpecReason):
     def regenerate_step(self, run: StepRun, path: StepDecoder) -> Step:
         context = path.prompt_ids + path.output
         draft, target = path.models.aligned(SLM, context), path.models.aligned(LLM, context)
-        tokens, _, finish = SpeculativeDecoder(self.k).extend(
+        tokens, _, finish = SpecDec(self.k).extend(
             draft, target, run.ctx, path.step_limit, run.state["spec"], stop=(self.step_config.separator,))
         return path.as_step(LLM, tokens, finish)

@@ -19,13 +19,12 @@ import torch
 
 from rstitch.engines import CostCounter, ModelPair, Sampler, Sequence
 from rstitch.errors import ConfigError
-from rstitch.methods.base import EXTRA_FLOPS, LLM, SLM, DecodeContext, DecodeResult, Method, model_flops, require_choice, require_int
+from rstitch.methods.base import EXTRA_FLOPS, LLM, SLM, DecodeContext, DecodeResult, Method, model_flops, require_int
 from rstitch.methods.drafts import Step, Verdict
 from rstitch.scorers import ProcessRewardModel, check_prm_spec, resolve_prm
 from rstitch.scorers.prefix_cache import common_prefix_length
 
 DEFAULT_PRM = {"name": "testbed"}
-MODEL_SOURCES = {"slm": SLM, "llm": LLM}
 
 
 @dataclass(frozen=True)
@@ -50,10 +49,6 @@ class StepConfig:
 def step_text(text: str, separator: str) -> str:
     head, found, tail = text.partition(separator)
     return (head + tail).strip() if found else text.strip()
-
-
-def choose_source(method: str, model: Any) -> int:
-    return MODEL_SOURCES[require_choice(method, "model", model, MODEL_SOURCES)]
 
 
 class ModelSequences:
@@ -130,16 +125,10 @@ class StepDecoder:
             return "length"
         if len(self.steps) >= self.config.max_steps:
             return "step_cap"
-        if self._repeating():
+        n = self.config.max_repeats
+        if n and len(self.steps) >= n and all(s.token_ids == self.steps[-1].token_ids for s in self.steps[-n:]):
             return "repeat"
         return None
-
-    def _repeating(self) -> bool:
-        n = self.config.max_repeats
-        if not n or len(self.steps) < n:
-            return False
-        last = self.steps[-n:]
-        return all(s.token_ids == last[0].token_ids for s in last)
 
     def fork(self, models: ModelSequences) -> StepDecoder:
         """A copy of this path that extends with other sequences (beam search)."""
@@ -247,15 +236,6 @@ class StepRun:
     path: StepDecoder  # the sample's main solution path: its sequences and call counts are the sample's
     state: dict[str, Any] = field(default_factory=dict)  # a method's own per-sample state
 
-    @property
-    def problem(self) -> str:
-        return self.ctx.problem
-
-    def new_path(self) -> StepDecoder:
-        """Another path of this sample, on this sample's sequences."""
-        main = self.path
-        return StepDecoder(main.prompt_ids, self.ctx, main.config, main.models, main.calls)
-
     def result(self, path: StepDecoder, finish: str, **extra: Any) -> DecodeResult:
         calls = path.calls
         generated = calls[f"tokens_{SLM}"] + calls[f"tokens_{LLM}"]
@@ -292,7 +272,7 @@ class StepMethod(Method):
 
     def last_step_score(self, run: StepRun, path: StepDecoder, step: Step) -> float:
         """The PRM's reward of `step` appended to `path`."""
-        return self.scoring_prm().score(run.problem, path.step_texts + [step.text])[-1]
+        return self.scoring_prm().score(run.ctx.problem, path.step_texts + [step.text])[-1]
 
     def scoring_prm(self) -> ProcessRewardModel:
         """The PRM of a method that scores steps (it configures one with `use_prm` when built)."""

@@ -11,7 +11,7 @@ from rstitch.errors import ConfigError
 from rstitch.methods import DecodeContext, build_method
 from rstitch.methods.base import LLM, SLM
 from rstitch.methods.spec_stats import greedy_consistency, summarize_spec
-from rstitch.methods.specdec import SpeculativeDecoder, residual_distribution, verify_draft_token
+from rstitch.methods.specdec import SpecDec, residual_distribution, verify_draft_token
 
 from conftest import run_script
 
@@ -279,7 +279,7 @@ def test_cache_reuse_matches_fresh_sequences_and_skips_redundant_forwards(near_p
 def test_speculative_decoder_accepts_every_token_of_an_identical_draft(tiny_runners):
     llm = tiny_runners.llm
     ctx = DecodeContext(ModelPair(llm, llm), Sampler(), 24)
-    out = SpeculativeDecoder(4).decode(PROMPTS[0], ctx)
+    out = SpecDec(4).decode(PROMPTS[0], ctx)
     assert out.finish_reason == "length"
     assert out.stats["acceptance_rate"] == 1.0 and out.discarded_tokens == 0
     assert out.stats["target_forward_calls"] == 5  # 24 tokens = 4 blocks of 5 + one of 4
