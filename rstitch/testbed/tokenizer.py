@@ -42,10 +42,7 @@ def tokenizer_corpus(n_problems: int = 3000, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     texts = [JUDGE_INSTRUCTION, JUDGE_PREFIX] * 200
     for p in generate_problems("train", n_problems, seed=seed):
-        texts.append(p.problem)
-        for style in STYLES:
-            texts.append(p.solution(style))
-        texts.append(STEP_SEPARATOR.join(corrupt_steps(p, rng.choice(STYLES), rng)))
+        texts += [p.problem, *(p.solution(style) for style in STYLES), STEP_SEPARATOR.join(corrupt_steps(p, rng.choice(STYLES), rng))]
     return texts
 
 
