@@ -112,13 +112,6 @@ def routed_decode(prompt_ids: list[int], ctx: DecodeContext, policy: RouterSwitc
     return result, trace
 
 
-def check_router_fits(router: RStitchRouter, ctx: DecodeContext) -> None:
-    """The router reads SLM hidden states only, so only the SLM's size must match."""
-    if router.config.slm_hidden != ctx.pair.slm.hidden_size:
-        raise ConfigError(f"rstitch_plus: router expects SLM hidden size {router.config.slm_hidden}, "
-                          f"the pair's SLM has {ctx.pair.slm.hidden_size}")
-
-
 @register_method("rstitch_plus")
 class RStitchPlus(Method):
     family = "token"
@@ -144,18 +137,17 @@ class RStitchPlus(Method):
         self._latency: dict[int, Mapping[str, LatencyModel] | None] = {}
 
     def decode(self, prompt_ids: list[int], ctx: DecodeContext) -> DecodeResult:
-        check_router_fits(self.router, ctx)
+        # The router reads SLM hidden states only, so only the SLM's size must match.
+        if self.router.config.slm_hidden != ctx.pair.slm.hidden_size:
+            raise ConfigError(f"rstitch_plus: router expects SLM hidden size {self.router.config.slm_hidden}, "
+                              f"the pair's SLM has {ctx.pair.slm.hidden_size}")
         # Its own generator: router draws must not shift the sampler's token stream.
         generator = torch.Generator().manual_seed(self.seed + len(prompt_ids) * 7919 + sum(prompt_ids))
         policy = RouterSwitch(self.router, self.tau, self.sample_router, generator)
-        result, _ = routed_decode(prompt_ids, ctx, policy, self._latency_models(ctx))
+        if id(ctx.pair) not in self._latency:
+            self._latency[id(ctx.pair)] = load_pair_latency(self.latency_dir, ctx.pair) if self.latency_dir else None
+        result, _ = routed_decode(prompt_ids, ctx, policy, self._latency[id(ctx.pair)])
         return result
-
-    def _latency_models(self, ctx: DecodeContext) -> Mapping[str, LatencyModel] | None:
-        key = id(ctx.pair)
-        if key not in self._latency:
-            self._latency[key] = load_pair_latency(self.latency_dir, ctx.pair) if self.latency_dir else None
-        return self._latency[key]
 
     def summarize(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
         stats = [s.get("stats", {}) for s in samples]
