@@ -646,9 +646,11 @@ def switch_processor(v2: bool) -> type:
 
 def vllm_identity(name: str, vllm_config: Any, dtype: str) -> EngineIdentity:
     """The device vLLM's platform runs on and the dtype asked for, under the engine's own name."""
-    from vllm.platforms import current_platform
+    device = getattr(getattr(vllm_config, "device_config", None), "device_type", None)
+    if device is None:  # vLLM itself only where the config does not say (the tests check identities without it)
+        from vllm.platforms import current_platform
 
-    device = getattr(getattr(vllm_config, "device_config", None), "device_type", None) or current_platform.device_type
+        device = current_platform.device_type
     return EngineIdentity("vllm", name, str(device), dtype)
 
 
