@@ -17,8 +17,6 @@ from rstitch.engines.base import _CURRENT_TASK, CostCounter, ModelRunner, curren
 
 __all__ = ["BatchAborted", "BatchScheduler", "Finished", "Task", "current_task"]
 
-_SCALARS = CostCounter.SCALARS
-
 
 class BatchAborted(Exception):
     """Raised inside the samples still in flight when another sample failed."""
@@ -163,18 +161,18 @@ class BatchScheduler:
             now = _state(counter)
             task.costs[id(counter)] = (counter, now)
             total = self._global.pop(id(counter), None) or _zero()
-            total.update({k: total[k] + now[k] - before[k] for k in _SCALARS})
+            total.update({k: total[k] + now[k] - before[k] for k in CostCounter.SCALARS})
             total["forward_shapes"] = []  # the shapes are per sample (latency model): totals keep none
             _set_state(counter, total)
         self._global.clear()
 
 
 def _state(counter: CostCounter) -> dict[str, Any]:
-    return {**{k: getattr(counter, k) for k in _SCALARS}, "forward_shapes": counter.forward_shapes}
+    return {**{k: getattr(counter, k) for k in CostCounter.SCALARS}, "forward_shapes": counter.forward_shapes}
 
 
 def _zero() -> dict[str, Any]:
-    return {**{k: 0 for k in _SCALARS}, "forward_shapes": []}
+    return {**{k: 0 for k in CostCounter.SCALARS}, "forward_shapes": []}
 
 
 def _set_state(counter: CostCounter, state: dict[str, Any]) -> None:

@@ -295,10 +295,6 @@ class CaptureStream:
         self.stream = self._streams[device]
         self.pool = torch.cuda.graph_pool_handle()
 
-    def new_pool(self) -> None:
-        """After a resize freed every graph: a handle whose graphs were all freed cannot be reused."""
-        self.pool = torch.cuda.graph_pool_handle()
-
     def warm_up(self, compute: Callable[[], Any], calls: int) -> None:
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
@@ -344,13 +340,8 @@ class _Step:
             mode = "reduce-overhead" if device.type == "cuda" else "default"
             self.compute = torch.compile(step, mode=mode, dynamic=False)
         if capture in ("graphs", "inductor"):
-            self.scratch()
+            self.positions.fill_(decoder.kv.length - 1)  # every row and column writes to the scratch position
             self._warm_up(capture)
-
-    def scratch(self) -> None:
-        """Every row and column writes to the scratch position (what padding does)."""
-        self.ids.zero_()
-        self.positions.fill_(self.decoder.kv.length - 1)
 
     def _call(self) -> tuple[torch.Tensor, ...]:
         return self.compute(self.ids, self.positions, self.read)
@@ -425,8 +416,8 @@ class StaticDecoder:
         log.info("static cache of %s: %d slots x %d positions", self.runner.name, slots, length)
         self.steps.clear()
         self.kv.resize(slots, length)
-        if self.streams is not None:
-            self.streams.new_pool()
+        if self.streams is not None:  # every graph was freed: a handle whose graphs were all freed cannot be reused
+            self.streams.pool = torch.cuda.graph_pool_handle()
 
     def _compact(self, seqs: list[StaticSequence]) -> None:
         """Move the sequences of the highest slots to free lower ones when that lowers the step's rows (a
