@@ -3,6 +3,7 @@ client's own retries (five, each warning logged twice under Hydra), so without n
 with one error line at once."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rstitch.errors import ConfigError
@@ -56,8 +57,7 @@ def read_dataset(name: str, hub_id: str, config: str | None, split: str, revisio
     try:
         table = datasets.load_dataset(hub_id, config, split=split, revision=revision)
     except Exception as err:  # noqa: BLE001 - network, auth (gated sets) and missing-revision errors alike
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"cannot load dataset '{name}' from the hub: {where}: {reason}; {dataset_hint(is_offline)}") from None
+        raise ConfigError(f"cannot load dataset '{name}' from the hub: {where}: {first_line(err)}; {dataset_hint(is_offline)}") from None
     return [dict(row) for row in table]
 
 
@@ -75,3 +75,19 @@ def _check_dataset_reachable(name: str, hub_id: str, where: str, revision: str |
     except Exception as err:  # noqa: BLE001 - no network, proxy, DNS: all the same to the user
         raise ConfigError(f"cannot load dataset '{name}' from the hub: {where}: the hub is unreachable "
                           f"({type(err).__name__}); {dataset_hint(False)}") from None
+
+
+def first_line(err: BaseException) -> str:
+    """An error's first line (its type where it has no text): the reason an error line quotes."""
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+def download_file(repo_id: str, filename: str, revision: str, local_dir: Path, hint: str) -> Path:
+    """One file of a hub repository at `revision`, into `local_dir`; one error line (ending in `hint`) when it fails."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return Path(hf_hub_download(repo_id, filename, revision=revision, local_dir=local_dir))
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as err:
+        raise ConfigError(f"downloading {repo_id}@{revision[:12]}/{filename} failed ({first_line(err)[:200]}); {hint}") from None

