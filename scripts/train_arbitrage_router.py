@@ -45,7 +45,6 @@ from rstitch.training.fit_arbitrage_router import (
     FitSettings,
     LabelSettings,
     balanced,
-    build_smoke_models,
     encode,
     evaluate,
     load_router,
@@ -55,6 +54,7 @@ from rstitch.training.fit_arbitrage_router import (
     problems,
     train,
 )
+from rstitch.training.fit_rstitch_router import build_smoke_models
 
 
 def parse_args() -> argparse.Namespace:

@@ -62,7 +62,7 @@ from rstitch.training.dapo import CLIP_HIGHER, PAPER_LAMBDA, TESTBED_LAMBDA, Rol
 from rstitch.training.fit_rstitch_router import (
     TRAINING_DATA,
     TrainSettings,
-    build_smoke_pair,
+    build_smoke_models,
     new_router,
     start_wandb,
     train_router,
@@ -125,7 +125,8 @@ def pair_and_latency(args: argparse.Namespace) -> tuple[dict, object, dict]:
     """The pair's config, the loaded pair and its latency models (fitted on the spot for --smoke)."""
     if args.smoke:
         tmp = Path(tempfile.mkdtemp(prefix="router-smoke-"))
-        pair_cfg = {"name": "smoke", **build_smoke_pair(tmp), "dtype": "float32", "device": "cpu"}
+        smoke = build_smoke_models(tmp)
+        pair_cfg = {"name": "smoke", "slm": {"path": smoke["slm"]}, "llm": {"path": smoke["llm"]}, "dtype": "float32", "device": "cpu"}
         args.out = args.out or tmp / "router"
         args.batch, args.group, args.steps, args.max_new_tokens = 4, 4, 3, 24
         args.reward = "latency_only"

@@ -7,7 +7,6 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -16,12 +15,11 @@ import torch.nn.functional as F
 from rstitch.config_groups import prompt_format
 from rstitch.data import load_dataset_records
 from rstitch.engines.base import StopWatcher
-from rstitch.engines.hf import cache_kwargs
 from rstitch.methods.base import LLM, SLM
 from rstitch.methods.steps import step_text
 from rstitch.results.uncertainty import spearman
 from rstitch.scorers.arbitrage_router import encode_router_input
-from rstitch.training.testbed_family import padded
+from rstitch.training.testbed_family import decode_rows, padded
 
 
 def log(msg: str) -> None:
@@ -87,38 +85,17 @@ class Trajectory:
     done: bool = False
 
 
-@torch.no_grad()
 def batched_steps(runner, rows: list[list[int]], limits: list[int], eos: set[int], args: LabelSettings,
                   generator: torch.Generator) -> list[list[int]]:
     """One step per row, as `StepDecoder.generate` cuts it (separator, EOS or the row's token
-    limit), for a batch of rows at once: left padding, one KV cache, greedy or sampled."""
-    from transformers import DynamicCache
+    limit), for a batch of rows at once."""
+    pad = runner.tokenizer.pad_token_id if runner.tokenizer.pad_token_id is not None else next(iter(eos))
+    watchers = [StopWatcher(runner.tokenizer, [SEPARATOR]) for _ in rows]
 
-    model, tokenizer = runner.model, runner.tokenizer
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos))
-    ids, mask = padded(rows, pad, side="left")
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = cache_kwargs(model, DynamicCache(config=model.config))  # filled in place by each forward
-    out = model(input_ids=ids.to(runner.device), attention_mask=mask.to(runner.device),
-                position_ids=positions.to(runner.device), use_cache=True, **cache)
-    watchers = [StopWatcher(tokenizer, [SEPARATOR]) for _ in rows]
-    steps: list[list[int]] = [[] for _ in rows]
-    done = [limit <= 0 for limit in limits]
-    while not all(done):
-        logits = out.logits[:, -1, : runner.vocab_size].float().cpu()
-        if args.temperature > 0:
-            tokens = torch.multinomial(torch.softmax(logits / args.temperature, -1), 1, generator=generator)[:, 0]
-        else:
-            tokens = logits.argmax(-1)
-        for i, token in enumerate(tokens.tolist()):
-            if not done[i]:
-                steps[i].append(token)
-                done[i] = token in eos or watchers[i].hit(token) or len(steps[i]) >= limits[i]
-        mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=torch.long)], dim=1)
-        positions = positions[:, -1:] + 1
-        out = model(input_ids=tokens[:, None].to(runner.device), attention_mask=mask.to(runner.device),
-                    position_ids=positions.to(runner.device), use_cache=True, **cache)
-    return steps
+    def ended(i: int, step: list[int]) -> bool:
+        return len(step) >= limits[i] or bool(step) and (step[-1] in eos or watchers[i].hit(step[-1]))
+
+    return decode_rows(runner.model, rows, pad, ended, args.temperature, generator, runner.vocab_size, runner.device)
 
 
 def oracle_round(batch: list[Trajectory], pair, prm, args: LabelSettings, generator: torch.Generator) -> list[Example]:
@@ -235,21 +212,3 @@ def evaluate(y_hat: np.ndarray, deltas: list[float]) -> dict:
         "accuracy_class1": accuracy(positive),
     }
 
-
-def build_smoke_models(root: Path) -> dict[str, str]:
-    """Tiny random SLM, LLM and (likelihood) PRM on the testbed tokenizer."""
-    from rstitch.scorers.likelihood_prm import LikelihoodHead, save_prm
-    from rstitch.testbed.tokenizer import build_tokenizer
-    from rstitch.training.fit_rstitch_router import random_llama
-
-    tok = build_tokenizer(root / "tokenizer")
-    paths = {}
-    for seed, name in enumerate(("slm", "llm", "prm")):
-        model = random_llama(tok, hidden=32, layers=1, seed=seed)
-        if name == "prm":
-            save_prm(root / name, model, tok, LikelihoodHead())
-        else:
-            model.save_pretrained(root / name)
-            tok.save_pretrained(root / name)
-        paths[name] = str(root / name)
-    return paths

@@ -147,27 +147,22 @@ def write_history(history: list[dict], out: Path) -> None:
             writer.writerows(history)
 
 
-def random_llama(tok: Any, hidden: int, layers: int, seed: int) -> Any:
-    """A tiny Llama with random weights (drawn after seeding torch with ``seed``) on ``tok``."""
+def build_smoke_models(root: Path) -> dict[str, str]:
+    """Tiny random SLM, LLM and likelihood PRM on a small testbed tokenizer (no download, a few seconds)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                                        num_attention_heads=2, num_key_value_heads=2, eos_token_id=tok.eos_token_id,
-                                        pad_token_id=tok.pad_token_id, bos_token_id=None))
-
-
-def build_smoke_pair(out_dir: Path) -> dict[str, dict[str, str]]:
-    """Two tiny random Llamas on a small testbed tokenizer (no download, a few seconds)."""
+    from rstitch.scorers.likelihood_prm import LikelihoodHead
     from rstitch.testbed.tokenizer import tokenizer_corpus, train_tokenizer
 
     tok = train_tokenizer(tokenizer_corpus(n_problems=200), vocab_size=300)
-    paths = {}
-    for name, layers, hidden in (("slm", 1, 32), ("llm", 2, 48)):
-        random_llama(tok, hidden, layers, seed=len(name) + layers).save_pretrained(out_dir / name)
-        tok.save_pretrained(out_dir / name)
-        paths[name] = {"path": str(out_dir / name), "name": f"smoke-{name}"}
-    return paths
+    for seed, (name, layers, hidden) in enumerate((("slm", 1, 32), ("llm", 2, 48), ("prm", 1, 32))):
+        torch.manual_seed(seed)
+        LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                                     num_attention_heads=2, num_key_value_heads=2, eos_token_id=tok.eos_token_id,
+                                     pad_token_id=tok.pad_token_id, bos_token_id=None)).save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    LikelihoodHead().save(root / "prm")
+    return {name: str(root / name) for name in ("slm", "llm", "prm")}
 
 
 def start_wandb(mode: str, name: str, config: dict) -> Any:

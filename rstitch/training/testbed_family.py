@@ -86,6 +86,32 @@ def padded(rows: list[list[int]], pad: int, side: str = "right", device: Any = "
     return ids.to(device), mask.to(device)
 
 
+@torch.no_grad()
+def decode_rows(model: Any, rows: list[list[int]], pad: int, ended: Callable[[int, list[int]], bool], temperature: float = 0.0,
+                generator: torch.Generator | None = None, vocab_size: int | None = None, device: Any = "cpu") -> list[list[int]]:
+    """The continuation of every row, decoded together (left padding, one KV cache), greedy or
+    sampled at `temperature`; row i stops once `ended(i, its tokens)`."""
+    ids, mask = padded(rows, pad, side="left", device=device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = cache_kwargs(model, DynamicCache(config=model.config))  # filled in place by each forward
+    outputs: list[list[int]] = [[] for _ in rows]
+    done = [ended(i, []) for i in range(len(rows))]
+    while not all(done):
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **cache)
+        logits = out.logits[:, -1, :vocab_size].float().cpu()
+        if temperature > 0:
+            tokens = torch.multinomial(F.softmax(logits / temperature, -1), 1, generator=generator)[:, 0]
+        else:
+            tokens = logits.argmax(-1)
+        for i, token in enumerate(tokens.tolist()):
+            if not done[i]:
+                outputs[i].append(token)
+                done[i] = ended(i, outputs[i])
+        ids, positions = tokens[:, None].to(device), positions[:, -1:] + 1
+        mask = torch.cat([mask, mask.new_ones(len(rows), 1)], 1)
+    return outputs
+
+
 def collate(pad: int, batch: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ids, labels (as long as the ids, -100 off the loss) and attention mask."""
     ids, att = padded([x for x, _ in batch], pad)
@@ -213,38 +239,14 @@ class FamilyTrainer:
         model.eval()
         return {"steps": step + 1, "minutes": round((time.time() - t0) / 60, 2)}
 
-    @torch.no_grad()
     def generate(self, model, problems: list[TestbedProblem], max_new: int, temperature: float = 0.0, seed: int = 0, bs: int = 64):
-        """Greedy (or sampled) decoding with the KV cache; returns decoded completions."""
-        outs = []
-        g = torch.Generator().manual_seed(seed)
+        """Greedy (or sampled) completions, `bs` problems decoded together."""
+        generator, outs = torch.Generator().manual_seed(seed), []
+        ended = lambda _, tokens: len(tokens) >= max_new or bool(tokens) and tokens[-1] == self.eos  # noqa: E731
         for i in range(0, len(problems), bs):
-            chunk = problems[i : i + bs]
-            ids, att = padded([self.tok.encode(render_prompt(self.tok, q.problem), add_special_tokens=False) for q in chunk], self.pad, side="left")
-            pos = (att.cumsum(-1) - 1).clamp(min=0)
-            cache = cache_kwargs(model, DynamicCache(config=model.config))  # filled in place by each forward
-            logits = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=True, **cache).logits[:, -1]
-            done = torch.zeros(len(chunk), dtype=torch.bool)
-            gen = []
-            for _ in range(max_new):
-                if temperature > 0:
-                    nxt = torch.multinomial(F.softmax(logits / temperature, -1), 1, generator=g).squeeze(1)
-                else:
-                    nxt = logits.argmax(-1)
-                nxt = torch.where(done, torch.full_like(nxt, self.pad), nxt)
-                gen.append(nxt)
-                done |= nxt == self.eos
-                if done.all():
-                    break
-                att = torch.cat([att, torch.ones(len(chunk), 1, dtype=att.dtype)], 1)
-                pos = pos[:, -1:] + 1
-                logits = model(input_ids=nxt[:, None], attention_mask=att, position_ids=pos, use_cache=True, **cache).logits[:, -1]
-            gen_ids = torch.stack(gen, 1).tolist()
-            for row in gen_ids:
-                row = [t for t in row if t != self.pad]
-                if self.eos in row:
-                    row = row[: row.index(self.eos)]
-                outs.append(self.tok.decode(row))
+            rows = [self.tok.encode(render_prompt(self.tok, q.problem), add_special_tokens=False) for q in problems[i : i + bs]]
+            outs += [self.tok.decode([t for t in row if t not in (self.pad, self.eos)])
+                     for row in decode_rows(model, rows, self.pad, ended, temperature, generator)]
         return outs
 
     def accuracy(self, model, problems, max_new: int) -> dict:

@@ -120,6 +120,21 @@ def test_family_batches_pad_right_and_mask_the_loss():
     assert labels.tolist() == [[-100, 6, 7], [8, -100, -100]]
 
 
+def test_rows_decoded_together_match_each_row_decoded_alone(tiny_pair):
+    """Left padding and the shared KV cache change nothing: each row stops where `ended` says."""
+    from transformers import AutoModelForCausalLM
+
+    from rstitch.training.testbed_family import decode_rows
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_pair["slm"]).eval()
+    rows = [[5, 6, 7, 8, 9], [10, 11]]
+    together = decode_rows(model, rows, 0, lambda i, tokens: len(tokens) >= 4 + i)
+    alone = [decode_rows(model, [row], 0, lambda _, tokens, n=4 + i: len(tokens) >= n)[0] for i, row in enumerate(rows)]
+    assert together == alone and [len(tokens) for tokens in together] == [4, 5]
+    sampled = [decode_rows(model, rows, 0, lambda i, tokens: len(tokens) >= 6, 1.0, torch.Generator().manual_seed(3)) for _ in range(2)]
+    assert sampled[0] == sampled[1]  # one generator seed, one draw
+
+
 def test_family_problem_streams_are_deterministic_and_differ_by_phase():
     from itertools import islice
 
