@@ -259,26 +259,7 @@ class SlotCache(KVBuffers):
     INITIAL = (8, 256)  # slots, positions; both double when outgrown
 
     def __init__(self, config: Any, dtype: torch.dtype, device: torch.device):
-        super().__init__(config, dtype, device)
-        self.free: list[int] = []
-        self._allocate(*self.INITIAL)
-
-    def _allocate(self, n_slots: int, length: int) -> None:
-        old = self.slots if self.keys else 0
-        self.grow(n_slots, length)
-        self.free.extend(range(n_slots - 1, old - 1, -1))
-
-    def acquire(self) -> int:
-        if not self.free:
-            self._allocate(2 * self.slots, self.length)
-        return self.free.pop()
-
-    def release(self, slot: int) -> None:
-        self.free.append(slot)
-
-    def reserve(self, length: int) -> None:
-        if length > self.length:
-            self._allocate(self.slots, max(length, 2 * self.length))
+        super().__init__(config, dtype, device, *self.INITIAL)
 
 
 class _SlotView(Cache):
@@ -326,7 +307,7 @@ def batched_forward(runner: HFModelRunner, requests: list[ForwardRequest]) -> li
     seqs = [r.seq for r in requests]
     starts = [s.n_cached for s in seqs]
     width = max(len(r.new_ids) for r in requests)
-    cache.reserve(max(starts) + width)
+    cache.make_room(max(starts) + width)
     view = _SlotView(cache, slots, starts, width)
     ids = torch.zeros((len(requests), width), dtype=torch.long, device=runner.device)
     for row, r in enumerate(requests):
@@ -357,7 +338,7 @@ def _slot(runner: HFModelRunner, seq: HFSequence) -> int:
         seq.slot = cache.acquire()
         weakref.finalize(seq, cache.release, seq.slot)
         if seq.n_cached:
-            cache.reserve(seq.n_cached)
+            cache.make_room(seq.n_cached)
             # A DynamicCache's layers are DynamicLayers, filled up to n_cached; the stubs give the union of all layer kinds.
             for layer, stored in enumerate(seq.cache.layers):
                 cache.keys[layer][seq.slot, :, : seq.n_cached] = stored.keys[0, :, : seq.n_cached]  # type: ignore[union-attr,index]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import heapq
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -95,23 +96,47 @@ def attention_mask(allowed: torch.Tensor, implementation: str, dtype: torch.dtyp
 
 
 class KVBuffers:
-    """Keys and values of many sequences, one slot (row) each: [slots, kv heads, length, head dim] per layer."""
+    """Keys and values of many sequences, one slot (row) each: [slots, kv heads, length, head dim] per
+    layer. Free slots are a heap: the lowest is taken first, which keeps forwards in few rows."""
 
-    def __init__(self, config: Any, dtype: torch.dtype, device: torch.device):
+    def __init__(self, config: Any, dtype: torch.dtype, device: torch.device, slots: int, length: int):
         self.n_layers, self.heads, self.head_dim = kv_shape(config)
         self.dtype, self.device = dtype, device
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
+        self.free: list[int] = []
+        self.reserve(slots, length)
 
     @property
     def slots(self) -> int:
-        return self.keys[0].shape[0]
+        return self.keys[0].shape[0] if self.keys else 0
 
     @property
     def length(self) -> int:
-        return self.keys[0].shape[2]
+        return self.keys[0].shape[2] if self.keys else 0
 
-    def grow(self, slots: int, length: int) -> None:
+    def acquire(self) -> int:
+        if not self.free:
+            self.reserve(2 * self.slots, self.length)
+        return heapq.heappop(self.free)
+
+    def release(self, slot: int) -> None:
+        heapq.heappush(self.free, slot)
+
+    def reserve(self, slots: int, length: int) -> None:
+        """Grow to at least `slots` x `length` (new slots join the free ones)."""
+        old = self.slots
+        if slots > old or length > self.length:
+            self.resize(max(slots, old), max(length, self.length))
+            for slot in range(old, self.slots):
+                heapq.heappush(self.free, slot)
+
+    def make_room(self, length: int) -> None:
+        """Slots of at least `length` positions: the length at least doubles when outgrown."""
+        if length > self.length:
+            self.reserve(self.slots, max(length, 2 * self.length))
+
+    def resize(self, slots: int, length: int) -> None:
         """New zeroed buffers of `slots` x `length` holding what the old ones stored."""
         for store in (self.keys, self.values):
             for layer in range(self.n_layers):

@@ -43,7 +43,7 @@ WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # forward widths with their own captured
 # logits cost 0.6 MB per position in float32.
 FULL_STEP_WIDTH = 16
 FULL_STEP_POSITIONS = 256
-INITIAL_LENGTH = 2048  # positions per slot at first; doubles when outgrown
+INITIAL_LENGTH = 2048  # positions per slot at first (a power of two); doubles when outgrown
 MIN_READ = 128  # the shortest attention window (positions of a slot read); `read_bucket` above
 # Heads that are exactly lm_head(final hidden state), attention that takes a 4D mask: the static and the batched forwards
 STATIC_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
@@ -95,16 +95,13 @@ def check_kv_budget(config: Any, dtype: torch.dtype, slots: int, length: int, bu
 
 
 def grown_slots(sequences: int) -> int:
-    """The slots the cache holds for `sequences` at once: one at first, doubled when outgrown."""
+    """The slots (a power of two: one at first, doubled when outgrown) that hold `sequences` at once."""
     return 1 << (sequences - 1).bit_length()
 
 
 def grown_length(positions: int) -> int:
     """The slot length (`INITIAL_LENGTH`, doubled when outgrown) for `positions` + the scratch position."""
-    length = INITIAL_LENGTH
-    while length < positions + 1:
-        length *= 2
-    return length
+    return max(INITIAL_LENGTH, grown_slots(positions + 1))
 
 
 def weight_bytes(config: Any, dtype: torch.dtype) -> int:
@@ -157,12 +154,6 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     return out.reshape(rows, heads, width, dim).transpose(1, 2).contiguous(), None
 
 
-def _register_grouped_attention() -> None:
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(GROUPED_ATTENTION, grouped_attention)
-
-
 class StaticSequence(Sequence):
     """A sequence whose keys and values live in one slot of its runner's `StaticDecoder`."""
 
@@ -174,7 +165,7 @@ class StaticSequence(Sequence):
         assert decoder is not None, "a runner opens static sequences only with its decoder"
         self._slot = [decoder.acquire()]  # a box: the decoder may move the sequence to another slot
         box = self._slot
-        weakref.finalize(self, lambda: decoder.release(box[0]))
+        weakref.finalize(self, lambda: decoder.kv.release(box[0]))
         self._summaries: list[tuple[float, int]] = []  # (entropy, argmax) of each window row
 
     @property
@@ -194,42 +185,35 @@ class StaticSequence(Sequence):
         """Nothing moves: the slot's valid length is `n_cached`, which the base class lowers."""
 
     def _dist_at(self, position: int) -> TokenDistribution:
-        assert self._window_logits is not None, "_ensure_processed fills the window before distributions are read"
-        row = position - self._window_start
-        hidden = None if self._window_hidden is None else self._window_hidden[row]
-        entropy, argmax = self._summaries[row]
-        return SummarizedDistribution(self._window_logits[row], hidden, entropy, argmax)
-
-
-class SummarizedDistribution(TokenDistribution):
-    """A distribution whose entropy and argmax came in the forward's one transfer: no further sync."""
-
-    def __init__(self, logits: torch.Tensor, hidden: torch.Tensor | None, entropy: float, argmax: int):
-        super().__init__(logits, hidden)
-        self.__dict__.update(entropy=entropy, argmax=argmax)  # the cached_properties' slots
+        dist = super()._dist_at(position)
+        entropy, argmax = self._summaries[position - self._window_start]
+        # The cached properties' values, from the forward's one transfer: reading them syncs nothing.
+        dist.__dict__.update(entropy=entropy, argmax=argmax)
+        return dist
 
 
 class StaticKV(KVBuffers):
     """The static path's slots, with the views each step shape reads."""
 
-    def __init__(self, config: Any, dtype: torch.dtype, device: torch.device, name: str = "the model"):
-        super().__init__(config, dtype, device)
-        self.config, self.name = config, name
+    def __init__(self, config: Any, dtype: torch.dtype, device: torch.device, name: str, on_resize: Callable[[], None]):
+        self.config, self.name, self.on_resize = config, name, on_resize
         self._windows: dict[tuple[int, int], list[tuple[torch.Tensor, ...]]] = {}
         self._columns: dict[int, torch.Tensor] = {}
         # False under torch.compile: views kept between calls would enter its graphs as inputs, not
         # as views of the buffers, and tensors made while tracing would be outputs a replay overwrites.
         self.memoize = True
-        self.resize(1, INITIAL_LENGTH)
+        super().__init__(config, dtype, device, 1, INITIAL_LENGTH)
 
     def resize(self, slots: int, length: int) -> None:
-        """Grow to `slots` x `length`, keeping what is stored (captured steps go stale); on CUDA checked first."""
+        """Grow, keeping what is stored (captured steps go stale: `on_resize`); on CUDA the budget is checked first."""
         if self.device.type == "cuda":
-            held = kv_bytes(self.config, self.dtype, self.slots, self.length) if self.keys else 0
+            held = kv_bytes(self.config, self.dtype, self.slots, self.length)
             check_kv_budget(self.config, self.dtype, slots, length, torch.cuda.mem_get_info(self.device)[0] + held,
                             self.name)
+        log.info("static cache of %s: %d slots x %d positions", self.name, slots, length)
+        self.on_resize()
         self._windows.clear()
-        self.grow(slots, length)
+        super().resize(slots, length)
 
     def windows(self, rows: int, read: int) -> list[tuple[torch.Tensor, ...]]:
         """Per layer, views of rows [0, R) of its keys and values and of their first `read` positions."""
@@ -375,17 +359,18 @@ class StaticDecoder:
         self.base = getattr(self.model, self.model.base_model_prefix)
         [self.cache_argument] = cache_kwargs(self.base, None)  # read once: torch.compile traces no functools.cache
         self.head = self.model.get_output_embeddings()
-        self.kv = StaticKV(self.model.config, self.model.dtype, runner.device, runner.name)
-        self.free = [0]
         self.peak_in_use = 0  # the most slots held at once (a sample's sequences, in the runner's warm-up decode)
         self.steps: dict[tuple[int, int, int], _Step] = {}
         self.streams = CaptureStream(runner.device) if mode == "graphs" else None
+        self.kv = StaticKV(self.model.config, self.model.dtype, runner.device, runner.name, self._drop_steps)
         self.captured = 0  # steps captured or compiled so far (growth recaptures)
         self.capture_spans: list[tuple[float, float]] = []  # (start, seconds) of each capture or compilation
         self._capture_total = [0.0]  # seconds of the first k spans: the runner asks after every forward
         self.attention = GROUPED_ATTENTION if attention_implementation(self.model.config) == "sdpa" else "eager"
         if self.attention == GROUPED_ATTENTION:
-            _register_grouped_attention()
+            from transformers import AttentionInterface
+
+            AttentionInterface.register(GROUPED_ATTENTION, grouped_attention)
         if mode == "inductor":
             # Past `recompile_limit` (8) Dynamo runs the step uncompiled without a word: cover every
             # shape (as vLLM): row buckets x widths x attention windows (two per doubling up to 2**20).
@@ -395,40 +380,25 @@ class StaticDecoder:
             self.kv.memoize = False
 
     def acquire(self) -> int:
-        if not self.free:
-            self.reserve(2 * self.kv.slots, self.kv.length)
-        slot = heapq.heappop(self.free)  # the lowest free slot keeps forwards in few rows
-        self.peak_in_use = max(self.peak_in_use, self.kv.slots - len(self.free))
+        slot = self.kv.acquire()
+        self.peak_in_use = max(self.peak_in_use, self.kv.slots - len(self.kv.free))
         return slot
 
-    def release(self, slot: int) -> None:
-        heapq.heappush(self.free, slot)
-
-    def reserve(self, slots: int, length: int) -> None:
-        """Grow the cache to at least `slots` x `length` (new slots join the free ones)."""
-        old = self.kv.slots
-        if slots > old or length > self.kv.length:
-            self._resize(max(slots, old), max(length, self.kv.length))
-            for slot in range(old, self.kv.slots):
-                heapq.heappush(self.free, slot)
-
-    def _resize(self, slots: int, length: int) -> None:
-        log.info("static cache of %s: %d slots x %d positions", self.runner.name, slots, length)
+    def _drop_steps(self) -> None:
         self.steps.clear()
-        self.kv.resize(slots, length)
         if self.streams is not None:  # every graph was freed: a handle whose graphs were all freed cannot be reused
             self.streams.pool = torch.cuda.graph_pool_handle()
 
     def _compact(self, seqs: list[StaticSequence]) -> None:
         """Move the sequences of the highest slots to free lower ones when that lowers the step's rows (a
         straggler in slot 31 would make every step compute 32); a move copies its cached positions."""
-        if _rows_for(max(s.slot for s in seqs)) <= _rows_for(len(seqs) - 1):
+        if grown_slots(max(s.slot for s in seqs) + 1) <= grown_slots(len(seqs)):
             return
-        while self.free and self.free[0] < max(s.slot for s in seqs):
+        while self.kv.free and self.kv.free[0] < max(s.slot for s in seqs):
             seq = max(seqs, key=lambda s: s.slot)
-            target = heapq.heappop(self.free)
+            target = heapq.heappop(self.kv.free)
             self.kv.move_slot(seq.slot, target, seq.n_cached)
-            self.release(seq.slot)
+            self.kv.release(seq.slot)
             seq.slot = target
 
     @torch.inference_mode()  # as every forward: steps are captured as they will run
@@ -438,7 +408,7 @@ class StaticDecoder:
         `graphs` only (`inductor` stays lazy). Returns the steps captured."""
         if self.mode != "graphs":
             return 0
-        self.reserve(grown_slots(batch_size * max(self.peak_in_use, 1)), grown_length(longest))
+        self.kv.reserve(grown_slots(batch_size * max(self.peak_in_use, 1)), grown_length(longest))
         before, began = self.captured, time.perf_counter()
         for rows, width, read in warm_shapes(self.kv.slots, self.kv.length, shortest, longest):
             self._step(rows, width, read)
@@ -458,9 +428,7 @@ class StaticDecoder:
         slots = [s.slot for s in seqs]  # type: ignore[attr-defined]
         widest = max(len(r.new_ids) for r in requests)
         live = max(s.n_cached for s in seqs) + widest
-        needed = live + 1  # + the scratch position
-        if needed > self.kv.length:
-            self._resize(self.kv.slots, max(needed, 2 * self.kv.length))
+        self.kv.make_room(live + 1)  # + the scratch position
         rows, width, read = step_shape(max(slots), widest, live, self.kv.slots, self.kv.length)
         step = self._step(rows, width, read)
         cells = rows * width
@@ -574,7 +542,7 @@ def read_bucket(live: int) -> int:
 
 def step_shape(highest_slot: int, widest: int, live: int, slots: int, length: int) -> tuple[int, int, int]:
     """The (rows, width, read) step of a forward (a width past `WIDTHS` is its own, uncaptured)."""
-    rows = min(_rows_for(highest_slot), slots)
+    rows = min(grown_slots(highest_slot + 1), slots)
     width = next((w for w in WIDTHS if w >= widest), widest)
     return rows, width, min(read_bucket(live), length)
 
@@ -587,8 +555,3 @@ def warm_shapes(slots: int, length: int, shortest: int, longest: int) -> list[tu
     buckets = {MIN_READ} | {b for k in range(high.bit_length() + 1) for b in (1 << k, (3 << k) // 4) if b >= MIN_READ}
     reads = sorted({min(b, length) for b in buckets if low <= b <= high})
     return [(r, w, s) for r in rows for w in WIDTHS for s in reads]
-
-
-def _rows_for(highest_slot: int) -> int:
-    """The rows a step runs to cover slots [0, highest_slot]: a power of two."""
-    return 1 << highest_slot.bit_length()

@@ -293,10 +293,10 @@ def test_a_straggler_in_a_high_slot_moves_down_and_decodes_the_same(monkeypatch)
     reference = eager.new_sequence(prompts[2])
     reference.score([5])
     assert straggler.generate(6, Sampler()).token_ids == reference.generate(6, Sampler()).token_ids
-    assert straggler.slot == 0 and 2 in runner.static.free
+    assert straggler.slot == 0 and 2 in runner.static.kv.free
     del straggler
     gc.collect()
-    assert sorted(runner.static.free) == [0, 1, 2, 3]  # the moved sequence frees the slot it holds
+    assert sorted(runner.static.kv.free) == [0, 1, 2, 3]  # the moved sequence frees the slot it holds
 
 
 def test_the_kv_budget_check_names_what_fits_in_one_line():
