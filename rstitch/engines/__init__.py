@@ -20,12 +20,12 @@ from rstitch.engines.base import (
     Sequence,
     SwitchRule,
     TokenDistribution,
-    check_hub_model,
     require,
     resolve_model_path,
 )
 from rstitch.engines.sampling import Sampler
 from rstitch.errors import ConfigError
+from rstitch.hub import check_hub_model
 from rstitch.registry import Registry
 
 # One engine per config: conf/engine/<name>.yaml names the module rstitch/engines/<name>.py, whose
@@ -136,8 +136,7 @@ def load_pair(slm: dict, llm: dict, engine: str = "hf", **shared: Any) -> ModelP
     unknown = sorted(set(per_model) - set(ROLES))
     if unknown:
         raise ConfigError(f"engine.per_model has unknown model keys {unknown}; valid: {', '.join(ROLES)}")
-    per_role = {role: dict(per_model.get(role) or {}) for role in ROLES}
-    small, large = (load_model(engine, **{**shared, **per_role[role], **spec}) for role, spec in zip(ROLES, (slm, llm)))
+    small, large = (load_model(engine, **{**shared, **(per_model.get(role) or {}), **spec}) for role, spec in zip(ROLES, (slm, llm)))
     check_same_tokenizer(small, large)
     return ModelPair(small, large)
 

@@ -21,7 +21,6 @@ import torch
 
 from rstitch.engines.sampling import Sampler
 from rstitch.errors import ConfigError
-from rstitch.hub import check_hub_model as check_hub_model  # re-exported: engines/__init__ names it
 
 # The one table of floating-point weight types every engine, PRM and router accepts.
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -35,18 +34,15 @@ def torch_dtype(dtype: str, owner: str = "") -> torch.dtype:
     return DTYPES[dtype]
 
 
-# A pair whose larger model is this small decodes at batch 1 fastest on one thread: the matmuls are
-# too small to share, and every extra thread contends with the rest of the machine (the testbed,
-# 1.8M parameters, measured fastest on one thread).
-SMALL_MODEL_PARAMETERS = 100_000_000
-
-
 def default_torch_threads(device: str, largest_model_parameters: int, cpus: int, torch_default: int) -> int:
-    """Threads for `num_threads: null`: one on a GPU (the CPU only launches kernels) and for small
-    models; else torch's default, capped at the CPUs this process may use."""
-    if not device.startswith("cpu") or largest_model_parameters < SMALL_MODEL_PARAMETERS:
+    """Threads for `num_threads: null`: one on a GPU (the CPU only launches kernels) and when the larger
+    model is under 100M parameters (at batch 1 its matmuls are too small to share, and every extra thread
+    contends with the rest of the machine: the testbed, 1.8M, measured fastest on one); else torch's
+    default, capped at the CPUs this process may use."""
+    if not device.startswith("cpu") or largest_model_parameters < 100_000_000:
         return 1
     return max(1, min(torch_default, cpus))
+
 
 @dataclass(frozen=True)
 class EngineIdentity:
@@ -464,21 +460,20 @@ class ModelRunner(ABC):
 
     def run_forward(self, seq: Sequence, new_ids: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor | None, float]:
         """`seq._forward` and its wall time; in a batched run it waits for this model's next batched forward."""
-        task = current_task() if self.joins_batches else None
-        if task is not None:
-            (logits, hidden), seconds = task.submit(ForwardRequest(self, seq, new_ids, keep))
-            return logits, hidden, seconds
-        start = time.perf_counter()
-        logits, hidden = seq._forward(new_ids, keep)
-        return logits, hidden, self.elapsed_since(start)
+        (logits, hidden), seconds = self.run_request(ForwardRequest(self, seq, new_ids, keep))
+        return logits, hidden, seconds
 
     def run_request(self, request: Any) -> tuple[Any, float]:
-        """A backend's own kind of request (vLLM's run of tokens) and its wall time, batched as `run_forward`."""
+        """A forward (run alone as `seq._forward`) or a backend's own kind of request (vLLM's run of tokens)
+        and its wall time; in a batched run it waits for this model's next batched round."""
         task = current_task() if self.joins_batches else None
         if task is not None:
             return task.submit(request)
         start = time.perf_counter()
-        [output] = self.forward_batch([request])
+        if isinstance(request, ForwardRequest):
+            output = request.seq._forward(request.new_ids, request.keep)
+        else:
+            [output] = self.forward_batch([request])
         return output, self.elapsed_since(start)
 
     def forward_batch(self, requests: list[ForwardRequest]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:

@@ -24,14 +24,6 @@ from rstitch.engines.loading import eos_token_ids, load_tokenizer, shared_vocab_
 from rstitch.errors import ConfigError
 
 
-def _llama_cpp():
-    try:
-        import llama_cpp
-    except ImportError:
-        raise ConfigError('engine=llamacpp needs llama-cpp-python: pip install -e ".[llamacpp]"') from None
-    return llama_cpp
-
-
 def _weight_type(llama_cpp, model) -> str:
     """The identity's precision: "qwen2 1.5B Q4_K - Medium" (llama.cpp's description) -> "gguf-Q4_K_Medium"."""
     buf = ctypes.create_string_buffer(256)
@@ -72,6 +64,7 @@ class LlamaCppSequence(Sequence):
 
 class LlamaCppModelRunner(ModelRunner):
     capabilities = Capabilities(hidden_states=False, batched_forward=True, exact_distributions=True)
+    backend = ("llama_cpp", "pip install -e '.[llamacpp]' (docs/llamacpp.md)")
     # Forwards of other shapes round differently (docs/llamacpp.md, Numerics): logits up to 0.43 apart, as
     # far as a changed token moves them, but distributions within a KL of 0.0015 nats, where a changed or
     # dropped token gives 0.05-0.28. So the contract compares distributions by KL.
@@ -92,7 +85,9 @@ class LlamaCppModelRunner(ModelRunner):
         device: str = "cpu",
     ):
         super().__init__()
-        llama_cpp = _llama_cpp()
+        self.check_installed("llamacpp")  # one line, also for a runner built without engines.load_pair
+        import llama_cpp
+
         if device != "cpu":
             raise ConfigError(f"engine 'llamacpp' runs on the CPU here; got device '{device}'")
         gguf = packaged.resolve(path, "gguf") if packaged.is_packaged(path) else os.path.expanduser(path)
@@ -163,25 +158,22 @@ class LlamaCppModelRunner(ModelRunner):
         entries = [(r, seq_id, start + i, token, i >= len(tokens) - keep)
                    for r, (seq_id, start, tokens, keep) in enumerate(requests) for i, token in enumerate(tokens)]
         outputs: list[list[torch.Tensor]] = [[] for _ in requests]
+        batch = self._batch
         for begin in range(0, len(entries), self.n_batch):
             chunk = entries[begin: begin + self.n_batch]
-            self._decode_chunk(chunk)
+            batch.n_tokens = len(chunk)
+            for i, (_, seq_id, pos, token, wanted) in enumerate(chunk):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, pos, 1, wanted
+                batch.seq_id[i][0] = seq_id
+            status = self._lib.llama_decode(self.ctx, batch)
+            if status != 0:
+                raise ConfigError(f"llama_decode failed on '{self.name}' (status {status}; 1 = no room in a sequence's "
+                                  f"{self.n_ctx} cells: raise engine.n_ctx)")
             for i, (r, *_rest, wanted) in enumerate(chunk):
                 if wanted:  # the row is overwritten by the next decode: copied
                     row = np.ctypeslib.as_array(self._lib.llama_get_logits_ith(self.ctx, i), shape=(self.n_vocab,))
                     outputs[r].append(torch.from_numpy(row[: self.vocab_size].copy()))
         return [torch.stack(rows) for rows in outputs]
-
-    def _decode_chunk(self, chunk: list[tuple[int, int, int, int, bool]]) -> None:
-        batch = self._batch
-        batch.n_tokens = len(chunk)
-        for i, (_, seq_id, pos, token, wanted) in enumerate(chunk):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, pos, 1, wanted
-            batch.seq_id[i][0] = seq_id
-        status = self._lib.llama_decode(self.ctx, batch)
-        if status != 0:
-            raise ConfigError(f"llama_decode failed on '{self.name}' (status {status}; 1 = no room in a sequence's "
-                              f"{self.n_ctx} cells: raise engine.n_ctx)")
 
 
 def _free_context(llama_cpp, batch, ctx, model) -> None:

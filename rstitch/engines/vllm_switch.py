@@ -125,25 +125,18 @@ class SwitchState:
         self.floats.copy_(staged[1], non_blocking=True)
         self._staged = staged
 
-    def needs_draw(self, slots: np.ndarray) -> bool:
-        """Whether a sampled keep-rule run is among `slots` (host tables: no device read)."""
-        rows = self.host_ints[slots]
-        return bool((rows[:, RULED] & rows[:, KEEP_LAST] & (self.host_floats[slots, TEMPERATURE] > 0)).any())
-
-    def ruled(self, slots: np.ndarray) -> bool:
-        """Whether a rule that can end a run is among `slots` (else only the mask applies)."""
-        return bool(self.host_ints[slots, RULED].any())
-
-    def apply(self, logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, ruled: bool,
-              draw: bool) -> None:
+    def apply(self, logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, host_slots: np.ndarray) -> None:
         """Mask, decide and force the rows of ruled requests in place; log forced steps (`positions`: each
-        row's sampled token's; `ruled` false: only the mask applies)."""
+        row's sampled token's; `host_slots`: the rows' slots, read in the host tables: no device read)."""
         ints, floats = self.ints[slots], self.floats[slots]
         active = ints[:, ACTIVE].bool()
         columns = torch.arange(logits.shape[-1], device=logits.device)
         logits.masked_fill_(active[:, None] & (columns[None, :] >= ints[:, VOCAB, None]), float("-inf"))
-        if not ruled:
+        host = self.host_ints[host_slots]
+        if not host[:, RULED].any():  # no rule that can end a run: only the mask applies
             return
+        # A sampled keep-rule run draws the token it keeps.
+        draw = bool((host[:, RULED] & host[:, KEEP_LAST] & (self.host_floats[host_slots, TEMPERATURE] > 0)).any())
         log_probs = torch.log_softmax(logits, dim=-1)
         entropy = -(log_probs.exp() * log_probs).nan_to_num().sum(-1) / ints[:, VOCAB].clamp(min=2).float().log()
         above = entropy > floats[:, TAU]
@@ -248,8 +241,7 @@ class SwitchProcessorV2(V2LogitsProcessor):
         slots = ctx.idx_mapping_np
         if not self.state.host_ints[slots, ACTIVE].any():
             return logits
-        self.state.apply(logits, ctx.expanded_idx_mapping.long(), ctx.pos.long() + 1, self.state.ruled(slots),
-                         self.state.needs_draw(slots))
+        self.state.apply(logits, ctx.expanded_idx_mapping.long(), ctx.pos.long() + 1, slots)
         return logits
 
 
@@ -284,14 +276,12 @@ class SwitchProcessor(V1LogitsProcessor):
                                   for row, (serial, vocab, prompt_len, output) in self.captures.items() if row < n])
         if not self.rows:
             return logits
-        slots = np.arange(n)
-        ruled = self.state.ruled(slots)
         positions = np.zeros(n, dtype=np.int64)
         for row, (_, _, prompt_len, output) in self.rows.items():
-            if ruled and row < n:
+            if row < n:
                 positions[row] = prompt_len + len(output)
         self.state.apply(logits, self._slots[:n], torch.from_numpy(positions).to(logits.device, non_blocking=True),
-                         ruled, self.state.needs_draw(slots))
+                         np.arange(n))
         return logits
 
 
