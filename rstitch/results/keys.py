@@ -18,14 +18,11 @@ from typing import Any, TypeGuard
 
 from rstitch.configs import CONF_DIR
 
-# --------------------------------------------------------------------------- which weights a run used
-# Paths alone do not identify a model: a checkpoint retrained in place keeps its path, and a run
-# keyed by paths would resume into, and take its speedup from, results of the old weights. The
-# fingerprints of every local checkpoint a config names go into the comparison and run keys, so new
-# weights get their own run directories and their own baselines; hub ids are keyed by name. A
-# fingerprint reads each file's name and size, and its content up to 2 MiB (the first and last MiB of
-# larger files): milliseconds even for sharded 32B checkpoints, while a retrained model changes the
-# bytes of every tensor, and so the head and tail of each shard.
+# Paths alone do not identify a model: a checkpoint retrained in place keeps its path, and a run keyed by paths would
+# resume into, and take its speedup from, results of the old weights. So the fingerprints of every local checkpoint a
+# config names go into the comparison and run keys (hub ids are keyed by name). A fingerprint reads each file's name,
+# size and content up to 2 MiB (the first and last MiB of larger files): milliseconds even for sharded 32B checkpoints,
+# while a retrained model changes the bytes of every tensor, and so the head and tail of each shard.
 
 CHUNK = 1 << 20
 PAIR_ROLES = ("slm", "llm")
@@ -50,8 +47,7 @@ def fingerprint(path: str | os.PathLike) -> str:
 
 
 def is_local(value: Any) -> TypeGuard[str]:
-    """A string that names an existing file or directory as a path (absolute, or with a
-    separator): a bare word such as a method name may match a folder of the working directory."""
+    """An existing path written as one (absolute, `.`, a separator): a bare word such as a method name may name a folder too."""
     if not isinstance(value, str) or not value:
         return False
     value = os.path.expanduser(value)
@@ -66,8 +62,7 @@ def pair_weights(pair: dict[str, Any]) -> dict[str, str]:
 
 
 def method_weights(method: dict[str, Any]) -> dict[str, str]:
-    """Fingerprints of every local path among the method's options (router, PRM, latency
-    models...), by dotted option name."""
+    """Fingerprints of every local path among the method's options (router, PRM, latency models...), by dotted name."""
     found: dict[str, str] = {}
 
     def walk(node: Any, prefix: str) -> None:
@@ -82,8 +77,6 @@ def method_weights(method: dict[str, Any]) -> dict[str, str]:
     return found
 
 
-# --------------------------------------------------------------------------- the keys
-
 SHARD_KEYS = ("shard", "num_shards")
 # The config entries a run's identity is computed from (the run key below reads no others).
 RUN_KEY_FIELDS = ("pair", "engine", "dataset", "prompt", "max_new_tokens", "decoding", "n_samples", "method", "on_overflow",
@@ -92,17 +85,15 @@ RUN_DIR_DEPTH = 4  # <results_root>/<pair>/<dataset>/<method>/<tag>: the tag and
 
 
 def is_sharded(dataset: dict[str, Any]) -> bool:
-    """A run over one shard of the selected records (`dataset.num_shards > 1`). A malformed value
-    counts as unsharded here, so that naming the run directory never fails; loading the records
-    rejects it with one error line."""
+    """`dataset.num_shards > 1`; a malformed value counts as unsharded, so that naming the run directory never
+    fails (loading the records rejects it with one error line)."""
     count = dataset.get("num_shards")
     return isinstance(count, int) and not isinstance(count, bool) and count > 1
 
 
 def dataset_key(dataset: dict[str, Any]) -> dict[str, Any]:
-    """The dataset options that identify a run. An unsharded run's key carries no shard fields, so
-    it is the key runs had before sharding existed, and the key of its shards once merged. The
-    dataset's `source` (its identity, fixed by its name: conf/dataset/<name>.yaml) is left out too."""
+    """An unsharded run's key has no shard fields: the key runs had before sharding, and of its shards once merged.
+    `source` is left out too: the dataset's name (conf/dataset/<name>.yaml) fixes it."""
     left_out = ("source",) if is_sharded(dataset) else ("source", *SHARD_KEYS)
     return {k: v for k, v in dataset.items() if k not in left_out}
 
@@ -113,9 +104,8 @@ def unsharded(dataset: dict[str, Any]) -> dict[str, Any]:
 
 
 def portable(node: Any) -> Any:
-    """`node` with every local path replaced by its last component: the key names an asset, its
-    fingerprint (below) says which one, and two checkouts in different places share run keys.
-    Hub ids and other values are kept as they are."""
+    """`node` with every local path by its last component: the key names an asset, its fingerprint says which
+    one, and two checkouts in different places share run keys."""
     if isinstance(node, dict):
         return {key: portable(value) for key, value in node.items()}
     if isinstance(node, list):
@@ -175,8 +165,7 @@ MAX_TAG_VALUE_CHARS = 24  # longer settings are left to the hash (and run_key.js
 
 
 def run_tag(cfg: dict[str, Any], key_hash: str | None = None) -> str:
-    """Readable, short and unique: the method's short parameters (a local path by its name), the
-    shard (`shard=1of4`), then a hash of the whole run key (`key_hash`, where it is known)."""
+    """The method's short parameters, the shard (`shard=1of4`), then a hash of the whole run key (`key_hash`, where known)."""
     method = portable(cfg["method"])
     params = [f"{k}={v}" for k, v in sorted(method.items()) if k != "name" and _short_setting(v)]
     dataset = cfg["dataset"]
@@ -188,25 +177,19 @@ def run_tag(cfg: dict[str, Any], key_hash: str | None = None) -> str:
 
 
 def settings_tag(cfg: dict[str, Any], key_hash: str | None = None) -> str:
-    """What the console and the sweep table show of a run: `run_tag` with only the method's settings
-    that differ from its defaults (conf/method/<name>.yaml), so RSD's default run reads `f81ca936`
-    and a sweep's point `delta=0.9_1c2d3e4f`. The run directory keeps `run_tag`: the runs stored
-    under it stay where a resume looks for them."""
+    """What the console and the sweep table show: `run_tag` with only the method's settings that differ from its
+    defaults (RSD's default run reads `f81ca936`); the run directory keeps `run_tag`, where a resume looks."""
     method = portable(cfg["method"])
     defaults = method_defaults(str(method.get("name")))
-    shown = {k: v for k, v in method.items() if k == "name" or (k in defaults and defaults[k] is not INTERPOLATED
-                                                                  and defaults[k] != v) or k not in defaults}
-    key_hash = key_hash or short_hash(run_key(cfg))
-    tag = run_tag({**cfg, "method": shown}, key_hash)
-    return tag.rsplit("_", 1)[0] + "_" + key_hash if "_" in tag else key_hash
+    shown = {k: v for k, v in method.items() if k == "name" or k not in defaults or (defaults[k] is not INTERPOLATED and defaults[k] != v)}
+    return run_tag({**cfg, "method": shown}, key_hash or short_hash(run_key(cfg)))
 
 
 INTERPOLATED = object()  # a default set by an interpolation (`prm: ${prm}`, an asset path): left to the hash
 
 
 def method_defaults(name: str) -> dict[str, Any]:
-    """conf/method/<name>.yaml's values (INTERPOLATED where one is computed from others); empty for
-    a method without a config file."""
+    """conf/method/<name>.yaml's values (INTERPOLATED where computed from others); empty without the file."""
     import yaml
 
     path = CONF_DIR / "method" / f"{name}.yaml"
@@ -217,15 +200,11 @@ def method_defaults(name: str) -> dict[str, Any]:
 
 
 def _short_setting(value: Any) -> bool:
-    """Fit for a directory name: a scalar without path separators or control characters (prompt
-    texts with newlines), not too long."""
+    """Fit for a directory name: a short scalar without path separators or control characters (a prompt's newlines)."""
     if isinstance(value, (dict, list)):
         return False
     text = str(value)
     return len(text) <= MAX_TAG_VALUE_CHARS and "/" not in text and os.sep not in text and text.isprintable()
-
-
-# --------------------------------------------------------------------------- the run directory
 
 
 def comparison_dir(results_root: str | Path, cfg: Mapping[str, Any]) -> Path:
@@ -233,9 +212,9 @@ def comparison_dir(results_root: str | Path, cfg: Mapping[str, Any]) -> Path:
     return Path(results_root) / cfg["pair"]["name"] / cfg["dataset"]["name"]
 
 
-def run_subdir(cfg: Mapping[str, Any]) -> Path:
-    """The run directory below results_root: <pair>/<dataset>/<method>/<tag>."""
-    return Path(cfg["pair"]["name"]) / cfg["dataset"]["name"] / cfg["method"]["name"] / run_tag(dict(cfg))
+def run_subdir(cfg: Mapping[str, Any], tag: str | None = None) -> Path:
+    """The run directory below results_root: <pair>/<dataset>/<method>/<tag> (`run_tag` unless given)."""
+    return Path(cfg["pair"]["name"]) / cfg["dataset"]["name"] / cfg["method"]["name"] / (tag or run_tag(dict(cfg)))
 
 
 def run_dir(results_root: str | Path, cfg: Mapping[str, Any]) -> Path:
@@ -255,8 +234,7 @@ def run_name(cfg: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class RunIdentity:
-    """A run's identity, computed once (`identify`: the weights fingerprinted once) and handed on
-    in place of its config: the config itself, its keys, its tags and its directories."""
+    """A run's identity, computed once (the weights fingerprinted once) and handed on in place of its config."""
 
     config: dict[str, Any]
     comparison_key: dict[str, Any]
@@ -269,13 +247,11 @@ class RunIdentity:
     @property
     def name(self) -> str:
         """The run's name for loggers: `run_name`."""
-        cfg = self.config
-        return (Path(cfg["pair"]["name"]) / cfg["dataset"]["name"] / cfg["method"]["name"] / self.run_tag).as_posix()
+        return run_subdir(self.config, self.run_tag).as_posix()
 
 
 def identify(cfg: dict[str, Any], comparison_root: str | Path, run_dir: str | Path | None = None) -> RunIdentity:
-    """The identity of `cfg`'s run below `comparison_root` (`comparison_dir`), in its standard
-    directory there unless `run_dir` is given."""
+    """The identity of `cfg`'s run below `comparison_root` (`comparison_dir`), in `run_dir` if given."""
     comparison = comparison_key(cfg)
     key = run_key(cfg, comparison)
     key_hash = short_hash(key)
