@@ -125,10 +125,6 @@ def bucketed(make_example, batch_size: int, rng: random.Random, pool: int = 8):
         rng.shuffle(batches)
         yield from batches
 
-def n_params(model) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 def lr_at(step: int, total: int, base: float, time_frac: float = 0.0, warmup: int = 100) -> float:
     """Linear warmup, then cosine decay to 10% over the run. The run's progress is the step
     fraction, or with --schedule-by-time the larger of it and the fraction of the time cap used
@@ -256,47 +252,23 @@ class FamilyTrainer:
         ntok = float(np.mean([len(self.tok.encode(t, add_special_tokens=False)) + 1 for t in texts]))
         return {"accuracy": acc, "mean_output_tokens": ntok, "n": len(problems), "seconds": round(time.time() - t0, 1), "texts": texts}
 
-    def save(self, model, name: str) -> None:
-        shutil.rmtree(self.out / name, ignore_errors=True)
-        model.save_pretrained(self.out / name, safe_serialization=True)
-        self.tok.save_pretrained(self.out / name)
-
-    def labelled(self, problems: list[TestbedProblem], texts: list[str], what: str) -> list[tuple[TestbedProblem, list[str]]]:
-        """(problem, steps) of each text that has steps; logs and reports how many steps are wrong."""
-        samples = [(q, steps) for q, t in zip(problems, texts) if (steps := split_steps(t))]
-        labels = [ok for q, steps in samples for ok in check_steps(q, steps)]
-        wrong = float(1 - np.mean(labels)) if labels else float("nan")
-        self.log(f"{what}: {len(samples)} solutions, {len(labels)} steps, {wrong:.3f} wrong")
-        self.report.setdefault("samples", {})[what] = {"solutions": len(samples), "steps": len(labels), "wrong_step_frac": wrong}
-        return samples
-
     def sample_model(self, model, n: int, max_new: int, seed: int, what: str, stretch: bool = False) -> list[tuple[TestbedProblem, list[str]]]:
-        """Solutions of n training problems (none if n is 0), half greedy and half sampled at
-        temperature 1; with `stretch`, all greedy on operands a little past the training range,
-        where the model errs often, and greedily, the way it errs on test problems."""
+        """(problem, steps) of n training problems' solutions that have steps (none if n is 0), half
+        greedy and half sampled at temperature 1; with `stretch`, all greedy on operands a little past
+        the training range, where the model errs often, and greedily, the way it errs on test problems.
+        Logs and reports how many steps are wrong."""
         if not n:
             return []
         base, difficulty = (30_000, STRETCH_DIFFICULTY) if stretch else (10_000, TRAIN_DIFFICULTY)
         probs = generate_problems("train", n, seed=base + seed, difficulty=difficulty)
         greedy = n if stretch else n // 2
         texts = self.generate(model, probs[:greedy], max_new) + self.generate(model, probs[greedy:], max_new, temperature=1.0, seed=seed)
-        return self.labelled(probs, texts, what)
-
-    def causal_lm(self, name: str, init: Path | None, layers: int, hidden: int) -> LlamaForCausalLM:
-        """A fresh model of the given shape, or the checkpoint `init` to continue from."""
-        if init is not None:
-            model = LlamaForCausalLM.from_pretrained(init)
-            self.log(f"{name}: continuing from {init}")
-        else:
-            model = LlamaForCausalLM(LlamaConfig(  # type: ignore[call-arg]
-                vocab_size=len(self.tok), hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
-                num_attention_heads=4, num_key_value_heads=4,
-                head_dim=32,  # vLLM's CPU attention takes head sizes 32, 64, 80, ... (not hidden / 4)
-                max_position_embeddings=1024, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
-                bos_token_id=self.tok.bos_token_id, eos_token_id=self.eos, pad_token_id=self.pad,
-            ))
-        self.log(f"{name}: {model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, {n_params(model) / 1e6:.3f}M params")
-        return model
+        samples = [(q, steps) for q, t in zip(probs, texts) if (steps := split_steps(t))]
+        labels = [ok for q, steps in samples for ok in check_steps(q, steps)]
+        wrong = float(1 - np.mean(labels)) if labels else float("nan")
+        self.log(f"{what}: {len(samples)} solutions, {len(labels)} steps, {wrong:.3f} wrong")
+        self.report.setdefault("samples", {})[what] = {"solutions": len(samples), "steps": len(labels), "wrong_step_frac": wrong}
+        return samples
 
     @torch.no_grad()
     def prm_features(self, model, head: LikelihoodHead, items: list[tuple[TestbedProblem, list[str]]], bs: int = 32):
@@ -316,13 +288,26 @@ class FamilyTrainer:
         return torch.cat(feats), torch.tensor(labels, dtype=torch.float32)
 
     def train_lm(self, name: str, style: str, example: Callable[[TestbedProblem], tuple], seeds: tuple[int, int]) -> LlamaForCausalLM:
-        """Model `name` (its sizes and budgets are the options named after it) trained on
-        `example`s of its phase's problem stream; loaded when its phase is skipped."""
-        args = self.args
+        """Model `name` (its sizes and budgets are the options named after it; `init_<name>`: a
+        checkpoint to continue from) trained on `example`s of its phase's problem stream; loaded when
+        its phase is skipped."""
+        args, init, hidden = self.args, getattr(self.args, f"init_{name}"), getattr(self.args, f"{name}_hidden")
         if name not in self.phases:
             return LlamaForCausalLM.from_pretrained(self.out / name).eval()
         torch.manual_seed(args.seed + seeds[0])
-        model = self.causal_lm(name.upper(), getattr(args, f"init_{name}"), getattr(args, f"{name}_layers"), getattr(args, f"{name}_hidden"))
+        if init is not None:
+            model = LlamaForCausalLM.from_pretrained(init)
+            self.log(f"{name.upper()}: continuing from {init}")
+        else:
+            model = LlamaForCausalLM(LlamaConfig(  # type: ignore[call-arg]
+                vocab_size=len(self.tok), hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=getattr(args, f"{name}_layers"),
+                num_attention_heads=4, num_key_value_heads=4,
+                head_dim=32,  # vLLM's CPU attention takes head sizes 32, 64, 80, ... (not hidden / 4)
+                max_position_embeddings=1024, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
+                bos_token_id=self.tok.bos_token_id, eos_token_id=self.eos, pad_token_id=self.pad,
+            ))
+        self.log(f"{name.upper()}: {model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, "
+                 f"{model.num_parameters() / 1e6:.3f}M params")
         stream = problem_stream(self.data_seed, name)
         batches = bucketed(lambda: example(next(stream)), args.batch_size, random.Random(args.seed + seeds[1]))
         max_new = getattr(args, f"max_new_{style}")
@@ -330,8 +315,10 @@ class FamilyTrainer:
             model, batches, getattr(args, f"steps_{name}"), getattr(args, f"minutes_{name}"), name,
             eval_fn=lambda m: self.log(f"  {name} quick val acc {self.accuracy(m, self.quick_val, max_new)['accuracy']:.3f}"),
         )
-        self.report[f"{name}_train"]["params"] = n_params(model)
-        self.save(model, name)
+        self.report[f"{name}_train"]["params"] = model.num_parameters()
+        shutil.rmtree(self.out / name, ignore_errors=True)
+        model.save_pretrained(self.out / name, safe_serialization=True)
+        self.tok.save_pretrained(self.out / name)
         return model.eval()
 
     def train_slm(self) -> LlamaForCausalLM:
