@@ -4,7 +4,6 @@ for the CLI, scripts, notebooks and training jobs, which all sit above this modu
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -14,20 +13,13 @@ from rstitch.data.prompts import PromptFormat
 from rstitch.errors import ConfigError
 from rstitch.testbed import ASSETS_DIR
 
-
-def _testbed_asset(name: str) -> str:
-    return str(ASSETS_DIR / name)
-
-
-OmegaConf.register_new_resolver("testbed_asset", _testbed_asset, replace=True)
+OmegaConf.register_new_resolver("testbed_asset", lambda name: str(ASSETS_DIR / name), replace=True)
 
 
 def _judge_engine(engine: str) -> str:
-    """The engine a stand-in judge (`prm=llm_judge`, the pair's LLM) runs on: the run's own, so that it
-    scores with the weights and kernels the run decodes with and is billed at their speed, when that
-    engine always gives the full-vocabulary distributions the judge reads; else the first that does
-    (engines.judge_engine). Setting `prm.engine` to the run's engine keeps it there (vLLM with
-    `engine.logprobs=full`)."""
+    """The engine a stand-in judge (`prm=llm_judge`, the pair's LLM) runs on (engines.judge_engine): the run's
+    own where it gives full-vocabulary distributions, to score with the weights the run decodes with, billed at
+    their speed. Setting `prm.engine` to the run's engine keeps it there (vLLM with `engine.logprobs=full`)."""
     from rstitch.engines import judge_engine  # the engine classes (torch): only when a judge's config resolves
 
     return judge_engine(engine)
@@ -61,16 +53,16 @@ def resolved_run_config(cfg: DictConfig) -> dict:
     return resolved
 
 
-def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
+def check_group_choices(argv: list[str]) -> None:
     """Catch `group=unknown` before Hydra does: a ConfigError listing the valid choices."""
-    groups = {p.name for p in conf_dir.iterdir() if p.is_dir()}
+    groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
     for arg in argv:
         if arg.startswith("-") or "=" not in arg:
             continue
         key, value = arg.lstrip("+~").split("=", 1)
         if key not in groups or value in ("", "null"):
             continue
-        valid = sorted(p.stem for p in (conf_dir / key).glob("*.yaml"))
+        valid = group_choices(key)
         for choice in value.split(","):
             if choice not in valid:
                 raise ConfigError(f"unknown {key} '{choice}'; valid: {', '.join(valid)}")
@@ -82,10 +74,8 @@ def group_choices(group: str) -> list[str]:
 
 
 def group_config(group: str, name: str) -> dict[str, Any]:
-    """conf/<group>/<name>.yaml composed and resolved (e.g. testbed asset paths) as in a run."""
-    valid = group_choices(group)
-    if name not in valid:
-        raise ConfigError(f"unknown {group} '{name}'; valid: {', '.join(valid)}")
+    """conf/<group>/<name>.yaml composed and resolved (e.g. testbed asset paths) as in a run; an unknown name is
+    compose_config's error line."""
     return compose_config(["logger=none", f"{group}={name}"])[group]
 
 

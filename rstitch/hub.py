@@ -49,32 +49,25 @@ def check_hub_model(repo_id: str, revision: str | None = None) -> None:
 def read_dataset(name: str, hub_id: str, config: str | None, split: str, revision: str | None) -> list[dict[str, Any]]:
     """The rows of one hub dataset config and split; one error line when the hub is unreachable or refuses."""
     import datasets
+    import huggingface_hub
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
     where = f"{hub_id}" + (f" ({config})" if config else "") + f" split {split} @ {revision}"
     is_offline = offline()
-    if not is_offline:
-        _check_dataset_reachable(name, hub_id, where, revision)
+    if not is_offline and (hub_id, revision) not in _REACHED:
+        try:
+            huggingface_hub.dataset_info(hub_id, revision=revision, timeout=PROBE_TIMEOUT_S)
+            _REACHED.add((hub_id, revision))
+        except (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError):
+            pass  # reachable: `datasets` says what is wrong (a gated set needs a token), or reads the cache
+        except Exception as err:  # noqa: BLE001 - no network, proxy, DNS: all the same to the user
+            raise ConfigError(f"cannot load dataset '{name}' from the hub: {where}: the hub is unreachable "
+                              f"({type(err).__name__}); {dataset_hint(False)}") from None
     try:
         table = datasets.load_dataset(hub_id, config, split=split, revision=revision)
     except Exception as err:  # noqa: BLE001 - network, auth (gated sets) and missing-revision errors alike
         raise ConfigError(f"cannot load dataset '{name}' from the hub: {where}: {first_line(err)}; {dataset_hint(is_offline)}") from None
     return [dict(row) for row in table]
-
-
-def _check_dataset_reachable(name: str, hub_id: str, where: str, revision: str | None) -> None:
-    import huggingface_hub
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
-
-    if (hub_id, revision) in _REACHED:
-        return
-    try:
-        huggingface_hub.dataset_info(hub_id, revision=revision, timeout=PROBE_TIMEOUT_S)
-        _REACHED.add((hub_id, revision))
-    except (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError):
-        return  # reachable: `datasets` says what is wrong (a gated set needs a token), or reads the cache
-    except Exception as err:  # noqa: BLE001 - no network, proxy, DNS: all the same to the user
-        raise ConfigError(f"cannot load dataset '{name}' from the hub: {where}: the hub is unreachable "
-                          f"({type(err).__name__}); {dataset_hint(False)}") from None
 
 
 def first_line(err: BaseException) -> str:

@@ -28,7 +28,6 @@ class Registry(MutableMapping[str, T], Generic[T]):
         self._aliases: dict[str, str] = {}
         self._loaded = not modules
 
-    # ------------------------------------------------------------------ registering
     def register(self, name: str, entry: T | str, aliases: tuple[str, ...] = ()) -> T | str:
         """Add `entry` (or a lazy "module:attribute" string) as `name` and its aliases."""
         if name in self._entries and not self._replace:
@@ -47,7 +46,6 @@ class Registry(MutableMapping[str, T], Generic[T]):
             return entry
         return wrap
 
-    # ------------------------------------------------------------------ reading
     def _load(self) -> None:
         if not self._loaded:
             self._loaded = True  # first: a module that reads the registry while it registers sees what is there so far
@@ -85,10 +83,9 @@ class Registry(MutableMapping[str, T], Generic[T]):
             raise ConfigError(f"{self.kind} '{name}': {err}") from None
         return entry(**params)  # type: ignore[operator]
 
-    # ------------------------------------------------------------------ the mapping (registered names only)
     def __getitem__(self, name: str) -> T:
         self._load()
-        if name not in self._entries:
+        if name not in self._entries:  # the mapping holds registered names only, not aliases
             raise KeyError(name)
         return self.get_entry(name)
 

@@ -25,7 +25,7 @@ from rstitch.methods import DecodeContext, DecodeResult, Method, build_method
 from rstitch.methods.base import EXTRA_FLOPS, model_flops
 from rstitch.results import SampleStore
 from rstitch.results.baseline import planned_runs
-from rstitch.results.keys import RunIdentity, comparison_dir, identify
+from rstitch.results.keys import RunIdentity, identify
 from rstitch.results.measurement import available_cpus, sample_measurement, summarize_measurement
 from rstitch.results.summary import summarize_run
 
@@ -57,7 +57,7 @@ def load_models(cfg: dict[str, Any], method: Method, records: list, prompt: Prom
         engine.check_memory(cfg["pair"], cfg["engine"], batch_size, longest_prompt, max_new_tokens)
     pair = get_pair(cfg["pair"], cfg["engine"])
     largest = max(m.num_parameters for m in pair.models().values())
-    threads = engine.default_threads(cfg["engine"], str(getattr(pair.llm, "device", "cpu")), largest, available_cpus())
+    threads = engine.default_threads(cfg["engine"], pair_device(pair), largest, available_cpus())
     if threads is not None:
         torch.set_num_threads(threads)
     if method.reads_hidden_states:
@@ -80,7 +80,7 @@ def engine_threads(pair: ModelPair) -> int:
 
 
 def pair_device(pair: ModelPair) -> str:
-    """Where the pair's models run (as `load_models` reads it)."""
+    """Where the pair's models run."""
     return str(getattr(pair.llm, "device", "cpu"))
 
 
@@ -208,8 +208,8 @@ def sample_record(record, index: int, result: DecodeResult, latency: float, cost
 
 @dataclass
 class RunPlan:
-    """A run ready to decode: its method, records, pair, prompt format, latency models, batch size
-    and store, loaded and checked (`plan`) before any sample decodes. A context manager: leaving it
+    """A run ready to decode: its method, records, pair, latency models, batch size and store,
+    loaded and checked (`plan`) before any sample decodes. A context manager: leaving it
     closes the store, so other processes waiting on the run directory may go on."""
 
     identity: RunIdentity  # the config, its keys and directories
@@ -219,7 +219,6 @@ class RunPlan:
     n_samples: int
     budget: int
     batch_size: int
-    prompt: PromptFormat
     sampler: Sampler
     pair: ModelPair
     latency_models: dict | None
@@ -267,7 +266,7 @@ def plan(run: RunIdentity, logger=None, problems: int | None = None) -> RunPlan:
     except BaseException:
         store.close()
         raise
-    return RunPlan(run, logger, method, records, n_samples, budget, batch_size, prompt, sampler, pair, latency_models, store,
+    return RunPlan(run, logger, method, records, n_samples, budget, batch_size, sampler, pair, latency_models, store,
                    todo, fitted, len(block) * n_samples)
 
 
@@ -277,10 +276,13 @@ def decode(run: RunPlan) -> None:
     if run.logger is not None:
         name = run.identity.name
         run.logger.start(name, run.identity.config, name, run_dir=run.identity.run_dir)
-    if run.todo:
+    if run.todo:  # an untimed decode of the first prompt: what the engine cannot do for this method surfaces here
         record = run.todo[0][0]
-        warm_up(run.method, DecodeContext(run.pair, run.sampler, min(WARMUP_TOKENS, run.budget), record.problem, record.metadata),
-                run.fitted[record.id][0], run.identity.config["engine"]["name"])
+        try:
+            run.method.decode(run.fitted[record.id][0], DecodeContext(run.pair, run.sampler, min(WARMUP_TOKENS, run.budget),
+                                                                     record.problem, record.metadata))
+        except ConfigError as err:
+            raise ConfigError(f"method '{run.method.name}' on engine '{run.identity.config['engine']['name']}': {err}") from None
         prepare_shapes(run.pair, run.batch_size, [run.fitted[r.id] for r, _ in run.todo])
     bar = tqdm(total=run.planned, initial=run.planned - len(run.todo), desc=run.method.name, unit="sample")
     start = time.perf_counter()
@@ -336,15 +338,6 @@ def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str
     return evaluate(identify(cfg, results_root if results_root is not None else Path(run_dir).parent, run_dir), logger)
 
 
-def warm_up(method: Method, ctx: DecodeContext, prompt_ids: list[int], engine: str) -> None:
-    """An untimed decode of the first prompt: what the engine cannot do for this method surfaces
-    here, before any sample."""
-    try:
-        method.decode(prompt_ids, ctx)
-    except ConfigError as err:
-        raise ConfigError(f"method '{method.name}' on engine '{engine}': {err}") from None
-
-
 def prepare_shapes(pair: ModelPair, batch_size: int, fitted: list[tuple[list[int], int]]) -> None:
     """After the warm-up decode, before any timed sample: a runner that captures a step per shape
     (the HF engine's CUDA graphs) captures every shape the run's samples (prompt, budget) can use."""
@@ -368,9 +361,6 @@ def throughput(store: SampleStore, todo: list, decode_wall: float) -> dict[str, 
     rate = lambda n: n / decode_wall if decoded and decode_wall > 0 else None  # noqa: E731
     return {"decode_wall_s": decode_wall if decoded else None, "decoded_samples": len(decoded),
             "samples_per_s": rate(len(decoded)), "decode_tokens_per_s": rate(sum(r["tokens"] for r in decoded))}
-
-
-comparison_root = comparison_dir  # where runs comparable to a config live (results/keys.py)
 
 
 def run_config(cfg: dict[str, Any], logger=None) -> dict[str, Any]:

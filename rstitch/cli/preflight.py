@@ -3,12 +3,16 @@ lines, or silently do, becomes one `ConfigError` line before any run directory e
 from __future__ import annotations
 
 import math
+import os
 import re
 import shutil
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rstitch.configs import CONF_DIR
+from rstitch.config_groups import check_group_choices
+from rstitch.configs import CONF_DIR, override_key
 from rstitch.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -18,11 +22,22 @@ MULTIRUN_FLAGS = ("-m", "--multirun")
 SLURM_COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "scancel")
 
 
-def overrides_of(argv: Sequence[str]) -> list[str] | None:
-    """The `key=value` overrides, or None when a Hydra flag other than -m (`--cfg`, ...) leaves them to Hydra."""
-    if any(a.startswith("-") and a not in MULTIRUN_FLAGS for a in argv):
-        return None
-    return [a for a in argv if "=" in a]
+def check_results_root(argv: Sequence[str]) -> None:
+    """Hydra creates the run directory before the run starts, and an unwritable results_root
+    would end in its traceback: check the nearest existing ancestor first."""
+    given = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("results_root=")]
+    root = given[-1] if given else "runs"  # the last override wins, as in Hydra
+    existing = Path(root).expanduser().absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"results_root '{root}' is not writable "
+                          f"({existing} is {'read-only' if existing.is_dir() else 'not a directory'})")
+    try:  # permissions are not the whole story (root ignores them; /proc refuses new directories to everyone)
+        os.rmdir(tempfile.mkdtemp(prefix=".rstitch-probe-", dir=existing))
+    except OSError as err:
+        raise ConfigError(f"results_root '{root}' cannot be created: no new directory can be made in {existing} "
+                          f"({err.strerror})") from None
 
 
 def parsed_overrides(overrides: Sequence[str]) -> list[Override]:
@@ -96,7 +111,7 @@ def check_composes(overrides: Sequence[str], multirun: bool) -> None:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name="config", overrides=first, return_hydra_config=True)
             params = OmegaConf.to_container(cfg.hydra.sweeper.params) if cfg.hydra.sweeper.get("params") else None
-            given = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
+            given = {override_key(o) for o in overrides}
             swept = {k: v for k, v in (params if isinstance(params, dict) else {}).items() if k not in given}
             if not multirun and grid_points(swept) > 1:
                 preset = cfg.hydra.runtime.choices.get("experiment") or "the composed config"
@@ -138,10 +153,12 @@ def composition_error(message: str) -> str:
 
 
 def check_command_line(argv: Sequence[str]) -> None:
-    """Every check above, on `rstitch-run`'s arguments."""
-    overrides = overrides_of(argv)
-    if overrides is None:
-        return
+    """Every check above, on `rstitch-run`'s arguments (`group=unknown` with one line listing the valid choices)."""
+    check_group_choices(list(argv))
+    check_results_root(argv)
+    if any(a.startswith("-") and a not in MULTIRUN_FLAGS for a in argv):
+        return  # a Hydra flag other than -m (`--cfg`, ...): the overrides are Hydra's to report
+    overrides = [a for a in argv if "=" in a]
     multirun = any(a in MULTIRUN_FLAGS for a in argv)
     check_sweep_needs_multirun(overrides, multirun)
     check_slurm(overrides)

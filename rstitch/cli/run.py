@@ -1,11 +1,9 @@
 """`rstitch-run`: the Hydra app rooted at conf/config.yaml."""
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
@@ -14,7 +12,6 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from rstitch import config_groups
 from rstitch.cli.cluster import exit_run, install_sigterm_handler, submitting
 from rstitch.cli.preflight import check_command_line
 from rstitch.config_groups import compose_config, resolved_run_config  # noqa: F401  (compose_config: scripts and tests import it from here)
@@ -52,38 +49,6 @@ def discard_if_empty(run_dir: Path) -> None:
                 parent.rmdir()
             except OSError:  # not empty (other runs), or not ours to remove
                 break
-
-
-def saved_samples(run_dir: Path) -> int:
-    """Finished samples in a run directory (a line cut by the interrupt is not one)."""
-    path = run_dir / "samples.jsonl"
-    if not path.is_file():
-        return 0
-    return path.read_bytes().count(b"\n")
-
-
-def check_results_root(argv: list[str]) -> None:
-    """Hydra creates the run directory before the run starts, and an unwritable results_root
-    would end in its traceback: check the nearest existing ancestor first."""
-    given = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("results_root=")]
-    root = given[-1] if given else "runs"  # the last override wins, as in Hydra
-    existing = Path(root).expanduser().absolute()
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        fail(f"results_root '{root}' is not writable ({existing} is {'read-only' if existing.is_dir() else 'not a directory'})")
-    try:  # permissions are not the whole story (root ignores them; /proc refuses new directories to everyone)
-        os.rmdir(tempfile.mkdtemp(prefix=".rstitch-probe-", dir=existing))
-    except OSError as err:
-        fail(f"results_root '{root}' cannot be created: no new directory can be made in {existing} ({err.strerror})")
-
-
-def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
-    """Catch `group=unknown` before Hydra does, with one line listing the valid choices."""
-    try:
-        config_groups.check_group_choices(argv, conf_dir)
-    except ConfigError as err:
-        fail(str(err))
 
 
 def watch_interrupts() -> None:
@@ -129,7 +94,9 @@ def app(cfg: DictConfig) -> None:
         interrupted = True  # reported below, once the run's frames (and its progress bar) are gone
     if interrupted:
         discard_if_empty(run_dir)
-        message = f"interrupted: {saved_samples(decoding_dir)} samples saved in {decoding_dir}; rerun the same command to resume"
+        samples = decoding_dir / "samples.jsonl"
+        saved = samples.read_bytes().count(b"\n") if samples.is_file() else 0  # a line cut by the interrupt is not a sample
+        message = f"interrupted: {saved} samples saved in {decoding_dir}; rerun the same command to resume"
         print(f"\nrstitch-run: {message}", file=sys.stderr)
         exit_run(130, message)
     # Last on the console, after the loggers' output: the table, why a speedup is missing, where the results are.
@@ -143,8 +110,6 @@ def app(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    check_group_choices(sys.argv[1:])
-    check_results_root(sys.argv[1:])
     try:
         check_command_line(sys.argv[1:])
     except ConfigError as err:

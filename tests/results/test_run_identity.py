@@ -13,7 +13,7 @@ from rstitch.cli.run import compose_config
 from rstitch.configs import CONF_DIR
 from rstitch.results import keys
 from rstitch.results.keys import RUN_KEY_FIELDS, comparison_key, run_dir, run_key, run_tag, short_hash
-from rstitch.runner import comparison_root
+from rstitch.results.keys import comparison_dir as comparison_root
 
 # overrides -> (run directory under results_root, comparison-key hash), from the code before the move
 PINNED = [
