@@ -113,11 +113,6 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise ConfigError(f"unreadable {path.name} in {path.parent}: {err}") from None
 
 
-def method_params(method_cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """The method's scalar knobs (nested options such as a PRM spec are left out, as in run tags)."""
-    return {k: v for k, v in method_cfg.items() if k != "name" and not isinstance(v, (dict, list))}
-
-
 def setting_label(params: Mapping[str, Any], keys: Iterable[str] | None = None) -> str:
     """`k=v` for `keys` (all knobs by default); paths are shortened to their last component."""
     keys = sorted(params) if keys is None else [k for k in params if k in set(keys)]
@@ -153,7 +148,8 @@ def acceptance_of(method: str, summary: Mapping[str, Any]) -> tuple[float | None
 def run_row(summary: Mapping[str, Any], config: Mapping[str, Any], run_dir: str | None = None) -> dict[str, Any]:
     """One run as a frame row, from its summary metrics and its resolved config."""
     method = config["method"]["name"]
-    params = method_params(config["method"])
+    # The method's scalar knobs (nested options such as a PRM spec are left out, as in run tags).
+    params = {k: v for k, v in config["method"].items() if k != "name" and not isinstance(v, (dict, list))}
     acceptance, kind = acceptance_of(method, summary)
     # The key the run recorded, with the fingerprints of the weights it ran (not what the paths hold today).
     key = summary.get("comparison_key") or comparison_key(config)
@@ -243,7 +239,8 @@ def comparison_settings(frame: pd.DataFrame) -> pd.Series:
     """Per run, `path=value` for each comparison-key setting that differs among its pair, dataset and budget's comparisons."""
     out = pd.Series("", index=frame.index, dtype=object)
     for _, block in frame.groupby(LABEL_BASE, sort=False, dropna=False):
-        keys = {c: flat_key(k) for c, k in zip(block["comparison"], block["comparison_key"])}
+        # each comparison's key as {dotted path: leaf value} (an empty mapping has no leaf)
+        keys = {c: pd.json_normalize(dict(k), sep=".").to_dict("records")[0] for c, k in zip(block["comparison"], block["comparison_key"])}
         if len(keys) < 2:
             continue
         paths = sorted(set().union(*keys.values()))
@@ -251,11 +248,6 @@ def comparison_settings(frame: pd.DataFrame) -> pd.Series:
         labels = {c: " ".join(f"{p}={_label_value(k.get(p, _UNSET))}" for p in differing) for c, k in keys.items()}
         out[block.index] = block["comparison"].map(labels)
     return out
-
-
-def flat_key(key: Mapping[str, Any]) -> dict[str, Any]:
-    """A nested key as {dotted path: leaf value} (an empty mapping has no leaf)."""
-    return pd.json_normalize(dict(key), sep=".").to_dict("records")[0]
 
 
 def _label_value(value: Any) -> str:
@@ -281,30 +273,27 @@ def read_samples(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     return list(iter_samples(path))
 
 
-def paired_with_baseline(samples: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
+def paired_with_baseline(samples: pd.DataFrame) -> pd.DataFrame:
     """Each sample of a non-baseline run beside the baseline's of the same problem and comparison, with
     `speedup`, `token_reduction` (1 - tokens / baseline tokens) and `outcome` (who was correct)."""
-    base = samples[samples["method"] == baseline]
+    base = samples[samples["method"] == BASELINE]
     keys = ["comparison", "id", "sample_index"]
     base = base[keys + ["latency_s", "tokens", "correct"]].rename(
         columns={"latency_s": "baseline_latency_s", "tokens": "baseline_tokens", "correct": "baseline_correct"})
     duplicated = base.duplicated(keys, keep=False)
     if duplicated.any():
         dirs = sorted(set(map(str, samples.loc[base.index[duplicated], "run_dir"]))) if "run_dir" in samples else []
-        raise ConfigError(f"several '{baseline}' runs share one comparison{': ' + ', '.join(dirs) if dirs else ''}; pass one of them")
-    paired = samples[samples["method"] != baseline].merge(base, on=keys, how="inner")
+        raise ConfigError(f"several '{BASELINE}' runs share one comparison{': ' + ', '.join(dirs) if dirs else ''}; pass one of them")
+    paired = samples[samples["method"] != BASELINE].merge(base, on=keys, how="inner")
     paired["speedup"] = paired["baseline_latency_s"] / paired["latency_s"]
     paired["token_reduction"] = 1.0 - paired["tokens"] / paired["baseline_tokens"]
-    paired["outcome"] = [outcome(bool(c), bool(b), baseline) for c, b in zip(paired["correct"], paired["baseline_correct"])]
+    paired["outcome"] = [OUTCOMES[bool(c), bool(b)] for c, b in zip(paired["correct"], paired["baseline_correct"])]
     return paired
 
 
-def outcome(correct: bool, baseline_correct: bool, baseline: str = BASELINE) -> str:
-    if correct and baseline_correct:
-        return "both correct"
-    if not correct and not baseline_correct:
-        return "both wrong"
-    return "only this method correct" if correct else f"only {baseline} correct"
+# Who was correct, by (this method, the baseline).
+OUTCOMES = {(True, True): "both correct", (True, False): "only this method correct",
+            (False, True): f"only {BASELINE} correct", (False, False): "both wrong"}
 
 
 def runs_from_wandb(wandb_runs: Iterable[Any]) -> pd.DataFrame:

@@ -2,6 +2,8 @@
 the ratio of the latencies two methods need to reach an accuracy both reach."""
 from __future__ import annotations
 
+import itertools
+
 import pandas as pd
 
 from rstitch.analysis.collect import BASELINE, is_baseline
@@ -62,11 +64,8 @@ def curve_pairs(runs: pd.DataFrame) -> list[tuple[str, str]]:
     present = list(dict.fromkeys(runs["method"]))
     pairs = [(m, BASELINE) for m in present if not is_baseline(m) and BASELINE in present]
     curves = runs.groupby(["comparison", "method"]).size()
-    for (comparison, method), count in curves.items():
-        others = curves[comparison]
-        for other, other_count in others.items():
-            if method != other and count > 1 and other_count > 1 and (method, other) not in pairs:
-                pairs.append((method, other))
+    for _, counts in curves[curves > 1].groupby(level="comparison"):
+        pairs += [p for p in itertools.permutations(counts.index.get_level_values("method"), 2) if p not in pairs]
     return pairs
 
 

@@ -18,7 +18,7 @@ from matplotlib.patches import Patch
 from matplotlib.text import Annotation
 from matplotlib.transforms import Bbox
 
-from rstitch.analysis.collect import BASELINE
+from rstitch.analysis.collect import BASELINE, OUTCOMES
 from rstitch.analysis.frontier import check_latency_column, mark_frontier
 from rstitch.methods import METHODS, method_class, method_rank
 
@@ -27,8 +27,7 @@ LATENCY_LABELS = {
     "latency_median_s": "median latency per problem (s, wall clock)",
     "latency_estimate_s": "mean latency per problem (s, latency model)",
 }
-OUTCOME_COLORS = {"both correct": "#2ca02c", "only this method correct": "#1f77b4",
-                  f"only {BASELINE} correct": "#d62728", "both wrong": "#9e9e9e"}
+OUTCOME_COLORS = dict(zip(OUTCOMES.values(), ("#2ca02c", "#1f77b4", "#d62728", "#9e9e9e")))
 RANDOM = "random"
 
 
@@ -211,7 +210,7 @@ def speedup_figure(runs: pd.DataFrame, group: str) -> Figure:
         color, marker = method_style(run["method"])
         ax.plot([run[lead]], [position], ls="", zorder=3, **_marker_kwargs(color, marker))
         low, high = run.get(f"{lead}_ci_low"), run.get(f"{lead}_ci_high")
-        if low is not None and high is not None and not (pd.isna(low) or pd.isna(high)):
+        if pd.notna(low) and pd.notna(high):
             ax.errorbar([run[lead]], [position], xerr=[[max(run[lead] - low, 0)], [max(high - run[lead], 0)]], fmt="none",
                         ecolor=color, elinewidth=1.3, capsize=3, zorder=2)
         if lead != "speedup" and not pd.isna(run["speedup"]):
@@ -307,12 +306,11 @@ def entropy_figure(tokens: pd.DataFrame, title: str, thresholds: Iterable[float]
 def speedup_consistency_figure(points: pd.DataFrame, runs: pd.DataFrame) -> Figure:
     """From `speedup_vs_consistency`: each problem a dot, each run (pooled) a large hollow marker."""
     fig, ax = _figure()
-    for method, mine in _by_method(points):
+    for method, mine in _by_method(points):  # the runs pool these problems: each method has both
         color, marker = method_style(method)
         ax.scatter(mine["consistency"] * 100, mine["speedup"], s=14, alpha=0.5, color=color, marker=marker)
-    for method, mine in _by_method(runs):
-        color, marker = method_style(method)
-        ax.scatter(mine["consistency"] * 100, mine["speedup"], s=110, facecolors="none", edgecolors=color, marker=marker,
+        pooled = runs[runs["method"] == method]
+        ax.scatter(pooled["consistency"] * 100, pooled["speedup"], s=110, facecolors="none", edgecolors=color, marker=marker,
                    linewidths=1.8, label=f"{method} (run)", zorder=3)
     ax.axhline(1.0, color="black", lw=0.8, ls=":")
     ax.set_xlabel("token consistency (%): SLM greedy token = LLM token")

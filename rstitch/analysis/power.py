@@ -18,10 +18,14 @@ def _check_share(name: str, value: float) -> None:
         raise ConfigError(f"{name} must be a share in [0, 1], got {value}")
 
 
-def _z_sum(alpha: float, power: float) -> tuple[float, float]:
+def _z_and_variance(accuracy: float, baseline_accuracy: float, alpha: float, power: float) -> tuple[float, float, float]:
+    """z_a, z_b and the variance of two independent samples' difference, p1 q1 + p2 q2 (the arguments checked)."""
+    _check_share("accuracy", accuracy)
+    _check_share("baseline_accuracy", baseline_accuracy)
     if not (0 < alpha < 1 and 0 < power < 1):
         raise ConfigError(f"alpha and power must lie in (0, 1), got {alpha} and {power}")
-    return z_value(1 - alpha), z_value(2 * power - 1)  # two-sided alpha; one-sided power
+    variance = accuracy * (1 - accuracy) + baseline_accuracy * (1 - baseline_accuracy)
+    return z_value(1 - alpha), z_value(2 * power - 1), variance  # two-sided alpha; one-sided power
 
 
 def problems_needed(accuracy: float, baseline_accuracy: float, difference: float | None = None,
@@ -30,14 +34,11 @@ def problems_needed(accuracy: float, baseline_accuracy: float, difference: float
     `alpha` with `power`, one sample per problem. Independent samples (Fleiss, no continuity correction):
     n = (z_a + z_b)^2 (p1 q1 + p2 q2) / d^2. Paired, with `discordant` psi, the share of problems exactly one
     solves (`discordant_share` of a pilot run; Connor 1987, McNemar): n = (z_a sqrt(psi) + z_b sqrt(psi - d^2))^2 / d^2."""
-    _check_share("accuracy", accuracy)
-    _check_share("baseline_accuracy", baseline_accuracy)
+    z_a, z_b, variance = _z_and_variance(accuracy, baseline_accuracy, alpha, power)
     delta = abs(accuracy - baseline_accuracy if difference is None else difference)
     if delta == 0:
         raise ConfigError("a difference of 0 needs infinitely many problems; give the difference to detect")
-    z_a, z_b = _z_sum(alpha, power)
     if discordant is None:
-        variance = accuracy * (1 - accuracy) + baseline_accuracy * (1 - baseline_accuracy)
         return math.ceil((z_a + z_b) ** 2 * variance / delta**2)
     _check_share("discordant", discordant)
     if discordant < delta:
@@ -50,10 +51,8 @@ def detectable_difference(n_problems: int, accuracy: float, baseline_accuracy: f
     """The smallest difference `n_problems` independent problems detect: (z_a + z_b) sqrt((p1 q1 + p2 q2) / n)."""
     if n_problems < 1:
         raise ConfigError(f"n_problems must be at least 1, got {n_problems}")
-    _check_share("accuracy", accuracy)
-    _check_share("baseline_accuracy", baseline_accuracy)
-    z_a, z_b = _z_sum(alpha, power)
-    return (z_a + z_b) * math.sqrt((accuracy * (1 - accuracy) + baseline_accuracy * (1 - baseline_accuracy)) / n_problems)
+    z_a, z_b, variance = _z_and_variance(accuracy, baseline_accuracy, alpha, power)
+    return (z_a + z_b) * math.sqrt(variance / n_problems)
 
 
 def discordant_share(paired: pd.DataFrame) -> float:

@@ -264,10 +264,9 @@ def table_columns(columns: list[str]) -> list[str]:
     first = next((i for i, c in enumerate(columns) if c in SPEEDUP_COLUMNS), None)
     if first is None:
         return list(columns)
-    rest = [c for c in columns if c not in SPEEDUP_COLUMNS]
+    rest = [c for c in columns if c not in SPEEDUP_COLUMNS]  # the first `first` of them precede every speedup
     speedups = [c for c in SPEEDUP_COLUMNS if c == "estimate_speedup" or c in columns]
-    before = sum(1 for c in columns[:first] if c not in SPEEDUP_COLUMNS)
-    return [*rest[:before], *speedups, *rest[before:]]
+    return [*rest[:first], *speedups, *rest[first:]]
 
 
 def shown_columns(manifest: dict[str, Any], summaries: dict[str, dict[str, Any]], runs: list[str]) -> list[str]:

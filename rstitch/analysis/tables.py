@@ -1,6 +1,7 @@
 """Tables in the papers' layouts, rendered as Markdown or LaTeX (booktabs)."""
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections.abc import Callable
@@ -101,13 +102,16 @@ class Table:
         spec = "".join("l" if c.kind == "text" else "r" for c in self.columns)
         lines = [r"\begin{table}[t]", r"\centering", f"\\caption{{{latex_escape(self.title)}}}",
                  f"\\begin{{tabular}}{{{spec}}}", r"\toprule"]
-        spans = _spans(self.columns)
-        if any(group for group, _, _ in spans):
-            heads, rules = [], []
-            for group, start, width in spans:
-                heads.append(f"\\multicolumn{{{width}}}{{c}}{{{latex_escape(group)}}}" if group else "")
+        if any(c.group for c in self.columns):
+            heads, rules, start = [], [], 0
+            for group, members in itertools.groupby(self.columns, key=lambda c: c.group):  # spanning headers
+                width = len(list(members))
                 if group:
+                    heads.append(f"\\multicolumn{{{width}}}{{c}}{{{latex_escape(group)}}}")
                     rules.append(f"\\cmidrule(lr){{{start + 1}-{start + width}}}")
+                else:
+                    heads += [""] * width
+                start += width
             lines += [" & ".join(heads) + r" \\", " ".join(rules)]
         lines.append(" & ".join(latex_escape(c.name) for c in self.columns) + r" \\")
         lines.append(r"\midrule")
@@ -129,18 +133,6 @@ class Table:
 
 def _md_row(cells: list[str]) -> str:
     return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
-
-
-def _spans(columns: list[Column]) -> list[tuple[str | None, int, int]]:
-    """Consecutive columns under one group header: (group, first index, width)."""
-    spans: list[tuple[str | None, int, int]] = []
-    for index, column in enumerate(columns):
-        if spans and column.group and spans[-1][0] == column.group:
-            group, start, width = spans[-1]
-            spans[-1] = (group, start, width + 1)
-        else:
-            spans.append((column.group, index, 1))
-    return spans
 
 
 def _row_key(run: pd.Series) -> tuple:
@@ -168,21 +160,18 @@ def _method_rows(block: pd.DataFrame) -> list[tuple[tuple[str, str], dict[str, p
 
 
 def _value(run: pd.Series | None, column: str, scale: float = 1.0) -> float | None:
-    if run is None or run[column] is None or pd.isna(run[column]):
-        return None
-    return float(run[column]) * scale
+    """`column` of `run` times `scale`; None where the run, the column or its value is missing."""
+    value = None if run is None else run.get(column)
+    return None if value is None or pd.isna(value) else float(value) * scale
 
 
 def _with_se(run: pd.Series | None, column: str, scale: float = 1.0) -> tuple[float | None, float | None]:
     """(value, standard error): rendered `value ± se` where the runs frame has `<column>_se`."""
-    se = _value(run, f"{column}_se", scale) if run is not None and f"{column}_se" in run.index else None
-    return _value(run, column, scale), se
+    return _value(run, column, scale), _value(run, f"{column}_se", scale)
 
 
 def _with_ci(run: pd.Series | None, column: str, interval: str, scale: float = 1.0) -> tuple[float | None, ...]:
     """(value, low, high): rendered `value [low, high]` where the runs frame has the interval."""
-    if run is None or f"{interval}_low" not in run.index:
-        return (_value(run, column, scale),)
     return _value(run, column, scale), _value(run, f"{interval}_low", scale), _value(run, f"{interval}_high", scale)
 
 
@@ -238,8 +227,7 @@ def token_tables(runs: pd.DataFrame) -> list[Table]:
 
 def _reduction_interval(run: pd.Series | None) -> tuple[float, ...]:
     """R-Stitch's token reduction (%) = 100 (1 - token ratio): the token ratio's interval, flipped."""
-    _, *bounds = _with_ci(run, "token_ratio", "token_ratio_ci")
-    low, high = (bounds + [None, None])[:2]
+    _, low, high = _with_ci(run, "token_ratio", "token_ratio_ci")
     return () if low is None or high is None else (100 * (1 - high), 100 * (1 - low))
 
 
@@ -284,9 +272,8 @@ def runs_table(runs: pd.DataFrame, latency: str = "latency_s") -> Table:
                                         f"Spd = Per-tok spd / Tok ratio. {INTERVAL_NOTE}")
     for _, run in runs.iterrows():
         table.rows.append([run["group"], run["method"], run["setting"], _with_se(run, "accuracy", 100),
-                           _with_se(run, "accuracy_diff", 100), _value(run, "accuracy_diff_p") if "accuracy_diff_p" in run else None,
-                           _with_ci(run, latency, "latency_ci"), *(_value(run, key) if key in run else None
-                                                                   for key in ("speedup_estimate", "speedup_cpu")),
+                           _with_se(run, "accuracy_diff", 100), _value(run, "accuracy_diff_p"), _with_ci(run, latency, "latency_ci"),
+                           _value(run, "speedup_estimate"), _value(run, "speedup_cpu"),
                            _with_ci(run, "speedup", "speedup_ci"), _with_ci(run, "token_ratio", "token_ratio_ci"),
                            _with_ci(run, "per_token_latency_ratio", "per_token_latency_ratio_ci"), _value(run, "tokens"),
                            _value(run, "llm_token_share", 100), _value(run, "acceptance", 100), frontier_label(run)])

@@ -4,7 +4,6 @@ token is the stored one (token consistency, R-Stitch figure 1a, when the SLM sco
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +30,8 @@ def warn_if_models_changed(pair_cfg: dict[str, Any], run_dir: Path) -> None:
                           stacklevel=2)
 
 
-def score_trace(runner: Any, prompt_ids: list[int], output_ids: list[int]) -> Iterator[tuple[float, float, int]]:
-    """(entropy in nats, normalized entropy, greedy token) of `runner` at each output position."""
-    sequence = runner.new_sequence(prompt_ids)
-    for start in range(0, len(output_ids), CHUNK):
-        chunk = output_ids[start:start + CHUNK]
-        for dist in sequence.score(chunk)[:-1]:  # the last one predicts the token after the chunk
-            yield dist.entropy, dist.normalized_entropy, dist.argmax
-
-
-def run_token_scores(run: pd.Series, scorer: str = "slm", max_samples: int | None = None) -> pd.DataFrame:
-    """One row per output token of the run's first `max_samples` samples, scored by its `scorer` model:
+def token_scores(runs: pd.DataFrame, scorer: str = "slm", max_samples: int | None = None) -> pd.DataFrame:
+    """One row per output token of each run's first `max_samples` samples, scored by the run's `scorer` model:
     entropy (nats), normalized_entropy (H / log V, R-Stitch's tau scale), scorer_agrees, source."""
     if scorer not in SCORERS:
         raise ConfigError(f"unknown scorer '{scorer}'; valid: {', '.join(SCORERS)}")
@@ -49,31 +39,28 @@ def run_token_scores(run: pd.Series, scorer: str = "slm", max_samples: int | Non
     from rstitch.data.prompts import PromptFormat
     from rstitch.engines.cache import get_pair
 
-    config = read_summary(run["run_dir"])["config"]
-    warn_if_models_changed(config["pair"], Path(run["run_dir"]))
-    pair = get_pair(config["pair"], config["engine"])  # loaded once per configuration
-    prompt = PromptFormat(**config["prompt"])
-    prompts = {r.id: prompt.encode(pair.tokenizer, r.problem) for r in load_dataset_records(**config["dataset"])}
-    runner = getattr(pair, scorer)
     rows = []
-    for sample in read_samples(Path(run["run_dir"]))[:max_samples]:
-        if sample["id"] not in prompts:
-            raise ConfigError(f"{run['run_dir']}: problem {sample['id']} is not in the run's dataset any more")
-        tokens, sources = sample["output_token_ids"], sample["token_sources"]
-        scores = score_trace(runner, prompts[sample["id"]], tokens)
-        for position, ((entropy, normalized, greedy), token, source) in enumerate(zip(scores, tokens, sources)):
-            rows.append({"run_dir": run["run_dir"], "method": run["method"], "setting": run["setting"],
-                         "group": run["group"], "comparison": run["comparison"], "id": sample["id"],
-                         "sample_index": sample["sample_index"], "correct": bool(sample["correct"]),
-                         "position": position, "token": token, "source": "SLM" if source == 0 else "LLM",
-                         "entropy": entropy, "normalized_entropy": normalized, "scorer_agrees": greedy == token})
+    for _, run in runs.iterrows():
+        config = read_summary(run["run_dir"])["config"]
+        warn_if_models_changed(config["pair"], Path(run["run_dir"]))
+        pair = get_pair(config["pair"], config["engine"])  # loaded once per configuration
+        prompt = PromptFormat(**config["prompt"])
+        prompts = {r.id: prompt.encode(pair.tokenizer, r.problem) for r in load_dataset_records(**config["dataset"])}
+        for sample in read_samples(Path(run["run_dir"]))[:max_samples]:
+            if sample["id"] not in prompts:
+                raise ConfigError(f"{run['run_dir']}: problem {sample['id']} is not in the run's dataset any more")
+            tokens, sources = sample["output_token_ids"], sample["token_sources"]
+            sequence = getattr(pair, scorer).new_sequence(prompts[sample["id"]])
+            # lazily, CHUNK tokens a forward; the last distribution of each predicts the token after the chunk
+            dists = (d for start in range(0, len(tokens), CHUNK) for d in sequence.score(tokens[start:start + CHUNK])[:-1])
+            for position, (dist, token, source) in enumerate(zip(dists, tokens, sources)):
+                rows.append({"run_dir": run["run_dir"], "method": run["method"], "setting": run["setting"],
+                             "group": run["group"], "comparison": run["comparison"], "id": sample["id"],
+                             "sample_index": sample["sample_index"], "correct": bool(sample["correct"]),
+                             "position": position, "token": token, "source": "SLM" if source == 0 else "LLM",
+                             "entropy": dist.entropy, "normalized_entropy": dist.normalized_entropy,
+                             "scorer_agrees": dist.argmax == token})
     return pd.DataFrame(rows, columns=list(TOKEN_COLUMNS))
-
-
-def token_scores(runs: pd.DataFrame, scorer: str = "slm", max_samples: int | None = None) -> pd.DataFrame:
-    """`run_token_scores` over every run of `runs`."""
-    frames = [run_token_scores(run, scorer, max_samples) for _, run in runs.iterrows()]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(TOKEN_COLUMNS))
 
 
 def trace_entropy(tokens: pd.DataFrame) -> pd.DataFrame:
