@@ -315,18 +315,15 @@ def batched_forward(runner: HFModelRunner, requests: list[ForwardRequest]) -> li
     # Query j of a row sees its positions up to start + j (padding queries too: no row is all masked).
     allowed = torch.arange(view.read, device=runner.device)[None, None, :] <= view.positions[:, :, None]
     mask = attention_mask(allowed, attention_implementation(model.config), model.dtype)
-    want_hidden = any(s.want_hidden for s in seqs)
     base = getattr(model, model.base_model_prefix)
-    out = base(input_ids=ids, attention_mask=mask, position_ids=view.positions, use_cache=True,
-               output_hidden_states=want_hidden, **cache_kwargs(base, view))
+    out = base(input_ids=ids, attention_mask=mask, position_ids=view.positions, use_cache=True, **cache_kwargs(base, view))
     index = torch.tensor([row * width + i for row, r in enumerate(requests)
                           for i in range(len(r.new_ids) - r.keep, len(r.new_ids))], device=runner.device)
-    final = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])[index]
-    logits = model.get_output_embeddings()(final)[:, : runner.vocab_size].float().split([r.keep for r in requests])
-    hidden = [None] * len(requests)
-    if want_hidden:
-        last = out.hidden_states[-1]
-        hidden = last.reshape(-1, last.shape[-1])[index].float().split([r.keep for r in requests])
+    # The final (normed) hidden states: what `hidden_states[-1]` of a causal LM's forward holds.
+    final = out.last_hidden_state.flatten(0, 1)[index]
+    keeps = [r.keep for r in requests]
+    logits = model.get_output_embeddings()(final)[:, : runner.vocab_size].float().split(keeps)
+    hidden = final.float().split(keeps)
     return [(lg, h if s.want_hidden else None) for lg, h, s in zip(logits, hidden, seqs)]
 
 

@@ -439,14 +439,19 @@ class StaticDecoder:
             inputs[cells + first: cells + first + n] = range(s.n_cached, s.n_cached + n)
         step.inputs.copy_(torch.tensor(inputs, dtype=torch.long).view(2, rows, width))  # built on the host: one copy
         outputs = step.run()
-        kept = _Kept(requests, slots, width, self.kv.device)
+        if len(requests) == 1:  # one request: a slice of the outputs, no index to build
+            start = slots[0] * width + len(requests[0].new_ids) - requests[0].keep
+            kept: slice | torch.Tensor = slice(start, start + requests[0].keep)
+        else:
+            kept = torch.tensor([slot * width + i for slot, r in zip(slots, requests)
+                                 for i in range(len(r.new_ids) - r.keep, len(r.new_ids))], device=self.kv.device)
         want_hidden = any(r.seq.want_hidden for r in requests)
         if step.full:
             logits, summary, hidden = outputs
-            kept_logits, kept_summary = kept.copy(logits), kept.view(summary)
-            kept_hidden = kept.copy(hidden) if want_hidden else None
+            kept_logits, kept_summary = _take(logits, kept), _take(summary, kept, copy=False)
+            kept_hidden = _take(hidden, kept) if want_hidden else None
         else:
-            kept_hidden = kept.copy(outputs[0])
+            kept_hidden = _take(outputs[0], kept)
             kept_logits, kept_summary = self.summarize(kept_hidden)
         summaries = kept_summary.tolist()  # the one sync
         hidden_out = kept_hidden.float() if want_hidden and kept_hidden is not None else None
@@ -507,29 +512,13 @@ class StaticDecoder:
         return (out.last_hidden_state,)
 
 
-class _Kept:
-    """The kept positions of the requests in a step's outputs ([R, W, ...]): a slice for one request, else an index."""
-
-    def __init__(self, requests: list[ForwardRequest], slots: list[int], width: int, device: torch.device):
-        if len(requests) == 1:
-            [r], [slot] = requests, slots
-            start = slot * width + len(r.new_ids) - r.keep
-            self.rows: slice | torch.Tensor = slice(start, start + r.keep)
-        else:
-            self.rows = torch.tensor([slot * width + i for slot, r in zip(slots, requests)
-                                      for i in range(len(r.new_ids) - r.keep, len(r.new_ids))], device=device)
-
-    def view(self, output: torch.Tensor) -> torch.Tensor:
-        """The kept rows, possibly over the output's memory (read before the next replay)."""
-        flat = output.flatten(0, 1)
-        if isinstance(self.rows, slice):
-            return flat[self.rows]
-        return flat.index_select(0, self.rows)
-
-    def copy(self, output: torch.Tensor) -> torch.Tensor:
-        """The kept rows in memory of their own (the step's outputs are overwritten by its next run)."""
-        kept = self.view(output)
-        return kept.clone() if isinstance(self.rows, slice) else kept
+def _take(output: torch.Tensor, kept: slice | torch.Tensor, copy: bool = True) -> torch.Tensor:
+    """The kept positions of a step's output [R, W, ...]; in memory of their own unless `copy` is off
+    (then read them before the step's next run, which overwrites its outputs)."""
+    flat = output.flatten(0, 1)
+    if isinstance(kept, torch.Tensor):
+        return flat.index_select(0, kept)
+    return flat[kept].clone() if copy else flat[kept]
 
 
 def read_bucket(live: int) -> int:
