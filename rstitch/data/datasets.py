@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import random
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -285,11 +286,9 @@ def first_text(row: Row, *keys: str) -> str:
 
 
 def _unique(records: list[Record], dataset: str) -> list[Record]:
-    seen: set[str] = set()
-    for record in records:
-        if record.id in seen:
-            raise ConfigError(f"dataset '{dataset}' has two records with id '{record.id}'")
-        seen.add(record.id)
+    repeated = [record_id for record_id, count in Counter(record.id for record in records).items() if count > 1]
+    if repeated:
+        raise ConfigError(f"dataset '{dataset}' has two records with id '{repeated[0]}'")
     return records
 
 

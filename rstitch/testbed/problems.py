@@ -51,7 +51,6 @@ DIFFICULTIES = {
     "medium": Difficulty(),
     "hard": Difficulty(min_ops=4, max_ops=6, max_start=99, max_operand=99, p_mul=0.45),
 }
-DEFAULT_DIFFICULTY = DIFFICULTIES["medium"]
 
 
 def apply_op(value: int, op: str, operand: int) -> int:
@@ -175,17 +174,14 @@ def _sample_ops(rng: random.Random, d: Difficulty) -> tuple[int, list[tuple[str,
     return start, ops
 
 
-def generate_problems(split: str, n: int, seed: int = 0, difficulty: Difficulty | str | dict | None = None) -> list[TestbedProblem]:
+def generate_problems(split: str, n: int, seed: int = 0, difficulty: Difficulty | str | None = None) -> list[TestbedProblem]:
     """``n`` distinct problems of ``split`` ("train" | "validation" | "test"), deterministic in
     (split, n, seed, difficulty); the first k problems of a call with n >= k are those of n = k."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose from {SPLITS}")
     if isinstance(difficulty, str) and difficulty not in DIFFICULTIES:
         raise ValueError(f"unknown difficulty {difficulty!r}; choose from {sorted(DIFFICULTIES)}")
-    if not isinstance(difficulty, (Difficulty, str, dict, type(None))):
-        raise TypeError(f"difficulty must be a Difficulty, a name or a dict, got {type(difficulty)}")
-    named = DIFFICULTIES[difficulty] if isinstance(difficulty, str) else difficulty
-    d = Difficulty(**named) if isinstance(named, dict) else named or DEFAULT_DIFFICULTY
+    d = DIFFICULTIES[difficulty or "medium"] if not isinstance(difficulty, Difficulty) else difficulty
     rng = random.Random(_stable_hash(f"rstitch-testbed/{split}/{seed}"))
     out: list[TestbedProblem] = []
     seen: set[str] = set()

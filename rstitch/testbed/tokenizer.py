@@ -16,14 +16,8 @@ from . import TOKENIZER_DIR
 from .corruption import corrupt_steps
 from .problems import STEP_SEPARATOR, STYLES, generate_problems
 
-EOS_TOKEN = "<|endoftext|>"
-BOS_TOKEN = EOS_TOKEN
-PAD_TOKEN = "<|pad|>"
-USER_TOKEN = "<|user|>"
-ASSISTANT_TOKEN = "<|assistant|>"
-SYSTEM_TOKEN = "<|system|>"
-SPECIAL_TOKENS = [EOS_TOKEN, PAD_TOKEN, USER_TOKEN, ASSISTANT_TOKEN, SYSTEM_TOKEN]
-DEFAULT_VOCAB_SIZE = 640
+# eos (also bos), pad, then the chat roles of CHAT_TEMPLATE
+EOS_TOKEN, PAD_TOKEN, *ROLE_TOKENS = SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|user|>", "<|assistant|>", "<|system|>"]
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -46,7 +40,7 @@ def tokenizer_corpus(n_problems: int = 3000, seed: int = 0) -> list[str]:
     return texts
 
 
-def train_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = DEFAULT_VOCAB_SIZE) -> PreTrainedTokenizerFast:
+def train_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 640) -> PreTrainedTokenizerFast:
     """Train the byte-level BPE and wrap it as a ``PreTrainedTokenizerFast``."""
     texts = list(texts) if texts is not None else tokenizer_corpus()
     tok = Tokenizer(models.BPE())
@@ -63,16 +57,16 @@ def train_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = DEFAUL
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS_TOKEN, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN,
-                                   additional_special_tokens=[USER_TOKEN, ASSISTANT_TOKEN, SYSTEM_TOKEN],
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOS_TOKEN, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN,
+                                   additional_special_tokens=ROLE_TOKENS,
                                    clean_up_tokenization_spaces=False, model_max_length=1024)
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
 
-def build_tokenizer(out_dir: str | Path | None = None, vocab_size: int = DEFAULT_VOCAB_SIZE):
+def build_tokenizer(out_dir: str | Path | None = None):
     """Train the tokenizer (deterministic) and save it to ``out_dir`` if given."""
-    tok = train_tokenizer(vocab_size=vocab_size)
+    tok = train_tokenizer()
     if out_dir is not None:
         tok.save_pretrained(str(out_dir))
     return tok

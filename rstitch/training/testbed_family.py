@@ -156,7 +156,6 @@ class FamilyTrainer:
         self.digit_ids = digit_ids(self.tok)  # the judge's answers "0".."9", each a single token (checked)
         self.log(f"tokenizer: vocab {len(self.tok)}")
         self.val = generate_problems("validation", args.eval_n, seed=args.seed, difficulty=TRAIN_DIFFICULTY)
-        self.quick_val = self.val[: min(64, len(self.val))]
         self.data_seed = args.seed if args.data_seed is None else args.data_seed
 
     def log(self, msg: str) -> None:
@@ -205,8 +204,9 @@ class FamilyTrainer:
         digit = self.digit_ids[9] if labels[t] else self.digit_ids[0]
         return prompt + [digit], [-100] * len(prompt) + [digit]
 
-    def train_loop(self, model, batches, steps: int, minutes: float, name: str, eval_fn: Callable[[Any], None]) -> dict:
-        """AdamW on the next-token loss of `batches` for `steps` steps, or until `minutes` pass."""
+    def train_loop(self, model, batches, steps: int, minutes: float, name: str, max_new: int) -> dict:
+        """AdamW on the next-token loss of `batches` for `steps` steps, or until `minutes` pass; every
+        `--eval-every` steps the accuracy on 64 validation problems (`max_new` tokens) is logged."""
         lr = self.args.lr
         opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
         model.train()
@@ -230,7 +230,7 @@ class FamilyTrainer:
                 self.log(f"{name} step {step}/{steps} loss {ema:.4f} lr {opt.param_groups[0]['lr']:.2e}")
             if self.args.eval_every and step and step % self.args.eval_every == 0:
                 model.eval()
-                eval_fn(model)
+                self.log(f"  {name} quick val acc {self.accuracy(model, self.val[:64], max_new)['accuracy']:.3f}")
                 model.train()
         model.eval()
         return {"steps": step + 1, "minutes": round((time.time() - t0) / 60, 2)}
@@ -310,11 +310,8 @@ class FamilyTrainer:
                  f"{model.num_parameters() / 1e6:.3f}M params")
         stream = problem_stream(self.data_seed, name)
         batches = bucketed(lambda: example(next(stream)), args.batch_size, random.Random(args.seed + seeds[1]))
-        max_new = getattr(args, f"max_new_{style}")
-        self.report[f"{name}_train"] = self.train_loop(
-            model, batches, getattr(args, f"steps_{name}"), getattr(args, f"minutes_{name}"), name,
-            eval_fn=lambda m: self.log(f"  {name} quick val acc {self.accuracy(m, self.quick_val, max_new)['accuracy']:.3f}"),
-        )
+        self.report[f"{name}_train"] = self.train_loop(model, batches, getattr(args, f"steps_{name}"), getattr(args, f"minutes_{name}"),
+                                                       name, getattr(args, f"max_new_{style}"))
         self.report[f"{name}_train"]["params"] = model.num_parameters()
         shutil.rmtree(self.out / name, ignore_errors=True)
         model.save_pretrained(self.out / name, safe_serialization=True)
@@ -355,9 +352,8 @@ class FamilyTrainer:
         prm_head = LikelihoodHead()
         x, y = self.prm_features(llm, prm_head, items)
         fit = fit_head(x, y, prm_head)
-        scores = prm_head.score(x)
         self.report["prm_train"] = {"solutions": len(items), "steps": len(y), "wrong_step_frac": float(1 - y.mean()),
-                                    "auc": roc_auc(scores.tolist(), y.bool().tolist()), **fit,
+                                    "auc": roc_auc(prm_head.score(x).tolist(), y.bool().tolist()), **fit,
                                     "weight": prm_head.weight, "bias": prm_head.bias, "minutes": round((time.time() - t0) / 60, 2)}
         self.log(f"PRM head on {len(y)} steps: weight {prm_head.weight}, bias {prm_head.bias}, "
                  f"train AUC {self.report['prm_train']['auc']:.3f}")
