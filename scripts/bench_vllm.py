@@ -118,7 +118,7 @@ def forward_cost_row(key: str, hf, vllm, prompt: list[int], n_tokens: int) -> No
         seq.rollback(1)
 
     one, chunk = (vllm.scoring_params(n, 1, read_cache=True) for n in (1, n_tokens))
-    native = vllm.run_params(n_tokens, Sampler(), (), set(), SwitchRule.never(), vllm.new_tag())
+    native = vllm.run_params(n_tokens, Sampler(), (), set(), SwitchRule.never(), vllm.vllm_switch.new_serial())
     request = best_ms(lambda: vllm.run_many([prompt], [one]))
     ahead = (best_ms(lambda: vllm.run_many([prompt], [chunk])) - request) / (n_tokens - 1)
     generate = (best_ms(lambda: vllm.run_many([prompt], [native])) - request) / (n_tokens - 1)

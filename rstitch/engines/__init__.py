@@ -54,12 +54,10 @@ def default_engine() -> str:
 def engines_with(declaration: str) -> list[str]:
     """The engines (default first, then by name) whose class declares `declaration` true: a
     `Capabilities` field (`exact_distributions`) or a class flag (`checkpoint_heads`)."""
-    def declares(name: str) -> bool:
-        runner = engine_class(name)
-        return bool(getattr(runner.capabilities, declaration, None) or getattr(runner, declaration, False))
-
     first = default_engine()
-    return [name for name in [first, *sorted(set(ENGINES) - {first})] if declares(name)]
+    classes = {name: engine_class(name) for name in [first, *sorted(set(ENGINES) - {first})]}
+    return [name for name, runner in classes.items()
+            if getattr(runner.capabilities, declaration, None) or getattr(runner, declaration, False)]
 
 
 def require_engine(engine: str | None, declaration: str, user: str) -> None:

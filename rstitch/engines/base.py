@@ -250,10 +250,7 @@ class Sequence(ABC):
 
     def append(self, token_ids: Seq[int] | int) -> None:
         """Add tokens; they are processed by the next call that needs a distribution."""
-        if isinstance(token_ids, int):
-            self.tokens.append(token_ids)
-        else:
-            self.tokens.extend(token_ids)
+        self.tokens.extend([token_ids] if isinstance(token_ids, int) else token_ids)
 
     def rollback(self, n: int) -> None:
         """Drop the last `n` tokens (cached or pending)."""

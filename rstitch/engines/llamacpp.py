@@ -55,8 +55,7 @@ class LlamaCppSequence(Sequence):
         weakref.finalize(self, runner._release, self.seq_id)
 
     def _forward(self, new_ids: list[int], keep: int) -> tuple[torch.Tensor, None]:
-        logits = self.runner.decode_requests([(self.seq_id, self.n_cached, new_ids, keep)])[0]
-        return logits, None
+        return self.runner.decode_requests([(self.seq_id, self.n_cached, new_ids, keep)])[0], None
 
     def _crop(self, n_keep: int) -> None:
         self.runner._remove(self.seq_id, n_keep)

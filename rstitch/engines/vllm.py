@@ -177,18 +177,16 @@ class _Scoring:
         seq._adapt_lookahead(self.tokens)
         self.lookahead = seq.runner.room(len(self.tokens), seq._lookahead)
         read_cache = keep <= 1 or cached_tokens(seq.runner.llm, self.tokens) <= len(self.tokens) - keep
-        self.serial = seq.runner.new_tag()
+        self.serial = seq.runner.vllm_switch.new_serial()
         self.params = seq.runner.scoring_params(self.lookahead, keep, read_cache, self.serial, len(self.tokens))
 
     def take(self, out: Any) -> None:
-        from rstitch.engines import vllm_switch
-
         runner = self.seq.runner
         if self.keep > 1 and out.num_cached_tokens > len(self.tokens) - self.keep:
             # The cache held positions whose prompt logprobs were wanted: recompute them.
             runner.prefix_cache_retries += 1
-            vllm_switch.captured(self.serial)  # drop this request's kept rows
-            self.serial = runner.new_tag()
+            runner.vllm_switch.captured(self.serial)  # drop this request's kept rows
+            self.serial = runner.vllm_switch.new_serial()
             self.params = runner.scoring_params(self.lookahead, self.keep, False, self.serial, len(self.tokens))
             return
         self.seq._store(self.tokens, self.keep, out, self.serial)
@@ -209,7 +207,7 @@ class _Run:
         self.tokens = r.seq.tokens + self.out
         left = r.max_new_tokens - len(self.out)
         # A kept crossing token takes the forced sentinel's place: no room beyond the budget.
-        self.serial = runner.new_tag()
+        self.serial = runner.vllm_switch.new_serial()
         self.params = runner.run_params(runner.room(len(self.tokens), left), r.sampler, r.stop, r.eos, r.rule,
                                         self.serial)
 
@@ -221,35 +219,28 @@ class _Run:
         was_forced, kept = self._forced(new, sentinel)
         if was_forced and r.rule.keep_last:
             new[-1] = kept  # the crossing token, recorded where the sentinel ended the request
-            self._finish(new, "eos" if kept in r.eos else "switch")
+            self.result = Generation(self.out + new, "eos" if kept in r.eos else "switch")
         elif was_forced:
-            self._finish(new[:-1], "switch", dropped=True)
-        elif len(new) > left:
-            self._finish(new[:left], "length")
+            self.result = Generation(self.out + new[:-1], "switch", dropped=True)
         elif new and new[-1] in r.eos:
-            self._finish(new, "eos")
+            self.result = Generation(self.out + new, "eos")
         elif completion.finish_reason == "stop" and isinstance(completion.stop_reason, str):
-            self._finish(new, "stop")
+            self.result = Generation(self.out + new, "stop")
         elif completion.finish_reason == "stop" and len(new) < left:
             # The model's own sentinel (only rules that can end use it): go on in a new request.
             # Stop strings are matched within a request; no caller combines them with such a rule.
             self.out += new
             self._next()
         else:
-            self._finish(new, "length")
+            self.result = Generation(self.out + new, "length")
 
     def _forced(self, new: list[int], sentinel: int) -> tuple[bool, int]:
         """Whether the run's last token is a sentinel the rule forced, and the token kept in its place."""
-        from rstitch.engines import vllm_switch
-
         if not (self.request.rule.ends and new and new[-1] == sentinel):
             return False, -1
         if not self.request.rule.keep_last and sentinel >= self.request.seq.runner.vocab_size:
             return True, -1  # a padding id, masked for the model: only a crossing puts it there
-        return vllm_switch.forced(self.serial, len(self.tokens) + len(new) - 1)
-
-    def _finish(self, new: list[int], reason: str, dropped: bool = False) -> None:
-        self.result = Generation(self.out + new, reason, dropped)
+        return self.request.seq.runner.vllm_switch.forced(self.serial, len(self.tokens) + len(new) - 1)
 
 
 class VLLMModelRunner(ModelRunner):
@@ -365,6 +356,9 @@ class VLLMModelRunner(ModelRunner):
         """vLLM's engine with the switch processor of the model runner it will use (V2 where Triton runs)."""
         from vllm import LLM
 
+        from rstitch.engines import vllm_rows, vllm_switch
+
+        self.vllm_switch = vllm_switch  # the processors' module (it imports vLLM: only once a model loads)
         self.uses_v2_runner = _v2_runner_expected()
         processors = [switch_processor(self.uses_v2_runner)] if self.switch_in_engine else None
         self.llm = LLM(**{k: v for k, v in {**args, "max_logprobs": self.top_logprobs,
@@ -377,9 +371,7 @@ class VLLMModelRunner(ModelRunner):
         self.engine_steps = 0
         count_engine_steps(self.llm, self._count_step)
         self.block_hasher = ReusingBlockHasher.install(self.llm)
-        if self.switch_in_engine:  # verification rows on the device (vllm_rows)
-            from rstitch.engines import vllm_rows
-
+        if self.switch_in_engine:  # verification rows on the device
             self.llm.collective_rpc(vllm_rows.keep_prompt_rows)
         self.identity = vllm_identity(self.name, vllm_config, dtype)
 
@@ -440,11 +432,6 @@ class VLLMModelRunner(ModelRunner):
         self.generate_calls += 1
         return self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
 
-    def new_tag(self) -> int:
-        from rstitch.engines import vllm_switch
-
-        return vllm_switch.new_serial()
-
     def room(self, n_tokens: int, wanted: int) -> int:
         """How many tokens a request may generate after `n_tokens` (at least one)."""
         left = self.max_model_len - n_tokens
@@ -460,8 +447,6 @@ class VLLMModelRunner(ModelRunner):
         and the decoded tokens') are kept on the device under `serial`; else vLLM's logprobs."""
         from vllm import SamplingParams
 
-        from rstitch.engines import vllm_switch
-
         prompt_rows = keep > 1
         on_device = self.switch_in_engine and serial is not None
         capture = {"serial": serial, "vocab": self.vocab_size}
@@ -472,17 +457,15 @@ class VLLMModelRunner(ModelRunner):
             flat_logprobs=True, prompt_logprobs=self.top_logprobs if prompt_rows and not on_device else None,
             # Positions the prefix cache covers get no prompt rows: `_Scoring` checks.
             skip_reading_prefix_cache=not read_cache if prompt_rows else None,
-            extra_args={vllm_switch.CAPTURE_KEY: capture} if on_device else None,
+            extra_args={self.vllm_switch.CAPTURE_KEY: capture} if on_device else None,
         )
 
     def scoring_rows(self, out: Any, serial: int, n_tokens: int, keep: int, n_generated: int) -> list[torch.Tensor]:
         """The rows `scoring_params` asked for (the row at position p predicts token p)."""
-        from rstitch.engines import vllm_switch
-
         if not self.switch_in_engine:
             prompt = [self.dense_row(out.prompt_logprobs, p) for p in range(n_tokens - keep + 1, n_tokens)]
             return prompt + [self.dense_row(out.outputs[0].logprobs, i) for i in range(n_generated)]
-        kept = vllm_switch.captured(serial)
+        kept = self.vllm_switch.captured(serial)
         wanted = range(n_tokens - keep + 1, n_tokens + n_generated)
         missing = [p for p in wanted if p not in kept]
         if missing:
@@ -495,8 +478,6 @@ class VLLMModelRunner(ModelRunner):
         (which also masks ids beyond the shared vocabulary, as the HF engine cuts its logits)."""
         from vllm import SamplingParams
 
-        from rstitch.engines import vllm_switch
-
         stop = [s for s in stop if s]
         sampling: dict[str, Any] = {"temperature": 0.0}
         if not sampler.greedy:
@@ -505,7 +486,7 @@ class VLLMModelRunner(ModelRunner):
         stop_ids = eos | ({self.sentinel} if rule.ends else set())
         extra = None  # the processor takes part only where it has work: a rule, or ids to mask
         if self.switch_in_engine and (rule.ends or self.vocab_size < self.model_vocab_size):
-            extra = {vllm_switch.KEY: {
+            extra = {self.vllm_switch.KEY: {
                 "serial": serial, "vocab": self.vocab_size, "sentinel": self.sentinel,
                 "tau": float(rule.tau) if rule.ends else None, "stop_above": rule.stop_above, "keep_last": rule.keep_last,
             }}

@@ -40,14 +40,14 @@ def prompt_span(want: Want, offset: int, computed: int, scheduled: int, prompt_l
 
 
 def keep_rows(logits_fn: Callable[[torch.Tensor], torch.Tensor], hidden_states: torch.Tensor,
-              spans: Iterable[Span]) -> None:
-    """Compute the spans' logits rows and keep them on the device (no host read of a value)."""
-    spans = list(spans)
-    if not spans:
+              spans: Iterable[Span | None]) -> None:
+    """Compute the spans' logits rows (None: none this step) and keep them on the device (no host read of a value)."""
+    present = [span for span in spans if span is not None]
+    if not present:
         return
-    logits = logits_fn(torch.cat([hidden_states[h: h + n] for _, _, h, _, n in spans]))
+    logits = logits_fn(torch.cat([hidden_states[h: h + n] for _, _, h, _, n in present]))
     rows, first = [], 0
-    for serial, vocab, _, position, n in spans:
+    for serial, vocab, _, position, n in present:
         rows += [(first + i, serial, vocab, position + i) for i in range(n)]
         first += n
     vllm_switch.capture_rows(logits, rows)
@@ -62,12 +62,9 @@ class PromptRowsV1:
         for req_id, scheduled in num_scheduled_tokens.items():
             request = runner.requests.get(req_id)
             want = None if request is None or request.prompt_token_ids is None else prompt_from(request.sampling_params)
-            if want is None:
-                continue
-            offset = int(runner.query_start_loc.np[runner.input_batch.req_id_to_index[req_id]])
-            span = prompt_span(want, offset, request.num_computed_tokens, scheduled, len(request.prompt_token_ids))
-            if span is not None:
-                spans.append(span)
+            if want is not None:
+                offset = int(runner.query_start_loc.np[runner.input_batch.req_id_to_index[req_id]])
+                spans.append(prompt_span(want, offset, request.num_computed_tokens, scheduled, len(request.prompt_token_ids)))
         keep_rows(runner.model.compute_logits, hidden_states, spans)
         return super()._get_prompt_logprobs_dict(hidden_states, num_scheduled_tokens)  # type: ignore[misc]
 
@@ -94,19 +91,12 @@ class PromptRowsV2:
             logits_fn, hidden_states, input_batch, all_token_ids, num_computed_tokens, prompt_lens)
 
 
-def v2_spans(wants: dict[int, Want], input_batch: Any, prompt_lens: np.ndarray) -> list[Span]:
+def v2_spans(wants: dict[int, Want], input_batch: Any, prompt_lens: np.ndarray) -> list[Span | None]:
     """The spans of a V2 step (requests by their slot, `idx_mapping_np`), from host counts only."""
-    spans = []
     starts = input_batch.query_start_loc_np
-    for i, slot in enumerate(input_batch.idx_mapping_np.tolist()):
-        want = wants.get(slot)
-        if want is None:
-            continue
-        span = prompt_span(want, int(starts[i]), int(input_batch.num_computed_prefill_tokens_np[i]),
-                           int(starts[i + 1] - starts[i]), int(prompt_lens[slot]))
-        if span is not None:
-            spans.append(span)
-    return spans
+    return [prompt_span(wants[slot], int(starts[i]), int(input_batch.num_computed_prefill_tokens_np[i]),
+                        int(starts[i + 1] - starts[i]), int(prompt_lens[slot]))
+            for i, slot in enumerate(input_batch.idx_mapping_np.tolist()) if slot in wants]
 
 
 @functools.cache
