@@ -89,8 +89,7 @@ def check_engine_installed(engine: str) -> None:
 
 def load_model(engine: str, path: str, **options: Any) -> ModelRunner:
     """`engine`'s runner of the model at `path`; an unknown engine or option is one error line."""
-    runner: ModelRunner = ENGINES.build(engine, path=path, **options)
-    return runner
+    return ENGINES.build(engine, path=path, **options)
 
 
 def load_scoring_model(engine: str | None, path: str, user: str, needs: tuple[str, ...] = (), **options: Any) -> ModelRunner:
