@@ -28,7 +28,8 @@ from rstitch.analysis.record_reports import (
 from rstitch.config_groups import compose_config
 from rstitch.data import load_dataset_records
 from rstitch.errors import ConfigError
-from rstitch.results.keys import comparison_dir, comparison_run_dir, identify
+from rstitch.results import keys
+from rstitch.results.keys import comparison_dir, identify
 from rstitch.results.store import iter_samples, write_samples
 from rstitch.runner import decode, plan
 
@@ -97,7 +98,7 @@ def decode_problem(folder: Path, cfgs: dict[str, dict[str, Any]], index: int, pr
         kept = read_records(folder, run)
         if any(r["id"] == problem for r in kept):
             continue
-        run_dir = comparison_run_dir(comparison_dir(cfg["results_root"], cfg), cfg)
+        run_dir = keys.run_dir(cfg["results_root"], cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
         write_samples(run_dir, kept)  # the scratch run holds the records: the runner decodes only what they lack
         decode_first(cfg, index + 1)

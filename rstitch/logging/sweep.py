@@ -78,11 +78,11 @@ def sweep_points(overrides: Sequence[str], params: Mapping[Any, Any] | None = No
 def point_run_dirs(cfg: Mapping[str, Any]) -> list[Path]:
     """The run directories a point's job writes: its own, and its baseline's with `baseline=auto`."""
     from rstitch.results.baseline import baseline_config, wants_baseline_run
-    from rstitch.results.keys import comparison_dir, comparison_run_dir, run_dir
+    from rstitch.results.keys import run_dir
 
     dirs = [run_dir(cfg["results_root"], cfg)]
     if wants_baseline_run(dict(cfg)):
-        dirs.append(comparison_run_dir(comparison_dir(cfg["results_root"], cfg), baseline_config(dict(cfg))))
+        dirs.append(run_dir(cfg["results_root"], baseline_config(dict(cfg))))  # the same pair and dataset: the same comparison
     return dirs
 
 

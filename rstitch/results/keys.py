@@ -222,11 +222,6 @@ def run_dir(results_root: str | Path, cfg: Mapping[str, Any]) -> Path:
     return Path(results_root) / run_subdir(cfg)
 
 
-def comparison_run_dir(comparison_root: str | Path, cfg: Mapping[str, Any]) -> Path:
-    """The same directory, below the comparison directory (`comparison_dir`): <method>/<tag>."""
-    return Path(comparison_root) / cfg["method"]["name"] / run_tag(dict(cfg))
-
-
 def run_name(cfg: Mapping[str, Any]) -> str:
     """The run's name for loggers (W&B): its directory below results_root."""
     return run_subdir(cfg).as_posix()

@@ -14,7 +14,7 @@ from rstitch.results.store import SAMPLES_FILE, iter_samples, run_summaries
 from rstitch.results.uncertainty import (
     ProblemMeans,
     accuracy_estimate,
-    bootstrap_mean_interval,
+    bootstrap_interval,
     paired_accuracy_difference,
     problem_means,
     speedup_intervals,
@@ -37,7 +37,7 @@ def summarize_samples(samples: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "accuracy_se": accuracy.se,  # clustered by problem
         "accuracy_ci": None if accuracy.low is None else [accuracy.low, accuracy.high],  # Wilson, at the effective sample size
         "latency_s": statistics.fmean(latencies),
-        "latency_ci": _pair(bootstrap_mean_interval(problem_means(latencies, [r["id"] for r in rows]).means)),
+        "latency_ci": _pair(bootstrap_interval(problem_means(latencies, [r["id"] for r in rows]).means)),
         "latency_median_s": statistics.median(latencies),
         "tokens": mean("tokens"),
         "tokens_slm": mean("tokens_slm"),

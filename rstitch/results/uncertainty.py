@@ -135,25 +135,24 @@ def paired_accuracy_difference(run: ProblemMeans, baseline: ProblemMeans) -> Pai
     return PairedDifference(mean, se, p, "z_clustered", len(ids))
 
 
-def bootstrap_indices(n_items: int, n_boot: int = N_BOOT, seed: int = SEED) -> np.ndarray:
-    """[n_boot, n_items] indices, seeded: every run of a comparison gets the same rows (paired)."""
-    return np.random.default_rng(seed).integers(0, n_items, size=(n_boot, n_items))
+def bootstrap_indices(n_items: int, seed: int = SEED) -> np.ndarray:
+    """[N_BOOT, n_items] indices, seeded: every run of a comparison gets the same rows (paired)."""
+    return np.random.default_rng(seed).integers(0, n_items, size=(N_BOOT, n_items))
 
 
-def percentile_interval(values: np.ndarray, level: float = LEVEL) -> tuple[float, float] | None:
+def percentile_interval(values: np.ndarray) -> tuple[float, float] | None:
     finite = values[np.isfinite(values)]
     if not len(finite):
         return None
-    low, high = np.quantile(finite, [(1 - level) / 2, (1 + level) / 2])
+    low, high = np.quantile(finite, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
     return float(low), float(high)
 
 
-def bootstrap_mean_interval(values: np.ndarray, n_boot: int = N_BOOT, seed: int = SEED,
-                            level: float = LEVEL) -> tuple[float, float] | None:
-    """Percentile interval of the mean of per-problem `values` under resampling of problems."""
+def bootstrap_interval(values: np.ndarray, statistic: Callable[..., np.ndarray] = np.mean) -> tuple[float, float] | None:
+    """Percentile interval of `statistic` (np.mean, np.median) of per-problem `values` under resampling of problems."""
     if len(values) < 2:
         return None
-    return percentile_interval(values[bootstrap_indices(len(values), n_boot, seed)].mean(axis=1), level)
+    return percentile_interval(statistic(values[bootstrap_indices(len(values))], axis=-1))
 
 
 def speedup_split(summary: dict[str, Any], baseline: dict[str, Any], speedup: float | None) -> dict[str, float | None]:
@@ -176,13 +175,12 @@ class RatioIntervals:
     n_problems: int
 
 
-def speedup_intervals(latency: Mapping[str, ProblemMeans], tokens: Mapping[str, ProblemMeans],
-                      n_boot: int = N_BOOT, seed: int = SEED, level: float = LEVEL) -> RatioIntervals:
+def speedup_intervals(latency: Mapping[str, ProblemMeans], tokens: Mapping[str, ProblemMeans], seed: int = SEED) -> RatioIntervals:
     """Paired bootstrap intervals ("run" vs "baseline") of the speedup split, which holds in every resample."""
     ids = shared_problems(latency["run"], latency["baseline"], tokens["run"], tokens["baseline"])
     if len(ids) < 2:
         return RatioIntervals(None, None, None, len(ids))
-    rows = bootstrap_indices(len(ids), n_boot, seed)
+    rows = bootstrap_indices(len(ids), seed)
 
     def resampled(values: Mapping[str, ProblemMeans], who: str) -> np.ndarray:
         return values[who].take(ids)[rows].mean(axis=1)
@@ -191,8 +189,7 @@ def speedup_intervals(latency: Mapping[str, ProblemMeans], tokens: Mapping[str, 
         speedup = resampled(latency, "baseline") / resampled(latency, "run")
         token_ratio = resampled(tokens, "run") / resampled(tokens, "baseline")
         per_token = speedup * token_ratio
-    return RatioIntervals(percentile_interval(speedup, level), percentile_interval(token_ratio, level),
-                          percentile_interval(per_token, level), len(ids))
+    return RatioIntervals(percentile_interval(speedup), percentile_interval(token_ratio), percentile_interval(per_token), len(ids))
 
 
 def average_ranks(values: Sequence[float]) -> list[float]:
@@ -218,17 +215,16 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
         return float("nan")
 
 
-def roc_auc_interval(scores: Sequence[float], labels: Sequence[bool], groups: Sequence[Hashable],
-                     level: float = LEVEL, n_boot: int = N_BOOT, seed: int = SEED) -> tuple[float, float]:
+def roc_auc_interval(scores: Sequence[float], labels: Sequence[bool], groups: Sequence[Hashable]) -> tuple[float, float]:
     """Percentile bootstrap interval of `roc_auc`, resampling whole groups (the steps of one problem:
     wrong steps cluster in the problems a model gets wrong). One-class resamples are skipped."""
     by_group: dict[Hashable, list[int]] = {}
     for i, g in enumerate(groups):
         by_group.setdefault(g, []).append(i)
     members = list(by_group.values())
-    rng = random.Random(seed)
+    rng = random.Random(SEED)
     aucs = []
-    for _ in range(n_boot):
+    for _ in range(N_BOOT):
         rows = [i for _ in members for i in members[rng.randrange(len(members))]]
         auc = roc_auc([scores[i] for i in rows], [labels[i] for i in rows])
         if auc == auc:
@@ -236,7 +232,7 @@ def roc_auc_interval(scores: Sequence[float], labels: Sequence[bool], groups: Se
     if not aucs:
         return float("nan"), float("nan")
     aucs.sort()
-    tail = (1 - level) / 2
+    tail = (1 - LEVEL) / 2
     return aucs[int(tail * (len(aucs) - 1))], aucs[int(round((1 - tail) * (len(aucs) - 1)))]
 
 
@@ -268,15 +264,12 @@ def _known(value: Any) -> float | None:
     return None if value is None or pd.isna(value) else float(value)
 
 
-def _latency_statistic(latency: str) -> tuple[str, Callable[[np.ndarray], np.ndarray]]:
+def _latency_statistic(latency: str) -> tuple[str, Callable[..., np.ndarray]]:
     """The per-sample column behind a runs-frame latency column, and its statistic over resamples."""
-    if latency == "latency_median_s":
-        return "latency_s", lambda values: np.median(values, axis=-1)
-    return latency, lambda values: values.mean(axis=-1)
+    return ("latency_s", np.median) if latency == "latency_median_s" else (latency, np.mean)
 
 
-def with_intervals(runs: pd.DataFrame, samples: pd.DataFrame, latency: str = "latency_s",
-                   n_boot: int = N_BOOT, seed: int = SEED) -> pd.DataFrame:
+def with_intervals(runs: pd.DataFrame, samples: pd.DataFrame, latency: str = "latency_s") -> pd.DataFrame:
     """`runs` with INTERVAL_COLUMNS from `samples` and `frontier_share`; runs without samples keep what they recorded."""
     out = runs.reindex(columns=[*runs.columns, *(column for column in INTERVAL_COLUMNS if column not in runs)])
     by_run = {run_dir: block for run_dir, block in samples.groupby("run_dir", sort=False)}
@@ -287,37 +280,34 @@ def with_intervals(runs: pd.DataFrame, samples: pd.DataFrame, latency: str = "la
         mine = by_run.get(run["run_dir"])
         if mine is None or mine.empty:
             continue
-        values = _run_intervals(mine, column, statistic, n_boot, seed)
+        values = _run_intervals(mine, column, statistic)
         baseline = baselines.get(run["comparison"])
         if baseline is not None and baseline["run_dir"] in by_run:
-            values.update(_paired_columns(run, baseline, mine, by_run[baseline["run_dir"]], n_boot, seed))
+            values.update(_paired_columns(run, baseline, mine, by_run[baseline["run_dir"]]))
         for key, value in values.items():
             out.at[index, key] = np.nan if value is None else value
-    out["frontier_share"] = frontier_stability(runs, by_run, latency, n_boot, seed)
+    out["frontier_share"] = frontier_stability(runs, by_run, latency)
     return out
 
 
-def _run_intervals(mine: pd.DataFrame, latency_column: str, statistic: Callable[[np.ndarray], np.ndarray],
-                   n_boot: int, seed: int) -> dict[str, Any]:
+def _run_intervals(mine: pd.DataFrame, latency_column: str, statistic: Callable[..., np.ndarray]) -> dict[str, Any]:
     accuracy = accuracy_estimate(mine["correct"].astype(float).to_numpy(), list(mine["id"]))
     values: dict[str, Any] = {"accuracy_se": accuracy.se, "accuracy_ci_low": accuracy.low, "accuracy_ci_high": accuracy.high}
     per_problem = _means(mine, latency_column).means
-    if len(per_problem) > 1 and np.isfinite(per_problem).all():
-        interval = percentile_interval(statistic(per_problem[bootstrap_indices(len(per_problem), n_boot, seed)]))
-        if interval is not None:
-            values.update(latency_ci_low=interval[0], latency_ci_high=interval[1])
+    interval = bootstrap_interval(per_problem, statistic) if np.isfinite(per_problem).all() else None
+    if interval is not None:
+        values.update(latency_ci_low=interval[0], latency_ci_high=interval[1])
     return values
 
 
-def _paired_columns(run: pd.Series, baseline: pd.Series, mine: pd.DataFrame, theirs: pd.DataFrame,
-                    n_boot: int, seed: int) -> dict[str, Any]:
+def _paired_columns(run: pd.Series, baseline: pd.Series, mine: pd.DataFrame, theirs: pd.DataFrame) -> dict[str, Any]:
     """The speedup split (from the runs' means) with its paired intervals, and the accuracy difference."""
     values: dict[str, Any] = speedup_split({"tokens": _known(run["tokens"])}, {"tokens": _known(baseline["tokens"])},
                                            _known(run["speedup"]))
     diff = paired_accuracy_difference(_means(mine, "correct"), _means(theirs, "correct"))
     values.update(accuracy_diff=diff.difference, accuracy_diff_se=diff.se, accuracy_diff_p=diff.p_value)
     intervals = speedup_intervals({"run": _means(mine, "latency_s"), "baseline": _means(theirs, "latency_s")},
-                                  {"run": _means(mine, "tokens"), "baseline": _means(theirs, "tokens")}, n_boot, seed)
+                                  {"run": _means(mine, "tokens"), "baseline": _means(theirs, "tokens")})
     for name, interval in (("speedup_ci", intervals.speedup), ("token_ratio_ci", intervals.token_ratio),
                            ("per_token_latency_ratio_ci", intervals.per_token_latency_ratio)):
         if interval is not None:
@@ -325,8 +315,7 @@ def _paired_columns(run: pd.Series, baseline: pd.Series, mine: pd.DataFrame, the
     return values
 
 
-def frontier_stability(runs: pd.DataFrame, by_run: Mapping[str, pd.DataFrame], latency: str = "latency_s",
-                       n_boot: int = N_BOOT, seed: int = SEED) -> pd.Series:
+def frontier_stability(runs: pd.DataFrame, by_run: Mapping[str, pd.DataFrame], latency: str = "latency_s") -> pd.Series:
     """Per run, the share of paired resamples of its comparison's problems that put it on the Pareto frontier."""
     share = pd.Series(np.nan, index=runs.index)
     column, statistic = _latency_statistic(latency)
@@ -340,8 +329,8 @@ def frontier_stability(runs: pd.DataFrame, by_run: Mapping[str, pd.DataFrame], l
         ids = shared_problems(*correct)
         if len(ids) < 2:
             continue
-        rows = bootstrap_indices(len(ids), n_boot, seed)
+        rows = bootstrap_indices(len(ids))
         accuracy = np.stack([c.take(ids)[rows].mean(axis=1) for c in correct], axis=1)  # [resample, run]
-        latency_values = np.stack([statistic(lat.take(ids)[rows]) for lat in latencies], axis=1)
+        latency_values = np.stack([statistic(lat.take(ids)[rows], axis=-1) for lat in latencies], axis=1)
         share.loc[members] = pareto_order_and_mask(accuracy, latency_values)[1].mean(axis=0)
     return share
