@@ -262,21 +262,10 @@ class SlotCache(KVBuffers):
         super().__init__(config, dtype, device, *self.INITIAL)
 
 
-class _SlotView(Cache):
-    """One batched forward's cache: each row's new keys go after its cached positions; every row's keys
-    come back padded to the longest (the 4D mask hides the rest), in place when the slots form a range."""
-
-    def __init__(self, cache: SlotCache, slots: list[int], starts: list[int], width: int):
-        device = cache.device
-        rows = torch.tensor(slots, device=device)
-        span = slice(slots[0], slots[-1] + 1) if slots == list(range(slots[0], slots[-1] + 1)) else None
-        self.positions = torch.tensor(starts, device=device)[:, None] + torch.arange(width, device=device)
-        self.read = max(starts) + width
-        super().__init__(layers=[_SlotLayer(k, v, rows, span, self.positions, self.read)
-                                 for k, v in zip(cache.keys, cache.values)])
-
-
 class _SlotLayer(ViewLayer):
+    """One layer of a batched forward's cache: each row's new keys go after its cached positions; every row's
+    keys come back padded to the longest (the 4D mask hides the rest), in place when the slots form a range."""
+
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor, span: slice | None,
                  positions: torch.Tensor, read: int):
         super().__init__(read)
@@ -308,15 +297,19 @@ def batched_forward(runner: HFModelRunner, requests: list[ForwardRequest]) -> li
     starts = [s.n_cached for s in seqs]
     width = max(len(r.new_ids) for r in requests)
     cache.make_room(max(starts) + width)
-    view = _SlotView(cache, slots, starts, width)
+    rows = torch.tensor(slots, device=runner.device)
+    span = slice(slots[0], slots[-1] + 1) if slots == list(range(slots[0], slots[-1] + 1)) else None
+    positions = torch.tensor(starts, device=runner.device)[:, None] + torch.arange(width, device=runner.device)
+    read = max(starts) + width
+    view = Cache(layers=[_SlotLayer(k, v, rows, span, positions, read) for k, v in zip(cache.keys, cache.values)])
     ids = torch.zeros((len(requests), width), dtype=torch.long, device=runner.device)
     for row, r in enumerate(requests):
         ids[row, : len(r.new_ids)] = torch.tensor(r.new_ids, dtype=torch.long)
     # Query j of a row sees its positions up to start + j (padding queries too: no row is all masked).
-    allowed = torch.arange(view.read, device=runner.device)[None, None, :] <= view.positions[:, :, None]
+    allowed = torch.arange(read, device=runner.device)[None, None, :] <= positions[:, :, None]
     mask = attention_mask(allowed, attention_implementation(model.config), model.dtype)
     base = getattr(model, model.base_model_prefix)
-    out = base(input_ids=ids, attention_mask=mask, position_ids=view.positions, use_cache=True, **cache_kwargs(base, view))
+    out = base(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **cache_kwargs(base, view))
     index = torch.tensor([row * width + i for row, r in enumerate(requests)
                           for i in range(len(r.new_ids) - r.keep, len(r.new_ids))], device=runner.device)
     # The final (normed) hidden states: what `hidden_states[-1]` of a causal LM's forward holds.

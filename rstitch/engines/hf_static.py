@@ -238,18 +238,9 @@ class StaticKV(KVBuffers):
             store[target, :, :length] = store[source, :, :length]
 
 
-class _RowsView(Cache):
-    """The cache of one step: each layer writes the new keys at each row's positions, reads the first `read`."""
-
-    def __init__(self, kv: StaticKV, rows: int, positions: torch.Tensor, read: int):
-        # batch 1: a copy along the length axis (cheaper than a scattered write)
-        first_row = positions[0] if rows == 1 else None
-        row_index = torch.arange(rows, device=positions.device)[:, None] if rows > 1 else None
-        super().__init__(layers=[_RowsLayer(window, positions, first_row, row_index, read)
-                                 for window in kv.windows(rows, read)])
-
-
 class _RowsLayer(ViewLayer):
+    """One layer of a step's cache: writes the new keys at each row's positions, reads the first `read`."""
+
     def __init__(self, window: tuple[torch.Tensor, ...], positions: torch.Tensor, first_row: torch.Tensor | None,
                  row_index: torch.Tensor | None, read: int):
         super().__init__(read)
@@ -496,9 +487,11 @@ class StaticDecoder:
 
     def hidden_only(self, ids: torch.Tensor, positions: torch.Tensor, read: int) -> tuple[torch.Tensor]:
         """The model's final hidden states [R, W, H] (its keys and values written to the slots)."""
-        rows, width = ids.shape
+        rows = ids.shape[0]
         mask = attention_mask(self.kv.columns(read) <= positions[:, :, None], self.attention, self.model.dtype)
-        view = _RowsView(self.kv, rows, positions, read)
+        first_row = positions[0] if rows == 1 else None  # batch 1: a copy along the length axis, not a scattered write
+        row_index = torch.arange(rows, device=positions.device)[:, None] if rows > 1 else None
+        view = Cache(layers=[_RowsLayer(window, positions, first_row, row_index, read) for window in self.kv.windows(rows, read)])
         # Attention looks its function up by `config._attn_implementation` at every call: set the
         # decoder's and restore it. The private field: the public `set_attn_implementation`
         # validates at each call and would set it for every user of the shared weights.

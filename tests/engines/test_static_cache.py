@@ -673,4 +673,4 @@ def test_every_cache_path_decodes_what_transformers_generate_does(static_llm):
     finally:
         hook.remove()
     assert all(isinstance(c, Cache) for c in caches)
-    assert {type(c).__name__ for c in caches} == {"DynamicCache", "_SlotView", "_RowsView"}
+    assert {type(c.layers[0]).__name__ for c in caches} == {"DynamicLayer", "_SlotLayer", "_RowsLayer"}
