@@ -219,25 +219,21 @@ class SwitchProcessorV2(V2LogitsProcessor):
 
     def __init__(self, vllm_config: Any, req_states: LogitsProcRequestState):
         self.state = SwitchState(req_states.max_num_reqs, torch.device(req_states.device))
-        self.captures: dict[int, tuple[int, int]] = {}  # slot -> (serial, vocab) of a capturing request
+        self.captures: dict[int, tuple[int, int] | None] = {}  # slot -> (serial, vocab), None: keeps no rows
 
     validate_params = staticmethod(_validate)  # vLLM calls it on the class
 
     def add_request(self, req_idx: int, sampling_params: Any) -> bool:
-        capture = _capture_of(sampling_params)
-        if capture is None:
-            self.captures.pop(req_idx, None)
-        else:
-            self.captures[req_idx] = capture
+        self.captures[req_idx] = capture = _capture_of(sampling_params)
         return self.state.stage(req_idx, _rule_of(sampling_params), *_sampling(sampling_params)) or capture is not None
 
     def apply_staged_writes(self) -> None:
         self.state.flush()
 
     def apply(self, logits: torch.Tensor, ctx: LogitsContext) -> torch.Tensor:
-        if self.captures:  # one row per request (no speculative rows); positions from the host bounds
-            capture_rows(logits, [(b, *self.captures[slot], int(ctx.seq_lens_upper_bound_np[b]))
-                                  for b, slot in enumerate(ctx.idx_mapping_np.tolist()) if slot in self.captures])
+        # One row per request (no speculative rows); positions from the host bounds.
+        capture_rows(logits, [(b, *capture, int(ctx.seq_lens_upper_bound_np[b]))
+                              for b, slot in enumerate(ctx.idx_mapping_np.tolist()) if (capture := self.captures.get(slot))])
         slots = ctx.idx_mapping_np
         if not self.state.host_ints[slots, ACTIVE].any():
             return logits
