@@ -41,20 +41,19 @@ from rstitch.scorers import load_prm
 from rstitch.scorers.arbitrage_settings import ROUTER_TRAINING_SETTINGS, apply_router_training_settings
 from rstitch.testbed import ASSETS_DIR, LLM_DIR, SLM_DIR
 from rstitch.training.fit_arbitrage_router import (
-    T0,
     FitSettings,
     LabelSettings,
     balanced,
     encode,
     evaluate,
     load_router,
-    log,
     paired_steps,
     predict,
     problems,
     train,
 )
 from rstitch.training.fit_rstitch_router import build_smoke_models
+from rstitch.training.testbed_family import T0, log
 
 
 def parse_args() -> argparse.Namespace:

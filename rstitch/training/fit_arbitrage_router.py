@@ -19,14 +19,8 @@ from rstitch.methods.base import LLM, SLM
 from rstitch.methods.steps import step_text
 from rstitch.results.uncertainty import spearman
 from rstitch.scorers.arbitrage_router import encode_router_input
-from rstitch.training.testbed_family import decode_rows, padded
+from rstitch.training.testbed_family import decode_rows, log, padded
 
-
-def log(msg: str) -> None:
-    print(f"[{time.time() - T0:7.1f}s] {msg}", flush=True)
-
-
-T0 = time.time()  # log lines say seconds since the job started (its import)
 FOLLOW_TAU = {"oracle": 0.0, "draft": math.inf, "target": -math.inf}
 SEPARATOR = "\n\n"
 

@@ -40,6 +40,11 @@ STRETCH_DIFFICULTY = Difficulty(max_start=70, max_operand=70)
 
 
 PHASE_STREAM = {"slm": 0, "llm": 1, "prm": 2}
+T0 = time.time()  # log lines say seconds since the job started (this module's import)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - T0:7.1f}s] {msg}", flush=True)
 
 
 def problem_stream(seed: int, phase: str):
@@ -49,6 +54,7 @@ def problem_stream(seed: int, phase: str):
     while True:
         yield from generate_problems("train", 4096, seed=base + chunk, difficulty=TRAIN_DIFFICULTY)
         chunk += 1
+
 
 def mixed_steps(prob: TestbedProblem, rng: random.Random, corrupt: bool) -> list[str]:
     """Steps in concise, verbose or mixed style (mixed: each operation step
@@ -78,6 +84,7 @@ def labelled_sample(prob: TestbedProblem, rng: random.Random, pools: list[list])
     else:
         steps = mixed_steps(prob, rng, corrupt=rng.random() < 0.6)
     return prob, steps, check_steps(prob, steps)
+
 
 def padded(rows: list[list[int]], pad: int, side: str = "right", device: Any = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """Token rows as one tensor padded with ``pad`` on ``side``, and its attention mask, on ``device``."""
@@ -117,6 +124,7 @@ def collate(pad: int, batch: list[tuple[list[int], list[int]]]) -> tuple[torch.T
     ids, att = padded([x for x, _ in batch], pad)
     return ids, padded([y for _, y in batch], -100)[0], att
 
+
 def bucketed(make_example, batch_size: int, rng: random.Random, pool: int = 8):
     """Batches of similar length: draw pool*batch_size examples, sort by length, shuffle the batches."""
     while True:
@@ -124,6 +132,7 @@ def bucketed(make_example, batch_size: int, rng: random.Random, pool: int = 8):
         batches = [exs[i : i + batch_size] for i in range(0, len(exs), batch_size)]
         rng.shuffle(batches)
         yield from batches
+
 
 def lr_at(step: int, total: int, base: float, time_frac: float = 0.0, warmup: int = 100) -> float:
     """Linear warmup, then cosine decay to 10% over the run. The run's progress is the step
@@ -145,7 +154,6 @@ class FamilyTrainer:
         self.out: Path = args.out
         self.out.mkdir(parents=True, exist_ok=True)
         self.phases = set(args.only.split(","))
-        self.t0 = time.time()
         self.report: dict = {"args": {k: str(v) for k, v in vars(args).items()}}
         if args.tokenizer is not None:  # continuing from checkpoints: keep their token ids
             self.tok = load_tokenizer(args.tokenizer)
@@ -154,12 +162,9 @@ class FamilyTrainer:
             self.tok = build_tokenizer(self.out / "tokenizer")
         self.eos, self.pad = self.tok.eos_token_id, self.tok.pad_token_id
         self.digit_ids = digit_ids(self.tok)  # the judge's answers "0".."9", each a single token (checked)
-        self.log(f"tokenizer: vocab {len(self.tok)}")
+        log(f"tokenizer: vocab {len(self.tok)}")
         self.val = generate_problems("validation", args.eval_n, seed=args.seed, difficulty=TRAIN_DIFFICULTY)
         self.data_seed = args.seed if args.data_seed is None else args.data_seed
-
-    def log(self, msg: str) -> None:
-        print(f"[{time.time() - self.t0:7.1f}s] {msg}", flush=True)
 
     def lm_example(self, prob: TestbedProblem, style: str) -> tuple[list[int], list[int]]:
         """prompt + solution + eos; loss on the solution and eos only."""
@@ -214,7 +219,7 @@ class FamilyTrainer:
         for step in range(steps):
             time_frac = (time.time() - t0) / (minutes * 60)
             if time_frac > 1:
-                self.log(f"{name}: time cap reached at step {step}")
+                log(f"{name}: time cap reached at step {step}")
                 break
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, steps, lr, time_frac if self.args.schedule_by_time else 0.0)
@@ -227,10 +232,10 @@ class FamilyTrainer:
             opt.step()
             ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
             if step % 100 == 0 or step == steps - 1:
-                self.log(f"{name} step {step}/{steps} loss {ema:.4f} lr {opt.param_groups[0]['lr']:.2e}")
+                log(f"{name} step {step}/{steps} loss {ema:.4f} lr {opt.param_groups[0]['lr']:.2e}")
             if self.args.eval_every and step and step % self.args.eval_every == 0:
                 model.eval()
-                self.log(f"  {name} quick val acc {self.accuracy(model, self.val[:64], max_new)['accuracy']:.3f}")
+                log(f"  {name} quick val acc {self.accuracy(model, self.val[:64], max_new)['accuracy']:.3f}")
                 model.train()
         model.eval()
         return {"steps": step + 1, "minutes": round((time.time() - t0) / 60, 2)}
@@ -266,7 +271,7 @@ class FamilyTrainer:
         samples = [(q, steps) for q, t in zip(probs, texts) if (steps := split_steps(t))]
         labels = [ok for q, steps in samples for ok in check_steps(q, steps)]
         wrong = float(1 - np.mean(labels)) if labels else float("nan")
-        self.log(f"{what}: {len(samples)} solutions, {len(labels)} steps, {wrong:.3f} wrong")
+        log(f"{what}: {len(samples)} solutions, {len(labels)} steps, {wrong:.3f} wrong")
         self.report.setdefault("samples", {})[what] = {"solutions": len(samples), "steps": len(labels), "wrong_step_frac": wrong}
         return samples
 
@@ -297,7 +302,7 @@ class FamilyTrainer:
         torch.manual_seed(args.seed + seeds[0])
         if init is not None:
             model = LlamaForCausalLM.from_pretrained(init)
-            self.log(f"{name.upper()}: continuing from {init}")
+            log(f"{name.upper()}: continuing from {init}")
         else:
             model = LlamaForCausalLM(LlamaConfig(  # type: ignore[call-arg]
                 vocab_size=len(self.tok), hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=getattr(args, f"{name}_layers"),
@@ -306,7 +311,7 @@ class FamilyTrainer:
                 max_position_embeddings=1024, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
                 bos_token_id=self.tok.bos_token_id, eos_token_id=self.eos, pad_token_id=self.pad,
             ))
-        self.log(f"{name.upper()}: {model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, "
+        log(f"{name.upper()}: {model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, "
                  f"{model.num_parameters() / 1e6:.3f}M params")
         stream = problem_stream(self.data_seed, name)
         batches = bucketed(lambda: example(next(stream)), args.batch_size, random.Random(args.seed + seeds[1]))
@@ -355,7 +360,7 @@ class FamilyTrainer:
         self.report["prm_train"] = {"solutions": len(items), "steps": len(y), "wrong_step_frac": float(1 - y.mean()),
                                     "auc": roc_auc(prm_head.score(x).tolist(), y.bool().tolist()), **fit,
                                     "weight": prm_head.weight, "bias": prm_head.bias, "minutes": round((time.time() - t0) / 60, 2)}
-        self.log(f"PRM head on {len(y)} steps: weight {prm_head.weight}, bias {prm_head.bias}, "
+        log(f"PRM head on {len(y)} steps: weight {prm_head.weight}, bias {prm_head.bias}, "
                  f"train AUC {self.report['prm_train']['auc']:.3f}")
         shutil.rmtree(self.out / "prm", ignore_errors=True)
         (self.out / "prm").mkdir(parents=True)
@@ -365,10 +370,10 @@ class FamilyTrainer:
     def validate(self, slm: LlamaForCausalLM, llm: LlamaForCausalLM, prm_head: LikelihoodHead) -> None:
         """Accuracy and output length of both models, the PRM's ROC-AUC on each one's steps, and
         the judge's on the SLM's, on the validation split: report["val"]."""
-        self.log("evaluating on validation")
+        log("evaluating on validation")
         evals = {"slm": self.accuracy(slm, self.val, self.args.max_new_concise), "llm": self.accuracy(llm, self.val, self.args.max_new_verbose)}
         for name, ev in evals.items():
-            self.log(f"{name.upper()} val acc {ev['accuracy']:.3f}, mean tokens {ev['mean_output_tokens']:.1f} ({ev['seconds']}s)")
+            log(f"{name.upper()} val acc {ev['accuracy']:.3f}, mean tokens {ev['mean_output_tokens']:.1f} ({ev['seconds']}s)")
         self.report["val"] = {name: {k: v for k, v in ev.items() if k != "texts"} for name, ev in evals.items()}
         self.report["val"]["token_ratio_slm_over_llm"] = evals["slm"]["mean_output_tokens"] / max(1e-9, evals["llm"]["mean_output_tokens"])
         for name, ev in evals.items():
@@ -408,13 +413,13 @@ class FamilyTrainer:
         llm_stretch = self.sample_model(llm, stretch_n, args.max_new_verbose, seed=4, what="LLM stretch", stretch=True)
         prm_head = self.fit_prm(llm, [slm_samples, llm_samples, llm_stretch])
         self.validate(slm, llm, prm_head)
-        self.report["total_minutes"] = round((time.time() - self.t0) / 60, 2)
-        self.log(json.dumps(self.report["val"], indent=1))
+        self.report["total_minutes"] = round((time.time() - T0) / 60, 2)
+        log(json.dumps(self.report["val"], indent=1))
         (self.out / "train_report.json").write_text(json.dumps(self.report, indent=1))
-        self.log(f"done in {self.report['total_minutes']} min -> {self.out}")
+        log(f"done in {self.report['total_minutes']} min -> {self.out}")
         if self.out.resolve() == ASSETS_DIR.resolve():
             # Everything downstream was fitted to the family it replaced; stale routers fail silently.
-            self.log("the package's R-Stitch+ router, Arbitrage router, EASD tau_H and latency model belong to the previous family: "
+            log("the package's R-Stitch+ router, Arbitrage router, EASD tau_H and latency model belong to the previous family: "
                      "rerun scripts/train_router.py, scripts/train_arbitrage_router.py and scripts/calibrate_easd.py "
                      "(docs/testbed.md, 'Training')")
         return self.report
