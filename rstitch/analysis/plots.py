@@ -291,10 +291,8 @@ def entropy_figure(tokens: pd.DataFrame, title: str, thresholds: Iterable[float]
         right.hist(data, bins=bins, histtype="stepfilled", alpha=0.3, color=color)
         right.hist(data, bins=bins, histtype="step", lw=1.2, color=color, label=f"tokens of {name} traces (n={len(data)})")
     taus = sorted(thresholds)
-    for tau in taus:
-        right.axvline(tau, color="black", ls=":", lw=1)
-    if taus:
-        right.plot([], [], color="black", ls=":", lw=1, label="R-Stitch τ = " + ", ".join(f"{t:g}" for t in taus))
+    for tau in taus:  # one legend entry for them all
+        right.axvline(tau, color="black", ls=":", lw=1, label="R-Stitch τ = " + ", ".join(f"{t:g}" for t in taus) if tau == taus[0] else None)
     right.set_yscale("log")
     right.set_xlabel("normalized entropy per token (H / log V)")
     right.set_ylabel("tokens (count, log scale)")

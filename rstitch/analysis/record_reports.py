@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from rstitch.analysis.collect import BASELINE
 from rstitch.analysis.tables import number_format
 from rstitch.errors import ConfigError
 from rstitch.methods import build_method
@@ -33,7 +34,6 @@ MANIFEST = "report.json"
 READINGS = "readings.md"
 PAGE = "README.md"
 RECORDS = "records"
-BASELINE = "llm_only"
 DROPPED_KEYS = ("output_token_ids", "token_sources")  # the text stays: `response` is what is graded
 EXPRESSION = re.compile(r"\{\{(?P<expr>.*?)(?::(?P<fmt>[^:{}]*))?\}\}", re.S)
 # A number standing alone (1.42x, 0.975, 8%, -0.100, 1,240), not a part of a name (GSM8K, MATH500, 0.5B).

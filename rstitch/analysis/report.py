@@ -173,9 +173,8 @@ def _entropy_rows(group: str, scored: pd.DataFrame, taus: list[float]) -> list[l
     for name, flag in (("correct", True), ("incorrect", False)):
         tokens = scored[scored["correct"] == flag]["normalized_entropy"]
         trace_means = per_trace[per_trace["correct"] == flag]["mean_entropy"]
-        above = [100 * float((tokens > tau).mean()) if len(tokens) else None for tau in taus]
-        rows.append([group, name, len(trace_means), len(tokens), trace_means.mean() if len(trace_means) else None,
-                     " ".join(f"{tau:g}:{a:.1f}" for tau, a in zip(taus, above) if a is not None)])
+        above = " ".join(f"{tau:g}:{100 * float((tokens > tau).mean()):.1f}" for tau in taus) if len(tokens) else ""
+        rows.append([group, name, len(trace_means), len(tokens), trace_means.mean() if len(trace_means) else None, above])
     return rows
 
 

@@ -143,11 +143,7 @@ def _row_key(run: pd.Series) -> tuple:
 
 def _tables_per_pair_budget(runs: pd.DataFrame, build: Callable[[str, int, pd.DataFrame, list[str]], Table]) -> list[Table]:
     runs = runs.assign(dataset_label=dataset_labels(runs))
-    tables = []
-    for (pair, budget), block in runs.groupby(["pair", "budget"], sort=True):
-        datasets = list(dict.fromkeys(block.sort_values("dataset_label")["dataset_label"]))
-        tables.append(build(pair, budget, block, datasets))
-    return tables
+    return [build(pair, budget, block, sorted(set(block["dataset_label"]))) for (pair, budget), block in runs.groupby(["pair", "budget"])]
 
 
 def _method_rows(block: pd.DataFrame) -> list[tuple[tuple[str, str], dict[str, pd.Series]]]:
@@ -239,16 +235,14 @@ def benchmark_accuracy_tables(runs: pd.DataFrame) -> list[Table]:
         columns += [Column("Avg.", "percent"), Column(f"Δ vs {BASELINE}", "delta")]
         table = Table(f"Accuracy (%) per benchmark: {pair}, budget {budget} tokens", columns,
                       note="Avg. only over rows with every benchmark; Δ in percentage points.")
-        entries = []
         for (method, setting), by_dataset in _method_rows(block):
             accuracies = [_value(by_dataset.get(d), "accuracy", 100) for d in datasets]
             known = [a for a in accuracies if a is not None]
             average = sum(known) / len(known) if len(known) == len(accuracies) else None
-            entries.append((method, setting, accuracies, average))
-        target = next((avg for m, _, _, avg in entries if m == BASELINE), None)
-        for method, setting, accuracies, average in entries:
-            delta = None if average is None or target is None else average - target
-            table.rows.append([method, setting, *accuracies, average, delta])
+            table.rows.append([method, setting, *accuracies, average, None])  # Δ filled below
+        target = next((row[-2] for row in table.rows if row[0] == BASELINE), None)
+        for row in table.rows:
+            row[-1] = None if row[-2] is None or target is None else row[-2] - target
         return table
 
     return _tables_per_pair_budget(runs, build)
@@ -297,12 +291,10 @@ def frontier_label(run: pd.Series) -> str:
 def matched_speedup_table(summary: pd.DataFrame) -> Table:
     columns = [Column("Group"), Column("Method"), Column("Baseline"), Column("Top matched acc (%)", "percent"),
                Column("Spd at top", "speedup"), Column("Max spd", "speedup"), Column("at acc (%)", "percent")]
-    table = Table("Speedup at matched accuracy", columns,
-                  note="Latency each method needs to reach an accuracy both reach (measured runs, no interpolation).")
-    for _, r in summary.iterrows():
-        table.rows.append([r["group"], r["method"], r["baseline"], 100 * r["top_accuracy"], r["speedup_at_top"],
-                           r["max_speedup"], 100 * r["max_speedup_accuracy"]])
-    return table
+    rows = [[r["group"], r["method"], r["baseline"], 100 * r["top_accuracy"], r["speedup_at_top"], r["max_speedup"],
+             100 * r["max_speedup_accuracy"]] for _, r in summary.iterrows()]
+    return Table("Speedup at matched accuracy", columns, rows,
+                 note="Latency each method needs to reach an accuracy both reach (measured runs, no interpolation).")
 
 
 def replace_marked_section(path: str | os.PathLike, name: str, text: str) -> None:

@@ -81,12 +81,10 @@ def token_consistency(runs: pd.DataFrame, max_samples: int | None = None) -> pd.
             .agg(consistency="mean", positions="size").reset_index())
 
 
-def speedup_vs_consistency(runs: pd.DataFrame, paired: pd.DataFrame, consistency: pd.DataFrame,
-                           methods: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per problem, and per run (consistency pooled over positions), of the speculative `methods`: the speedup
+def speedup_vs_consistency(runs: pd.DataFrame, paired: pd.DataFrame, consistency: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per problem, and per run (consistency pooled over positions), of the speculative methods: the speedup
     over LLM-only against the token consistency of the problem's LLM trace."""
-    if methods is None:
-        methods = sorted(set(runs.loc[runs["acceptance_kind"] == "draft tokens", "method"]))
+    methods = sorted(set(runs.loc[runs["acceptance_kind"] == "draft tokens", "method"]))
     keys = ["comparison", "id", "sample_index"]
     points = paired[paired["method"].isin(methods)].merge(consistency.drop(columns="group"), on=keys)
     points = points[["run_dir", "method", "setting", "group", *keys, "consistency", "positions", "speedup"]]
