@@ -270,19 +270,6 @@ class CaptureStream:
         self.stream = self._streams[device]
         self.pool = torch.cuda.graph_pool_handle()
 
-    def warm_up(self, compute: Callable[[], Any], calls: int) -> None:
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream):
-            for _ in range(calls):
-                compute()
-        torch.cuda.current_stream(self.device).wait_stream(self.stream)
-
-    def capture(self, compute: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[Any, tuple[torch.Tensor, ...]]:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
-            outputs = compute()
-        return graph, outputs
-
 
 def unowned_alias(tensor: torch.Tensor) -> torch.Tensor:
     """A tensor over `tensor`'s memory that does not keep it alive (vLLM's weak_ref_tensor): the graph's
@@ -327,9 +314,16 @@ class _Step:
             return
         streams = self.decoder.streams
         assert streams is not None, "a decoder that captures has its capture stream"
-        streams.warm_up(self._call, 3 if capture == "inductor" else 2)  # inductor records its graph on a later call
+        current = torch.cuda.current_stream(streams.device)
+        streams.stream.wait_stream(current)
+        with torch.cuda.stream(streams.stream):
+            for _ in range(3 if capture == "inductor" else 2):  # inductor records its graph on a later call
+                self._call()
+        current.wait_stream(streams.stream)
         if capture == "graphs":
-            self.graph, outputs = streams.capture(self._call)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, pool=streams.pool, stream=streams.stream):
+                outputs = self._call()
             self.outputs = tuple(unowned_alias(t) for t in outputs)
 
     def run(self) -> tuple[torch.Tensor, ...]:
@@ -352,7 +346,8 @@ class StaticDecoder:
         self.head = self.model.get_output_embeddings()
         self.peak_in_use = 0  # the most slots held at once (a sample's sequences, in the runner's warm-up decode)
         self.steps: dict[tuple[int, int, int], _Step] = {}
-        self.streams = CaptureStream(runner.device) if mode == "graphs" else None
+        captures = mode == "graphs" or (mode == "inductor" and runner.device.type == "cuda")
+        self.streams = CaptureStream(runner.device) if captures else None
         self.kv = StaticKV(self.model.config, self.model.dtype, runner.device, runner.name, self._drop_steps)
         self.captured = 0  # steps captured or compiled so far (growth recaptures)
         self.capture_spans: list[tuple[float, float]] = []  # (start, seconds) of each capture or compilation
