@@ -94,8 +94,6 @@ def _tolerances(error: Any, record_id: str) -> list[float | None]:
     by commas, where an empty entry means that part is exact. None or "" means no tolerance."""
     if error is None or isinstance(error, bool):
         return []
-    if isinstance(error, (int, float)):
-        return [float(error)]
     entries = [entry.strip() for entry in str(error).split(",")]
     if not any(entries):
         return []

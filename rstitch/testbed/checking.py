@@ -18,15 +18,8 @@ _NUM_RE = re.compile(r"\d+")
 
 def eval_expr(expr: str) -> int | None:
     """Integer value of ``a op b op c ...`` with the usual precedence; None if invalid."""
-    expr = expr.replace("×", "*").replace("x", "*")
-    tokens = re.findall(rf"{_INT}|[-+*/]", expr.replace(" ", ""))
-    # re-tokenize so that binary minus is an operator, not a sign
-    toks: list[str] = []
-    for t in tokens:
-        if toks and toks[-1] not in "+-*/" and t.startswith("-") and len(t) > 1:
-            toks += ["-", t[1:]]
-        else:
-            toks.append(t)
+    expr = re.sub(r"\s", "", expr.replace("×", "*").replace("x", "*"))
+    toks = re.findall(rf"(?<!\d){_INT}|[-+*/]", expr)  # a minus right after a number is an operator, not a sign
     if not toks or len(toks) % 2 == 0:
         return None
     try:  # a sum of signed terms, each a product (or exact quotient) of numbers
