@@ -6,12 +6,10 @@ import torch
 
 from rstitch.engines import TokenDistribution
 from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, Method, register_method, require_int, require_number
-from rstitch.methods.token_switch import switch_decode
+from rstitch.methods.token_switch import SwitchPolicy, switch_decode
 
 
-class _Coin:
-    want_hidden = False
-
+class _Coin(SwitchPolicy):
     def __init__(self, p_slm: float, generator: torch.Generator):
         self.p_slm, self.generator = p_slm, generator
 
@@ -20,9 +18,6 @@ class _Coin:
 
     def first(self) -> int:
         return self._draw()
-
-    def keep(self, source: int, dist: TokenDistribution) -> bool:
-        return True
 
     def next(self, source: int, dist: TokenDistribution) -> int:
         return self._draw()

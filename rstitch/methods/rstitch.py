@@ -6,17 +6,12 @@ from __future__ import annotations
 
 from rstitch.engines import SwitchRule, TokenDistribution
 from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, Method, register_method, require_number
-from rstitch.methods.token_switch import switch_decode
+from rstitch.methods.token_switch import SwitchPolicy, switch_decode
 
 
-class EntropySwitch:
-    want_hidden = False
-
+class EntropySwitch(SwitchPolicy):
     def __init__(self, tau: float):
         self.tau = tau
-
-    def first(self) -> int:
-        return SLM
 
     def keep(self, source: int, dist: TokenDistribution) -> bool:
         return source == LLM or dist.normalized_entropy <= self.tau

@@ -16,7 +16,7 @@ from rstitch.engines.base import StopWatcher
 from rstitch.errors import ConfigError
 from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, Method, register_method, require_choice, require_int, require_number
 from rstitch.methods.rstitch import EntropySwitch
-from rstitch.methods.token_switch import ModelCatchup, SwitchPolicy, SwitchState, switch_decode, switch_step
+from rstitch.methods.token_switch import ModelSequences, SwitchPolicy, SwitchState, switch_decode, switch_step
 
 NAME = "rstitch_deer"
 CONFIDENCES = ("mean", "min", "geometric")  # DEER's --policy avg1, min, avg2
@@ -114,7 +114,7 @@ class _DeerDecoder:
         self.m, self.ctx, self.policy = method, ctx, policy
         self.tokenizer = ctx.pair.tokenizer
         self.eos = ctx.eos_ids
-        self.models = ModelCatchup(prompt_ids, ctx, policy.want_hidden)
+        self.models = ModelSequences(ctx, prompt_ids, policy.want_hidden)
         self.state = SwitchState(policy.first())  # the output, its sources and the model writing next
         self.answer_ids = self._encode(method.answer_prompt)
         self.stats: dict[str, Any] = {"deer_trials": 0, "deer_trial_tokens": 0, "deer_confidences": [],

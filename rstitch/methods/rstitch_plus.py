@@ -29,7 +29,7 @@ from rstitch.methods.base import (
     require_int,
     require_number,
 )
-from rstitch.methods.token_switch import switch_decode
+from rstitch.methods.token_switch import SwitchPolicy, switch_decode
 from rstitch.scorers.rstitch_router import RStitchRouter, load_router, router_metadata
 
 PAPER_TAU = 0.001
@@ -45,7 +45,7 @@ class RouterDecision:
     log_prob: float  # of `action` under the policy that chose it
 
 
-class RouterSwitch:
+class RouterSwitch(SwitchPolicy):
     """The R-Stitch+ `SwitchPolicy` (Algorithm 1, lines 10-22): the router is consulted only while
     the SLM is active and uncertain. `sample=True` draws its actions (training rollouts)."""
 
@@ -61,9 +61,6 @@ class RouterSwitch:
         self.calls = 0
         self.llm_choices = 0
         self.seconds = 0.0
-
-    def first(self) -> int:
-        return SLM
 
     def keep(self, source: int, dist: TokenDistribution) -> bool:
         if source == LLM or dist.normalized_entropy <= self.tau:

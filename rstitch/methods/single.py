@@ -6,20 +6,15 @@ from __future__ import annotations
 
 from rstitch.engines import SwitchRule, TokenDistribution
 from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, Method, register_method
-from rstitch.methods.token_switch import switch_decode
+from rstitch.methods.token_switch import SwitchPolicy, switch_decode
 
 
-class _Fixed:
-    want_hidden = False
-
+class _Fixed(SwitchPolicy):
     def __init__(self, source: int):
         self.source = source
 
     def first(self) -> int:
         return self.source
-
-    def keep(self, source: int, dist: TokenDistribution) -> bool:
-        return True
 
     def next(self, source: int, dist: TokenDistribution) -> int:
         return self.source

@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 
-from rstitch.engines import CostCounter, ModelPair, Sampler, Sequence
+from rstitch.engines import CostCounter, ModelPair, Sampler
 from rstitch.errors import ConfigError
 from rstitch.methods.base import EXTRA_FLOPS, LLM, SLM, DecodeContext, DecodeResult, Method, model_flops, require_int
 from rstitch.methods.drafts import Step, Verdict
+from rstitch.methods.token_switch import ModelSequences
 from rstitch.scorers import ProcessRewardModel, check_prm_spec, resolve_prm
-from rstitch.scorers.prefix_cache import common_prefix_length
 
 DEFAULT_PRM = {"name": "testbed"}
 
@@ -49,24 +49,6 @@ class StepConfig:
 def step_text(text: str, separator: str) -> str:
     head, found, tail = text.partition(separator)
     return (head + tail).strip() if found else text.strip()
-
-
-class ModelSequences:
-    """One sequence per model for one sample, aligned on demand to any token list."""
-
-    def __init__(self, ctx: DecodeContext):
-        self.ctx = ctx
-        self._seqs: dict[int, Sequence] = {}
-
-    def aligned(self, source: int, tokens: list[int]) -> Sequence:
-        seq = self._seqs.get(source)
-        if seq is None:
-            seq = self._seqs[source] = self.ctx.runner(source).new_sequence(tokens)
-            return seq
-        keep = common_prefix_length(seq.tokens, tokens)
-        seq.rollback(len(seq) - keep)
-        seq.append(tokens[keep:])
-        return seq
 
 
 class StepDecoder:

@@ -5,46 +5,61 @@ the engine decodes a whole run in one call (one vLLM request instead of one per 
 """
 from __future__ import annotations
 
-from typing import Protocol, cast
+from abc import ABC, abstractmethod
 
 from rstitch.engines import Sequence, SwitchRule, TokenDistribution
 from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult
+from rstitch.scorers.prefix_cache import common_prefix_length
 
 
-class SwitchPolicy(Protocol):
-    want_hidden: bool  # the SLM's distributions carry its last hidden state (the R-Stitch+ router reads them)
+class SwitchPolicy(ABC):
+    """Which model writes each position. A policy may also give `rule(source) -> SwitchRule`: `keep`
+    and `next` of `source` as one rule, so the engine decodes a whole run (its run ends at the first
+    token whose `next` is the other model, kept, or that `keep` refuses, dropped; after a dropped
+    token the other model's first token must be kept: its rule may only end with `keep_last`)."""
+
+    want_hidden = False  # the SLM's distributions carry its last hidden state (the R-Stitch+ router reads them)
 
     def first(self) -> int:
-        """The model that writes the first token."""
+        """The model that writes the first token (Algorithm 1: the SLM)."""
+        return SLM
 
     def keep(self, source: int, dist: TokenDistribution) -> bool:
         """Whether `source` may write this position (False hands it to the other model)."""
+        return True
 
+    @abstractmethod
     def next(self, source: int, dist: TokenDistribution) -> int:
         """The model for the next position, given the distribution that produced this token."""
 
 
-class RuledPolicy(SwitchPolicy, Protocol):
-    def rule(self, source: int) -> SwitchRule:
-        """`keep` and `next` of `source` as one rule: its run ends at the first token whose
-        `next` is the other model (kept) or that `keep` refuses (dropped). After a dropped token
-        the other model's first token must be kept: its rule may only end with `keep_last`."""
+class ModelSequences:
+    """One sequence per model for one sample, opened at first use: `synced` catches it up with an
+    output that only grows after `prompt_ids`; `aligned` rolls it back to any token list's shared prefix."""
 
-
-class ModelCatchup:
-    """Lazily opened per-model sequences that are brought up to date with the shared output."""
-
-    def __init__(self, prompt_ids: list[int], ctx: DecodeContext, want_hidden: bool):
-        self.prompt_ids, self.ctx, self.want_hidden = prompt_ids, ctx, want_hidden
+    def __init__(self, ctx: DecodeContext, prompt_ids: list[int] | None = None, want_hidden: bool = False):
+        self.ctx, self.prompt_ids, self.want_hidden = ctx, prompt_ids or [], want_hidden
         self.seqs: dict[int, Sequence] = {}
+
+    def _open(self, source: int, tokens: list[int]) -> Sequence:
+        # Only the SLM's states are read: the LLM (on vLLM, a second engine) never returns them.
+        seq = self.seqs[source] = self.ctx.runner(source).new_sequence(tokens, self.want_hidden and source == SLM)
+        return seq
 
     def synced(self, source: int, output: list[int]) -> Sequence:
         seq = self.seqs.get(source)
         if seq is None:
-            # Only the SLM's states are read: the LLM (on vLLM, a second engine) never returns them.
-            seq = self.ctx.runner(source).new_sequence(self.prompt_ids, self.want_hidden and source == SLM)
-            self.seqs[source] = seq
+            seq = self._open(source, self.prompt_ids)
         seq.append(output[len(seq) - len(self.prompt_ids):])
+        return seq
+
+    def aligned(self, source: int, tokens: list[int]) -> Sequence:
+        seq = self.seqs.get(source)
+        if seq is None:
+            return self._open(source, tokens)
+        keep = common_prefix_length(seq.tokens, tokens)
+        seq.rollback(len(seq) - keep)
+        seq.append(tokens[keep:])
         return seq
 
     def truncate(self, n_output: int, *sources: int) -> None:
@@ -54,14 +69,14 @@ class ModelCatchup:
 
 
 def switch_decode(prompt_ids: list[int], ctx: DecodeContext, policy: SwitchPolicy) -> DecodeResult:
-    models = ModelCatchup(prompt_ids, ctx, policy.want_hidden)
+    models = ModelSequences(ctx, prompt_ids, policy.want_hidden)
     state = SwitchState(policy.first())
-    ruled = callable(getattr(policy, "rule", None))
+    rule = getattr(policy, "rule", None)
     while len(state.output) < ctx.max_new_tokens and state.finish != "eos":
-        if ruled:  # the policy has a `rule`: a RuledPolicy
-            _run(models, ctx, cast(RuledPolicy, policy), state)
-        else:
+        if rule is None:
             switch_step(models, ctx, policy, state)
+        else:
+            _run(models, ctx, rule(state.source), state)
     return DecodeResult(state.output, state.sources, state.finish, state.discarded, state.switches)
 
 
@@ -87,7 +102,7 @@ class SwitchState:
         self.source = LLM if self.source == SLM else SLM
 
 
-def switch_step(models: ModelCatchup, ctx: DecodeContext, policy: SwitchPolicy, state: SwitchState) -> None:
+def switch_step(models: ModelSequences, ctx: DecodeContext, policy: SwitchPolicy, state: SwitchState) -> None:
     """One position, decided by the policy's Python code."""
     dist = models.synced(state.source, state.output).next_distribution()
     if not policy.keep(state.source, dist):
@@ -98,11 +113,10 @@ def switch_step(models: ModelCatchup, ctx: DecodeContext, policy: SwitchPolicy, 
         state.hand_over(dropped=False)
 
 
-def _run(models: ModelCatchup, ctx: DecodeContext, policy: RuledPolicy, state: SwitchState) -> None:
+def _run(models: ModelSequences, ctx: DecodeContext, rule: SwitchRule, state: SwitchState) -> None:
     """One model's run of tokens under its rule, in one engine call."""
     seq = models.synced(state.source, state.output)
-    run = seq.decode_until(ctx.max_new_tokens - len(state.output), ctx.sampler, policy.rule(state.source),
-                           eos_ids=ctx.eos_ids)
+    run = seq.decode_until(ctx.max_new_tokens - len(state.output), ctx.sampler, rule, eos_ids=ctx.eos_ids)
     state.write(run.token_ids, ctx.eos_ids)
     if run.finish_reason == "switch":
         state.hand_over(run.dropped)
