@@ -208,10 +208,7 @@ def _supervise(child: int, readers: dict[str, int], config: dict) -> dict:
 
 
 def _read_ready(open_fds: dict[int, str], captured: dict[str, bytearray], cap: int, wait_s: float) -> bool:
-    """One select round; True once a stream went past its cap (the program is then stopped)."""
-    if not open_fds:
-        time.sleep(wait_s)
-        return False
+    """One select round (with no stream left, a sleep); True once a stream went past its cap (the program is then stopped)."""
     ready, _, _ = select.select(list(open_fds), [], [], wait_s)
     for fd in ready:
         try:

@@ -5,10 +5,11 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rstitch.grading.code_harness import HARNESS
@@ -83,26 +84,20 @@ def _tokens_match(got: str, want: str) -> bool:
 
 
 def _run_harness(kind: str, func_name: str, program: str, tests: str, calls: list[list[Any]],
-                 limits: SandboxLimits | None, expected: list[Any] | None = None) -> dict[str, Any]:
-    """Run the program under ``HARNESS`` and judge its report: a pass needs every expected result
-    (compared here, never inside the program) and then this run's secret marker, which the harness
-    writes only after the last test held."""
+                 limits: SandboxLimits | None, expected: Sequence[Any] = ()) -> dict[str, Any]:
+    """Run the program under ``HARNESS``; a pass needs every expected result (compared here, never
+    inside the program), then this run's secret marker (docs/sandbox.md, "What a pass means")."""
     secret = secrets.token_hex(16)
     call = f"_rstitch_harness({kind!r}, {func_name!r}, {program!r}, {tests!r}, {json.dumps(calls)!r})\n"
     result = run_python(HARNESS + call, stdin=secret + "\n", limits=limits)
     lines = result.report.split("\n")
-    wanted = expected or []
-    passed = 0
-    for got, want in zip(lines, wanted):
-        if not _result_matches(got, want):
-            break
-        passed += 1
-    ran_to_end = passed == len(wanted) and lines[len(wanted):] == [f"done {secret}", ""]
+    passed = len(list(itertools.takewhile(lambda pair: _result_matches(*pair), zip(lines, expected))))
+    ran_to_end = passed == len(expected) and lines[len(expected):] == [f"done {secret}", ""]
     if result.ok and not ran_to_end:
-        result = dataclasses.replace(result, status="wrong_output" if passed < len(wanted) else "incomplete")
-    if expected is None:
+        result = dataclasses.replace(result, status="wrong_output" if passed < len(expected) else "incomplete")
+    if kind == "script":
         return _summary([result], 1)
-    return _summary([result], len(wanted), passed=passed)
+    return _summary([result], len(expected), passed=passed)
 
 
 def _result_matches(line: str, want: Any) -> bool:

@@ -44,8 +44,6 @@ _MC_LAST_LINE_RE = re.compile(r"^(?:\*\*)?\(?([A-D])\)(?:\*\*)?(?:\s|$)|^(?:\*\*
 # "A. Because ..." opening the answer: a letter, then "." or ")", then the reason.
 _MC_FIRST_LINE_RE = re.compile(r"^(?:\*\*)?\(?([A-D])(?:\*\*)?[.)](?:\*\*)?\s+\S")
 _OPTION_LINE_RE = re.compile(r"^\s*(?:\*\*)?\(?([A-J])[.)]\s", re.MULTILINE)
-_SPACE_RUN_RE = re.compile(r"[^\S\n]+")
-_NEWLINE_RUN_RE = re.compile(r"\s*\n\s*")
 _TEXT_WRAPPER_RE = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\{([^{}]*)\}")
 _BRACE_RE = re.compile(r"\\.|[{}]", re.DOTALL)
 
@@ -67,7 +65,7 @@ def extract_answer(response: str, multiple_choice: bool = False) -> str | None:
 def extract_final(response: str, multiple_choice: bool = False) -> Extracted | None:
     """The final answer of ``response`` with its parts, or None when there is none."""
     # one space or newline per whitespace run: runs of optional ``\s*`` would backtrack polynomially
-    squeezed = _NEWLINE_RUN_RE.sub("\n", _SPACE_RUN_RE.sub(" ", response))
+    squeezed = re.sub(r"\s*\n\s*", "\n", re.sub(r"[^\S\n]+", " ", response))
     for part in search_order(squeezed):
         found = _extract_letter(part) if multiple_choice else _extract_math(part)
         if found is not None:

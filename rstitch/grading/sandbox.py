@@ -125,11 +125,10 @@ def sandbox_python() -> tuple[str, int | None]:
     """(interpreter, uid): the base interpreter of a virtualenv; root drops to ``nobody`` where nobody
     can run it or the system Python (a virtualenv under a private home it cannot), else keeps its uid."""
     base = getattr(sys, "_base_executable", "") or sys.executable
-    if os.getuid() != 0:
-        return base, None
-    for candidate in (base, *SYSTEM_PYTHONS):
-        if _runnable_by_others(candidate):
-            return candidate, NOBODY_UID
+    if os.getuid() == 0:
+        for candidate in (base, *SYSTEM_PYTHONS):
+            if _runnable_by_others(candidate):
+                return candidate, NOBODY_UID
     return base, None
 
 
@@ -175,10 +174,7 @@ def _config(workdir: Path | None, python: str, uid: int | None, source: str, std
 
 def fitting_process_count(limits: SandboxLimits) -> int:
     """Without a cgroup: processes x ``memory_bytes`` stays under ``MACHINE_SHARE`` of the machine's memory."""
-    try:
-        machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return int(limits.max_processes)
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return max(1, min(int(limits.max_processes), int(machine * MACHINE_SHARE) // int(limits.memory_bytes)))
 
 
@@ -202,9 +198,8 @@ def _supervise(config: dict[str, Any], limits: SandboxLimits) -> dict[str, Any]:
         )
     except subprocess.TimeoutExpired:
         return {"sandbox_error": "the supervisor did not return"}
-    lines = done.stdout.decode(errors="replace").strip().splitlines()
     try:
-        verdict = json.loads(lines[-1])
+        verdict = json.loads(done.stdout.decode(errors="replace").strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         verdict = None
     if not isinstance(verdict, dict):

@@ -98,13 +98,9 @@ def _make_v1(memory_bytes: int, pids: int, made: list[Path]) -> int | None:
 
 def _own_v1_paths() -> dict[str, str]:
     """controller -> this process's cgroup path, from /proc/self/cgroup's v1 lines."""
-    paths: dict[str, str] = {}
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        for controller in controllers.split(","):
-            if controller:
-                paths[controller] = path
-    return paths
+    lines = Path("/proc/self/cgroup").read_text().splitlines()
+    return {controller: path for _, controllers, path in (line.split(":", 2) for line in lines)
+            for controller in controllers.split(",") if controller}
 
 
 def _write_quietly(path: Path, text: str) -> None:

@@ -279,11 +279,9 @@ def probe_host_files(outer_s: float) -> list[ProbeOutcome]:
                          f"{len(left)} files LEFT behind: {', '.join(left)}" if left else "nothing left behind", not left)]
 
 
-PROBES = (probe_output_links, probe_fake_passes, probe_whole_sample_limits, probe_proc, probe_host_files)
-
-
 def run_probes(outer_s: float) -> list[ProbeOutcome]:
-    return [outcome for probe in PROBES for outcome in probe(outer_s)]
+    probes = (probe_output_links, probe_fake_passes, probe_whole_sample_limits, probe_proc, probe_host_files)
+    return [outcome for probe in probes for outcome in probe(outer_s)]
 
 
 def report(outcomes: list[ProbeOutcome]) -> str:

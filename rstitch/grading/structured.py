@@ -3,6 +3,7 @@ Python outputs. Both are parsed, not compared as text, so spacing and quoting do
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import re
 from collections.abc import Mapping
@@ -84,12 +85,10 @@ def extract_literal(response: str) -> str | None:
 
 def literals_equal(predicted: str, gold: str) -> bool:
     """Equal as Python values when both parse (``'a'`` and ``"a"``), else as text."""
-    if len(predicted) > MAX_LITERAL_CHARS or len(gold) > MAX_LITERAL_CHARS:
-        return predicted.strip() == gold.strip()
-    try:
-        return ast.literal_eval(predicted) == ast.literal_eval(gold)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return predicted.strip() == gold.strip()
+    if len(predicted) <= MAX_LITERAL_CHARS and len(gold) <= MAX_LITERAL_CHARS:
+        with contextlib.suppress(ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return ast.literal_eval(predicted) == ast.literal_eval(gold)
+    return predicted.strip() == gold.strip()
 
 
 def grade_literal(response: str, gold: str) -> dict[str, Any]:

@@ -156,11 +156,8 @@ def is_equivalent(predicted: str, gold: str, timeout_s: float = 5.0, fast_path: 
 
 
 _DROPPED_TOKENS = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\displaystyle", "~")
-_DEGREE_RE = re.compile(r"\^\s*\{?\\circ\}?|°")
 _TEXT_WRAPPER_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
-_LATEX_THOUSANDS_RE = re.compile(r"\{,\}|,\\!\s*")  # "10{,}080", "10,\! 080"
 _THOUSANDS_RE = re.compile(r"^-?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?$")  # "0,111" is no thousands grouping
-_DECIMAL_COMMA_RE = re.compile(r"^-?\d+,\d+$")
 # Words for percent and units after a number: "28 percent", "28 \\text{pct}", "15 cm^2", "125\\textnormal{ miles}".
 _PERCENT_WORD_RE = re.compile(r"(?<=[\d}])\s*(?:\\(?:text|mbox|textnormal)\s*\{\s*)?(?:percentage|percent|pct)s?\b\s*\}?",
                               re.IGNORECASE)
@@ -201,11 +198,11 @@ def normalize_answer(answer: str) -> str:
     text = _PERCENT_WORD_RE.sub("", text)
     text = _NUMBER_WITH_UNIT_RE.sub(r"\1", text.strip())
     text = _TEXT_WRAPPER_RE.sub(r"\1", text)
-    text = _LATEX_THOUSANDS_RE.sub(",", text)
+    text = re.sub(r"\{,\}|,\\!\s*", ",", text)  # "10{,}080", "10,\! 080"
     for token in _DROPPED_TOKENS:
         text = text.replace(token, "")
     text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    text = _DEGREE_RE.sub("", text)
+    text = re.sub(r"\^\s*\{?\\circ\}?|°", "", text)
     text = text.replace("\\%", "").replace("%", "").replace("\\$", "")
     text = text.strip().rstrip(".").strip()
     if _THOUSANDS_RE.match(text):
@@ -227,7 +224,7 @@ def read_decimal_commas(predicted: str, gold: str) -> tuple[str, str]:
 
 
 def _is_decimal_comma(text: str) -> bool:
-    return bool(_DECIMAL_COMMA_RE.match(text)) and not _THOUSANDS_RE.match(text)
+    return bool(re.match(r"^-?\d+,\d+$", text)) and not _THOUSANDS_RE.match(text)
 
 
 def _strip_delimiters(text: str) -> str:
