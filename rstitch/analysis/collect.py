@@ -25,7 +25,7 @@ RUN_METRICS = ("n_problems", "n_samples", "accuracy", "latency_s", "latency_medi
                "contention")  # why the latency is not a quiet machine's (results/measurement.py), or None
 SAMPLE_COLUMNS = ("id", "sample_index", "correct", "latency_s", "latency_estimate_s", "tokens", "tokens_slm",
                   "tokens_llm", "discarded_tokens", "switches", "finish_reason", "flops")
-TRACE_COLUMNS = ("output_token_ids", "token_sources")
+TRACE_COLUMNS = ("output_token_ids", "token_sources", "stats")
 
 PathsLike = str | os.PathLike | Iterable[str | os.PathLike]
 
@@ -184,11 +184,8 @@ def runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 def load_runs(paths: PathsLike) -> pd.DataFrame:
     """One row per finished run under `paths` but shard runs (`rstitch-merge`); recorded speedups where LLM-only is absent."""
-    rows = []
-    for run_dir in find_run_dirs(paths):
-        summary = read_summary(run_dir)
-        if not is_sharded(summary["config"]["dataset"]):
-            rows.append(run_row(summary, summary["config"], str(run_dir)))
+    summaries = {run_dir: read_summary(run_dir) for run_dir in find_run_dirs(paths)}
+    rows = [run_row(s, s["config"], str(d)) for d, s in summaries.items() if not is_sharded(s["config"]["dataset"])]
     if not rows:
         raise ConfigError("only shard runs found; combine them with rstitch-merge first")
     return runs_frame(rows)
@@ -258,11 +255,9 @@ def _label_value(value: Any) -> str:
 def load_samples(runs: pd.DataFrame, traces: bool = False) -> pd.DataFrame:
     """One row per (run, problem, sample) of `runs`; `traces` adds token ids, token sources and `stats`."""
     run_columns = ["run_dir", "pair", "dataset", "method", "setting", "budget", "comparison", "group"]
-    wanted = list(SAMPLE_COLUMNS) + (list(TRACE_COLUMNS) + ["stats"] if traces else [])
-    rows = []
-    for run in runs[run_columns].to_dict("records"):
-        for record in read_samples(Path(run["run_dir"])):
-            rows.append({**run, **{k: record.get(k) for k in wanted}})
+    wanted = list(SAMPLE_COLUMNS) + (list(TRACE_COLUMNS) if traces else [])
+    rows = [{**run, **{k: record.get(k) for k in wanted}}
+            for run in runs[run_columns].to_dict("records") for record in read_samples(Path(run["run_dir"]))]
     return pd.DataFrame(rows, columns=run_columns + wanted)
 
 
