@@ -231,10 +231,8 @@ def fit_profile(points: list[ProfilePoint], runner: ModelRunner | None = None, r
         if runner is None:
             raise ValueError("fit_profile needs a runner or an identity (model, device, dtype[, engine])")
         identity = runner_identity(runner)
-    model, device, dtype, *rest = identity
-    fitted = LatencyModel.fit([p.n_inf for p in points], [p.n_kv for p in points], [p.seconds for p in points],
-                              relative=relative, scale_by_inf=scale_by_inf, model=model, device=device, dtype=dtype,
-                              engine=rest[0] if rest else unnamed_profiles_engine())
+    fitted = LatencyModel.fit([p.n_inf for p in points], [p.n_kv for p in points], [p.seconds for p in points], relative=relative,
+                              scale_by_inf=scale_by_inf, **dict(zip(("model", "device", "dtype", "engine"), identity)))
     fitted.info["n_points"] = len(points)
     return fitted
 

@@ -321,12 +321,10 @@ def frontier_stability(runs: pd.DataFrame, by_run: Mapping[str, pd.DataFrame], l
     column, statistic = _latency_statistic(latency)
     for _, group in runs.groupby("comparison", sort=False):
         members = [i for i in group.index if runs.at[i, "run_dir"] in by_run]
-        if not members:
-            continue
         blocks = [by_run[runs.at[i, "run_dir"]] for i in members]
         correct = [_means(b, "correct") for b in blocks]
         latencies = [_means(b, column) for b in blocks]
-        ids = shared_problems(*correct)
+        ids = shared_problems(*correct) if correct else []
         if len(ids) < 2:
             continue
         rows = bootstrap_indices(len(ids))
