@@ -3,7 +3,6 @@ docs/rstitch-plus.md). Each step decodes a group of routed rollouts per prompt, 
 whose rewards are all equal, and takes DAPO steps on the rest (the pieces are in dapo.py)."""
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -14,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 
 from rstitch.data import load_dataset_records
@@ -141,10 +141,7 @@ def write_history(history: list[dict], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "training_log.json").write_text(json.dumps(history, indent=1) + "\n")
     if history:
-        with open(out / "training_log.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(history[0]))
-            writer.writeheader()
-            writer.writerows(history)
+        pd.DataFrame(history).to_csv(out / "training_log.csv", index=False, na_rep="nan")
 
 
 def build_smoke_models(root: Path) -> dict[str, str]:

@@ -166,11 +166,11 @@ class FamilyTrainer:
         self.val = generate_problems("validation", args.eval_n, seed=args.seed, difficulty=TRAIN_DIFFICULTY)
         self.data_seed = args.seed if args.data_seed is None else args.data_seed
 
-    def lm_example(self, prob: TestbedProblem, style: str) -> tuple[list[int], list[int]]:
-        """prompt + solution + eos; loss on the solution and eos only."""
+    def lm_example(self, prob: TestbedProblem, text: str, cut: int = 0) -> tuple[list[int], list[int]]:
+        """prompt + text + eos; loss on the text from its token `cut` on, and on eos."""
         prompt = self.tok.encode(render_prompt(self.tok, prob.problem), add_special_tokens=False)
-        target = self.tok.encode(prob.solution(style), add_special_tokens=False) + [self.eos]
-        return prompt + target, [-100] * len(prompt) + target
+        body = self.tok.encode(text, add_special_tokens=False) + [self.eos]
+        return prompt + body, [-100] * (len(prompt) + cut) + body[cut:]
 
     def stitched_example(self, prob: TestbedProblem, style: str, rng: random.Random) -> tuple[list[int], list[int]]:
         """A solution begun by the other model, cut at any token, continued by a model of `style` (loss
@@ -189,13 +189,9 @@ class FamilyTrainer:
             cut_lo = len(STEP_SEPARATOR.join(verbose[:i])) + (len(STEP_SEPARATOR) if i else 0)
             cut_hi = len(head)
             text = STEP_SEPARATOR.join([head, *concise_rest])
-        prompt = self.tok.encode(render_prompt(self.tok, prob.problem), add_special_tokens=False)
-        enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        starts = [a for a, _ in enc["offset_mapping"]]
+        starts = [a for a, _ in self.tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]]
         cuts = [j for j, a in enumerate(starts) if j >= 1 and cut_lo <= a < cut_hi] or [len(starts)]
-        cut = rng.choice(cuts)
-        body = enc["input_ids"] + [self.eos]
-        return prompt + body, [-100] * (len(prompt) + cut) + body[cut:]
+        return self.lm_example(prob, text, rng.choice(cuts))
 
     def judge_example(self, prob: TestbedProblem, rng: random.Random, sampled: list) -> tuple[list[int], list[int]]:
         """SpecReason judge: [problem, steps so far, instruction] + prefix -> one digit."""
@@ -328,7 +324,7 @@ class FamilyTrainer:
         rng = random.Random(self.args.seed + 6)
 
         def example(q: TestbedProblem) -> tuple[list[int], list[int]]:
-            return self.stitched_example(q, "concise", rng) if rng.random() < self.args.stitch_frac else self.lm_example(q, "concise")
+            return self.stitched_example(q, "concise", rng) if rng.random() < self.args.stitch_frac else self.lm_example(q, q.solution("concise"))
 
         return self.train_lm("slm", "concise", example, seeds=(1, 10))
 
@@ -341,7 +337,9 @@ class FamilyTrainer:
             draw = rng.random()
             if draw < judge_frac:
                 return self.judge_example(q, rng, slm_samples)
-            return self.stitched_example(q, "verbose", rng) if draw < judge_frac + self.args.stitch_frac else self.lm_example(q, "verbose")
+            if draw < judge_frac + self.args.stitch_frac:
+                return self.stitched_example(q, "verbose", rng)
+            return self.lm_example(q, q.solution("verbose"))
 
         return self.train_lm("llm", "verbose", example, seeds=(2, 11))
 
