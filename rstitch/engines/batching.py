@@ -33,8 +33,8 @@ class Finished:
 class Task:
     """One sample's coroutine and its switch points."""
 
-    def __init__(self, key: Any, fn: Callable[[], Any], scheduler: BatchScheduler):
-        self.key, self.fn, self.scheduler = key, fn, scheduler
+    def __init__(self, key: Any, fn: Callable[[], Any]):
+        self.key, self.fn = key, fn
         self.request: Any = None  # a ForwardRequest, or a backend's own request (`run_request`)
         self.output: tuple[Any, float] | None = None  # its result and the batch's wall time
         self.value: Any = None
@@ -76,7 +76,6 @@ class BatchScheduler:
 
     def __init__(self, batch_size: int):
         self.batch_size = batch_size
-        self._global: dict[int, dict[str, Any]] = {}
         self._waited: dict[int, int] = {}  # per model: rounds its requests were passed over
 
     def run(self, jobs: Iterable[tuple[Any, Callable[[], Any]]]) -> Iterator[Finished]:
@@ -97,7 +96,7 @@ class BatchScheduler:
         runnable = [t for t in active if t.request is None or t.output is not None]
         while True:
             while len(active) < self.batch_size and (job := next(pending, None)) is not None:
-                task = Task(job[0], job[1], self)
+                task = Task(job[0], job[1])
                 active.append(task)
                 runnable.append(task)
             if not runnable:
@@ -112,8 +111,12 @@ class BatchScheduler:
                 yield Finished(task.key, task.value, time.perf_counter() - task.started, task.own_s)
 
     def _slice(self, task: Task) -> None:
-        """Run `task` until it waits for a forward or ends, with its own cost counters in place."""
-        self._swap_in(task)
+        """Run `task` until it waits for a forward or ends, with its own cost counters in place: its
+        change to each counter's scalars is added to the run's totals (the shapes are per sample)."""
+        totals = {}
+        for counter in live_counters():
+            totals[id(counter)] = _state(counter)
+            _set_state(counter, task.costs.get(id(counter), (counter, _zero()))[1])
         _CURRENT_TASK[0] = task
         start = time.perf_counter()
         try:
@@ -121,7 +124,13 @@ class BatchScheduler:
         finally:
             task.own_s += time.perf_counter() - start
             _CURRENT_TASK[0] = None
-            self._swap_out(task)
+            for counter in live_counters():
+                before, now = task.costs.get(id(counter), (counter, _zero()))[1], _state(counter)
+                task.costs[id(counter)] = (counter, now)
+                total = totals.get(id(counter)) or _zero()
+                total.update({k: total[k] + now[k] - before[k] for k in CostCounter.SCALARS})
+                total["forward_shapes"] = []  # the shapes are per sample (latency model): totals keep none
+                _set_state(counter, total)
 
     def _run_forwards(self, active: list[Task]) -> None:
         """Run the largest group of requests waiting on one model, and any passed over `MAX_WAIT` times:
@@ -148,23 +157,6 @@ class BatchScheduler:
             if task.coroutine and not task.done:  # started and waiting for a forward
                 task.output = None
                 self._slice(task)
-
-    def _swap_in(self, task: Task) -> None:
-        for counter in live_counters():
-            self._global[id(counter)] = _state(counter)
-            own = task.costs.get(id(counter))
-            _set_state(counter, own[1] if own is not None else _zero())
-
-    def _swap_out(self, task: Task) -> None:
-        for counter in live_counters():
-            before = task.costs.get(id(counter), (counter, _zero()))[1]
-            now = _state(counter)
-            task.costs[id(counter)] = (counter, now)
-            total = self._global.pop(id(counter), None) or _zero()
-            total.update({k: total[k] + now[k] - before[k] for k in CostCounter.SCALARS})
-            total["forward_shapes"] = []  # the shapes are per sample (latency model): totals keep none
-            _set_state(counter, total)
-        self._global.clear()
 
 
 def _state(counter: CostCounter) -> dict[str, Any]:

@@ -37,9 +37,7 @@ class Sampler:
     def probs_from_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """The distribution actually sampled from (temperature and top-p applied); one-hot when greedy."""
         if self.greedy:
-            out = torch.zeros_like(logits, dtype=torch.float32)
-            out[..., logits.argmax(-1)] = 1.0
-            return out
+            return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
         probs = torch.softmax(logits.float() / self.temperature, dim=-1)
         if self.top_p < 1.0:
             probs = _nucleus(probs, self.top_p)
@@ -69,4 +67,4 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     drop = cumulative - sorted_p > top_p  # keep the smallest prefix whose mass reaches top_p
     sorted_p = sorted_p.masked_fill(drop, 0.0)
     out = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    return out / out.sum()
+    return out / out.sum(-1, keepdim=True)
