@@ -161,23 +161,20 @@ def lookup(summaries: dict[str, dict[str, Any]], manifest: dict[str, Any], ref: 
 def evaluate(expression: str, summaries: dict[str, dict[str, Any]], manifest: dict[str, Any],
              names: dict[str, Any]) -> Any:
     """Arithmetic (+ - * /, unary -, a subscript [i]) over references and the report's names."""
-    refs: list[Any] = []
+    scope = dict(names)
 
-    def substitute(m: re.Match) -> str:
-        refs.append(lookup(summaries, manifest, m))
-        return f"__ref{len(refs) - 1}"
+    def substitute(m: re.Match) -> str:  # each reference becomes a name bound to its value
+        name = f"__ref{len(scope)}"
+        scope[name] = lookup(summaries, manifest, m)
+        return name
 
     tree = ast.parse(REFERENCE.sub(substitute, expression.strip()), mode="eval")
 
     def value(node: ast.AST) -> Any:
-        if isinstance(node, ast.Expression):
-            return value(node.body)
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
             return node.value
-        if isinstance(node, ast.Name) and node.id.startswith("__ref"):
-            return refs[int(node.id[5:])]
-        if isinstance(node, ast.Name) and node.id in names:
-            return names[node.id]
+        if isinstance(node, ast.Name) and node.id in scope:
+            return scope[node.id]
         if isinstance(node, ast.BinOp) and type(node.op) in OPS:
             return OPS[type(node.op)](value(node.left), value(node.right))
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
@@ -186,7 +183,7 @@ def evaluate(expression: str, summaries: dict[str, dict[str, Any]], manifest: di
             return value(node.value)[value(node.slice)]
         raise ConfigError(f"not arithmetic on the report's figures: {expression.strip()!r}")
 
-    return value(tree)
+    return value(tree.body)
 
 
 def unchecked_figures(template: str) -> list[str]:
