@@ -34,17 +34,6 @@ class StepConfig:
     max_steps: int = 512  # the sample ends after this many steps ("step_cap")
     max_repeats: int = 5  # ...or after this many identical steps in a row ("repeat"); 0 = never
 
-    @classmethod
-    def checked(cls, method: str, separator: Any, max_step_tokens: Any, max_steps: Any, max_repeats: Any) -> StepConfig:
-        if not isinstance(separator, str) or not separator:
-            raise ConfigError(f"method.separator of '{method}' must be a non-empty string, got {separator!r}")
-        return cls(
-            separator,
-            require_int(method, "max_step_tokens", max_step_tokens),
-            require_int(method, "max_steps", max_steps),
-            require_int(method, "max_repeats", max_repeats, low=0),
-        )
-
 
 def step_text(text: str, separator: str) -> str:
     head, found, tail = text.partition(separator)
@@ -239,7 +228,11 @@ class StepMethod(Method):
     family = "step"
 
     def __init__(self, separator: str = "\n\n", max_step_tokens: int = 1024, max_steps: int = 512, max_repeats: int = 5):
-        self.step_config = StepConfig.checked(self.name, separator, max_step_tokens, max_steps, max_repeats)
+        if not isinstance(separator, str) or not separator:
+            raise ConfigError(f"method.separator of '{self.name}' must be a non-empty string, got {separator!r}")
+        self.step_config = StepConfig(separator, require_int(self.name, "max_step_tokens", max_step_tokens),
+                                      require_int(self.name, "max_steps", max_steps),
+                                      require_int(self.name, "max_repeats", max_repeats, low=0))
         self._prm_spec: ProcessRewardModel | dict | None = None
 
     def use_prm(self, spec: Any) -> None:

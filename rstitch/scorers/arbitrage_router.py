@@ -27,10 +27,7 @@ def router_pieces(problem: str, history: Sequence[tuple[int, str]], draft: str, 
 
 
 def encode_router_input(tokenizer, problem: str, history: Sequence[tuple[int, str]], draft: str, separator: str = "\n\n") -> list[int]:
-    ids: list[int] = []
-    for piece in router_pieces(problem, history, draft, separator):
-        ids += tokenizer.encode(piece, add_special_tokens=False)
-    return ids
+    return [t for piece in router_pieces(problem, history, draft, separator) for t in tokenizer.encode(piece, add_special_tokens=False)]
 
 
 class ArbitrageRouter:

@@ -45,18 +45,16 @@ class PrefixCachedScorer:
         self.runner, self.read, self.want_hidden, self.use_cache = runner, read, want_hidden, use_cache
         self._own = _Prefix()
 
-    @property
-    def _prefix(self) -> _Prefix:
-        """The previous call's state; in a batched run, the previous call of the same sample (the
-        samples' calls interleave), so each sample reuses its own prefix as at batch size 1."""
-        task = current_task()
-        return self._own if task is None else task.local(self, _Prefix)
-
-    def rows(self, ids: Sequence[int]) -> torch.Tensor:
-        ids = list(ids)
+    def _prefix(self, ids: Sequence[int]) -> tuple[list[int], _Prefix]:
+        """`ids` and the previous call's state; in a batched run, the previous call of the same sample
+        (the samples' calls interleave), so each sample reuses its own prefix as at batch size 1."""
         if not ids:
             raise ValueError("cannot score an empty input")
-        prefix = self._prefix
+        task = current_task()
+        return list(ids), self._own if task is None else task.local(self, _Prefix)
+
+    def rows(self, ids: Sequence[int]) -> torch.Tensor:
+        ids, prefix = self._prefix(ids)
         shared = common_prefix_length(prefix.ids, ids) if self.use_cache and prefix.rows is not None else 0
         if shared == len(ids):
             assert prefix.rows is not None, "a non-empty shared prefix has its rows"
@@ -71,10 +69,7 @@ class PrefixCachedScorer:
     def last_row(self, ids: Sequence[int]) -> torch.Tensor:
         """The row of the last position of `ids` alone (a judge's answer, a router's decision):
         one forward of the tokens after the shared prefix that keeps only the last position."""
-        ids = list(ids)
-        if not ids:
-            raise ValueError("cannot score an empty input")
-        prefix = self._prefix
+        ids, prefix = self._prefix(ids)
         shared = common_prefix_length(prefix.ids, ids) if self.use_cache else 0
         if shared == len(ids) == len(prefix.ids) and prefix.last is not None:
             return prefix.last

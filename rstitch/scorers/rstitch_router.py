@@ -15,27 +15,20 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn import functional as F
 
-WIDTH_DIVISOR = 80
-MIN_WIDTH = 16
-DEPTH = 6
 WEIGHTS_FILE = "router.safetensors"
 CONFIG_FILE = "config.json"
 SLM, LLM = 0, 1  # the router's actions
-
-
-def router_width(slm_hidden: int, llm_hidden: int) -> int:
-    return max(MIN_WIDTH, round(max(slm_hidden, llm_hidden) / WIDTH_DIVISOR))
 
 
 @dataclass(frozen=True)
 class RouterConfig:
     slm_hidden: int
     llm_hidden: int
-    width: int = 0  # 0 = the width rule above
-    depth: int = DEPTH
+    width: int = 0  # 0 = the width rule (docs/rstitch-plus.md "Width rule")
+    depth: int = 6
 
     def resolved(self) -> RouterConfig:
-        width = self.width or router_width(self.slm_hidden, self.llm_hidden)
+        width = self.width or max(16, round(max(self.slm_hidden, self.llm_hidden) / 80))
         return RouterConfig(self.slm_hidden, self.llm_hidden, width, self.depth)
 
 
