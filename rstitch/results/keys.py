@@ -1,11 +1,7 @@
-"""Run identity, defined here only. The comparison key says which runs are comparable (same pair
-and weights, data, budget, decoding, seed); the run key adds the method and its checkpoints'
-weights (fingerprints, below), and names the run directory:
-
-    <results_root>/<pair>/<dataset>/<method>/<params>_<hash>
-
-The runner, `rstitch-run` (its Hydra config reads `run_dir` and `run_subdir` through resolvers
-registered by cli/run.py), `rstitch-merge` and the scripts all take directories from here."""
+"""Run identity, defined here only. The comparison key says which runs are comparable (same pair and weights, data,
+budget, decoding, seed); the run key adds the method and its checkpoints' weights, and names the run directory
+`<results_root>/<pair>/<dataset>/<method>/<params>_<hash>`, which the runner, `rstitch-run` (through resolvers that
+cli/run.py registers), `rstitch-merge` and the scripts all take from here."""
 from __future__ import annotations
 
 import hashlib
@@ -25,7 +21,6 @@ from rstitch.configs import CONF_DIR
 # while a retrained model changes the bytes of every tensor, and so the head and tail of each shard.
 
 CHUNK = 1 << 20
-PAIR_ROLES = ("slm", "llm")
 
 
 def fingerprint(path: str | os.PathLike) -> str:
@@ -57,7 +52,7 @@ def is_local(value: Any) -> TypeGuard[str]:
 
 def pair_weights(pair: dict[str, Any]) -> dict[str, str]:
     """Fingerprints of the pair's local models, by role."""
-    models = {role: (pair.get(role) or {}).get("path") for role in PAIR_ROLES}
+    models = {role: (pair.get(role) or {}).get("path") for role in ("slm", "llm")}
     return {role: fingerprint(os.path.expanduser(path)) for role, path in models.items() if is_local(path)}
 
 
@@ -77,7 +72,6 @@ def method_weights(method: dict[str, Any]) -> dict[str, str]:
     return found
 
 
-SHARD_KEYS = ("shard", "num_shards")
 # The config entries a run's identity is computed from (the run key below reads no others).
 RUN_KEY_FIELDS = ("pair", "engine", "dataset", "prompt", "max_new_tokens", "decoding", "n_samples", "method", "on_overflow",
                   "batch_size")
@@ -94,7 +88,7 @@ def is_sharded(dataset: dict[str, Any]) -> bool:
 def dataset_key(dataset: dict[str, Any]) -> dict[str, Any]:
     """An unsharded run's key has no shard fields: the key runs had before sharding, and of its shards once merged.
     `source` is left out too: the dataset's name (conf/dataset/<name>.yaml) fixes it."""
-    left_out = ("source",) if is_sharded(dataset) else ("source", *SHARD_KEYS)
+    left_out = ("source",) if is_sharded(dataset) else ("source", "shard", "num_shards")
     return {k: v for k, v in dataset.items() if k not in left_out}
 
 
@@ -161,9 +155,6 @@ def short_hash(obj: Any) -> str:
     return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
-MAX_TAG_VALUE_CHARS = 24  # longer settings are left to the hash (and run_key.json)
-
-
 def run_tag(cfg: dict[str, Any], key_hash: str | None = None) -> str:
     """The method's short parameters, the shard (`shard=1of4`), then a hash of the whole run key (`key_hash`, where known)."""
     method = portable(cfg["method"])
@@ -200,11 +191,12 @@ def method_defaults(name: str) -> dict[str, Any]:
 
 
 def _short_setting(value: Any) -> bool:
-    """Fit for a directory name: a short scalar without path separators or control characters (a prompt's newlines)."""
+    """Fit for a directory name: a scalar of up to 24 characters (longer ones are left to the hash and run_key.json),
+    without path separators or control characters (a prompt's newlines)."""
     if isinstance(value, (dict, list)):
         return False
     text = str(value)
-    return len(text) <= MAX_TAG_VALUE_CHARS and "/" not in text and os.sep not in text and text.isprintable()
+    return len(text) <= 24 and "/" not in text and os.sep not in text and text.isprintable()
 
 
 def comparison_dir(results_root: str | Path, cfg: Mapping[str, Any]) -> Path:

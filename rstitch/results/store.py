@@ -15,7 +15,6 @@ from rstitch.errors import ConfigError
 SAMPLES_FILE = "samples.jsonl"
 SUMMARY_FILE = "summary.json"
 RUN_KEY_FILE = "run_key.json"
-LOCK_FILE = ".lock"
 _HELD: set[str] = set()  # run directories whose lock this process holds
 
 
@@ -47,7 +46,7 @@ class SampleStore:
         key = str(self.dir.resolve())
         if key in _HELD:  # waiting on our own lock would never end
             raise RuntimeError(f"{self.dir} is already open in this process; close that store first")
-        lock = open(self.dir / LOCK_FILE, "w")
+        lock = open(self.dir / ".lock", "w")
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
