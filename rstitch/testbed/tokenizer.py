@@ -31,8 +31,7 @@ CHAT_TEMPLATE = (
 
 
 def tokenizer_corpus(n_problems: int = 3000, seed: int = 0) -> list[str]:
-    """Texts the BPE is trained on: problems, both solution styles, corrupted
-    solutions, and the judge instruction and prefix."""
+    """Texts the BPE is trained on: problems, solutions in both styles, corrupted ones, the judge's strings."""
     rng = random.Random(seed)
     texts = [JUDGE_INSTRUCTION, JUDGE_PREFIX] * 200
     for p in generate_problems("train", n_problems, seed=seed):

@@ -113,9 +113,8 @@ def train_router(router: RStitchRouter, pair: ModelPair, problems: list[tuple[st
     optimizer = torch.optim.AdamW(router.parameters(), lr=lr, weight_decay=0.0)
     generator = torch.Generator().manual_seed(settings.seed)
     history: list[dict[str, Any]] = []
-    step_times: list[float] = []
     for step in range(settings.steps):
-        if step_times and (time.perf_counter() - start + statistics.fmean(step_times)) / 60 > settings.minutes:
+        if history and (time.perf_counter() - start + statistics.fmean(r["step_time_s"] for r in history)) / 60 > settings.minutes:
             print(f"stopping at step {step}: the {settings.minutes}-minute budget would be exceeded")
             break
         t0 = time.perf_counter()
@@ -127,8 +126,7 @@ def train_router(router: RStitchRouter, pair: ModelPair, problems: list[tuple[st
         if kept:
             loss, info = dapo.dapo_update(router, optimizer, dapo.decision_batch(kept, width), settings.updates,
                                           settings.clip_eps, dapo.CLIP_HIGHER if settings.clip_higher else None)
-        step_times.append(time.perf_counter() - t0)
-        row = {**step_row(step, rollouts, len(kept), settings.lam, loss, info), "step_time_s": step_times[-1],
+        row = {**step_row(step, rollouts, len(kept), settings.lam, loss, info), "step_time_s": time.perf_counter() - t0,
                "elapsed_min": (time.perf_counter() - start) / 60}
         history.append(row)
         log(row)

@@ -57,8 +57,7 @@ def problem_stream(seed: int, phase: str):
 
 
 def mixed_steps(prob: TestbedProblem, rng: random.Random, corrupt: bool) -> list[str]:
-    """Steps in concise, verbose or mixed style (mixed: each operation step
-    picked from one style), optionally with one injected (propagated) error (corrupt_steps)."""
+    """Steps in concise, verbose or mixed style (each step from either), optionally with one injected error."""
     style = rng.choice(["concise", "verbose", "mixed"])
     if corrupt:
         state = rng.random()
@@ -146,8 +145,7 @@ def lr_at(step: int, total: int, base: float, time_frac: float = 0.0, warmup: in
 
 
 class FamilyTrainer:
-    """One training run of the testbed family, with its options (scripts/train_testbed.py's
-    arguments), output directory and report; the tokenizer is built (or loaded) at once."""
+    """One training run of the testbed family (scripts/train_testbed.py's arguments); builds or loads the tokenizer at once."""
 
     def __init__(self, args: Any) -> None:
         self.args = args
@@ -254,10 +252,9 @@ class FamilyTrainer:
         return {"accuracy": acc, "mean_output_tokens": ntok, "n": len(problems), "seconds": round(time.time() - t0, 1), "texts": texts}
 
     def sample_model(self, model, n: int, max_new: int, seed: int, what: str, stretch: bool = False) -> list[tuple[TestbedProblem, list[str]]]:
-        """(problem, steps) of n training problems' solutions that have steps (none if n is 0), half
-        greedy and half sampled at temperature 1; with `stretch`, all greedy on operands a little past
-        the training range, where the model errs often, and greedily, the way it errs on test problems.
-        Logs and reports how many steps are wrong."""
+        """(problem, steps) of n training problems' solutions, half greedy and half sampled at temperature 1;
+        with `stretch`, all greedy on operands a little past the training range, where the model errs
+        often, and greedily, the way it errs on test problems. Reports how many steps are wrong."""
         if not n:
             return []
         base, difficulty = (30_000, STRETCH_DIFFICULTY) if stretch else (10_000, TRAIN_DIFFICULTY)
@@ -400,8 +397,7 @@ class FamilyTrainer:
         return roc_auc(j_scores, j_labels)
 
     def run(self) -> dict:
-        """Every phase in order (skipped ones load their checkpoints), then the report
-        (train_report.json in the output directory)."""
+        """Every phase in order (skipped ones load their checkpoints), then train_report.json."""
         args = self.args
         slm = self.train_slm()
         slm_samples = self.sample_model(slm, args.sample_slm, args.max_new_concise, seed=1, what="SLM samples")
