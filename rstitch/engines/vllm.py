@@ -504,14 +504,13 @@ class VLLMModelRunner(ModelRunner):
         return complete_topk(ids, values, self.model_vocab_size)[: self.vocab_size]
 
 
-def _check_options(dtype: str, max_lookahead: Any, hidden_gpu_memory_utilization: Any) -> None:
+def _check_options(dtype: str, max_lookahead: Any, hidden_fraction: Any) -> None:
     torch_dtype(dtype)
     if isinstance(max_lookahead, bool) or not isinstance(max_lookahead, int) or max_lookahead < 1:
         raise ConfigError(f"engine.max_lookahead must be an integer >= 1, got {max_lookahead!r}")
     # Checked now: the hidden-state engine is loaded only at the first sequence that wants it.
-    fraction = hidden_gpu_memory_utilization
-    if not (isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0 < fraction <= 1):
-        raise ConfigError(f"engine.hidden_gpu_memory_utilization must be in (0, 1], got {hidden_gpu_memory_utilization!r}")
+    if not (isinstance(hidden_fraction, (int, float)) and not isinstance(hidden_fraction, bool) and 0 < hidden_fraction <= 1):
+        raise ConfigError(f"engine.hidden_gpu_memory_utilization must be in (0, 1], got {hidden_fraction!r}")
 
 
 def cached_tokens(llm: Any, token_ids: list[int]) -> int:
