@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 import re
 from collections import deque
 from dataclasses import dataclass
@@ -318,15 +319,10 @@ def _span_value(content: str) -> str:
     content = content.strip().rstrip(".,").strip()
     if "," in content or ";" in content:  # "a = 1, b = 2" is one answer
         return content
-    sides, depth, start = [], 0, 0
-    for i, char in enumerate(content):
-        depth += char == "{"
-        depth -= char == "}"
-        if char == "=" and depth == 0 and (i == 0 or content[i - 1] not in "<>!\\"):
-            sides.append(content[start:i])
-            start = i + 1
-    sides.append(content[start:])
-    return sides[-1].strip() if len(sides) > 2 else content
+    depths = itertools.accumulate((char == "{") - (char == "}") for char in content)
+    equals = [i for i, (char, depth) in enumerate(zip(content, depths))
+              if char == "=" and depth == 0 and (i == 0 or content[i - 1] not in "<>!\\")]
+    return content[equals[-1] + 1 :].strip() if len(equals) > 1 else content
 
 
 def _extract_letter(text: str) -> Extracted | None:

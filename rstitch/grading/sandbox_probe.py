@@ -176,20 +176,15 @@ print(written * 65536)
 
 def probe_whole_sample_limits(outer_s: float) -> list[ProbeOutcome]:
     """Class 3: memory, processes and disk summed over the sample."""
+    attacks = ((memory_hog(64), probe_limits(memory_bytes=128 * MIB), "4 processes x 64 MiB under a 128 MiB limit", 3, "{} of 4 held their memory"),
+               (FORKS, probe_limits(max_processes=8), "40 forks under an 8-process limit", 8, "{} processes ran"),
+               (DISK_FILL, probe_limits(), "160 files x 64 KiB under a 2 MiB disk limit", 2 * MIB, "{:,} bytes written"))
     outcomes = []
-    done = run_bounded(lambda: run_python(memory_hog(64), limits=probe_limits(memory_bytes=128 * MIB)), outer_s)
-    held = _printed_int(done)
-    contained = held is None or held < 4
-    outcomes.append(ProbeOutcome("3 whole sample", "4 processes x 64 MiB under a 128 MiB limit",
-                                 f"{held} of 4 held their memory" if held is not None else "did not run to the end", contained))
-    done = run_bounded(lambda: run_python(FORKS, limits=probe_limits(max_processes=8)), outer_s)
-    count = _printed_int(done)
-    outcomes.append(ProbeOutcome("3 whole sample", "40 forks under an 8-process limit", f"{count} processes ran",
-                                 count is None or count <= 8))
-    done = run_bounded(lambda: run_python(DISK_FILL, limits=probe_limits()), outer_s)
-    written = _printed_int(done)
-    outcomes.append(ProbeOutcome("3 whole sample", "160 files x 64 KiB under a 2 MiB disk limit",
-                                 f"{(written or 0) / MIB:.2f} MiB written", written is None or written <= 2 * MIB))
+    for source, limits, attack, most, shown in attacks:
+        done = run_bounded(functools.partial(run_python, source, limits=limits), outer_s)
+        count = _printed_int(done)
+        outcome = shown.format(count) if count is not None else "did not run to the end"
+        outcomes.append(ProbeOutcome("3 whole sample", attack, outcome, count is None or count <= most))
     return outcomes
 
 
