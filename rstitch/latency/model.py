@@ -129,9 +129,7 @@ def latency_file(directory: str | Path, model: str, device: str = "cpu", dtype: 
                  engine: str | None = None) -> Path:
     """`<model>.<engine>.<device>.<dtype>.json`, so no engine reads another's profile; without the
     engine for the one whose profiles predate engine names (`unnamed_profiles_engine`, also None)."""
-    unnamed = unnamed_profiles_engine()
-    engine = engine or unnamed
-    parts = [model, device, dtype] if engine == unnamed else [model, engine, device, dtype]
+    parts = [model, device, dtype] if not engine or engine == unnamed_profiles_engine() else [model, engine, device, dtype]
     return Path(directory) / (".".join(parts) + ".json")
 
 

@@ -37,10 +37,7 @@ def summarize_run(cfg: dict[str, Any], method: Method, samples: list[dict[str, A
     if clash:  # a method's key must not silently replace a common metric
         raise ValueError(f"method '{method.name}' summarizes keys of the common summary: {', '.join(clash)}")
     summary = {**common, **own}
-    if method.baseline == "target":
-        summary.update(self_comparison(summary))
-    else:
-        summary.update(compare_with_baseline(summary, samples, results_root))
+    summary.update(self_comparison(summary) if method.baseline == "target" else compare_with_baseline(summary, samples, results_root))
     summary["speedup_missing"] = missing_speedup_reason(summary, results_root)
     return summary
 
