@@ -51,10 +51,8 @@ def load_models(cfg: dict[str, Any], method: Method, records: list, prompt: Prom
     check_engine_installed(cfg["engine"]["name"])
     if not is_loaded(cfg["pair"], cfg["engine"]):
         clear_pairs()
-        def longest_prompt(tokenizer: Any) -> int:
-            return max(len(prompt.encode(tokenizer, r.problem)) for r in records)
-
-        engine.check_memory(cfg["pair"], cfg["engine"], batch_size, longest_prompt, max_new_tokens)
+        engine.check_memory(cfg["pair"], cfg["engine"], batch_size,
+                            lambda tokenizer: max(len(prompt.encode(tokenizer, r.problem)) for r in records), max_new_tokens)
     pair = get_pair(cfg["pair"], cfg["engine"])
     largest = max(m.num_parameters for m in pair.models().values())
     threads = engine.default_threads(cfg["engine"], pair_device(pair), largest, available_cpus())
@@ -274,8 +272,7 @@ def decode(run: RunPlan) -> None:
     """Decode the planned samples into the store: an untimed warm-up, then one by one (batch size 1)
     or batched, each sample saved (and logged) as it finishes."""
     if run.logger is not None:
-        name = run.identity.name
-        run.logger.start(name, run.identity.config, name, run_dir=run.identity.run_dir)
+        run.logger.start(run.identity.name, run.identity.config, run.identity.name, run_dir=run.identity.run_dir)
     if run.todo:  # an untimed decode of the first prompt: what the engine cannot do for this method surfaces here
         record = run.todo[0][0]
         try:
@@ -317,7 +314,13 @@ def finish(run: RunPlan) -> dict[str, Any]:
     samples = [s for key, s in run.store.records.items() if key in wanted]
     summary = summarize_run(run.identity.config, run.method, samples, run.identity.comparison_root, run.identity)
     summary["skipped_context_overflow"] = len(wanted) - len(samples)  # on_overflow=skip (or no room left)
-    summary.update(throughput(run.store, run.todo, run.decode_wall_s))
+    # What this invocation's decode loop (grading and writing included) did per second of wall clock, loading,
+    # warm-up and resumed samples excluded: the batching gain, unlike the batch-1 `latency_s`.
+    decoded = [run.store.records[(str(r.id), k)] for r, k in run.todo if run.store.done(r.id, k)]
+    wall = run.decode_wall_s
+    rate = lambda n: n / wall if decoded and wall > 0 else None  # noqa: E731
+    summary.update(decode_wall_s=wall if decoded else None, decoded_samples=len(decoded), samples_per_s=rate(len(decoded)),
+                   decode_tokens_per_s=rate(sum(r["tokens"] for r in decoded)))
     summary.update(summarize_measurement(samples))
     run.store.write_summary(summary)
     if run.logger is not None:
@@ -332,10 +335,10 @@ def evaluate(run: RunIdentity, logger=None) -> dict[str, Any]:
         return finish(planned)
 
 
-def run(cfg: dict[str, Any], run_dir: str | Path, logger=None, results_root: str | Path | None = None) -> dict[str, Any]:
+def run(cfg: dict[str, Any], run_dir: str | Path, logger=None) -> dict[str, Any]:
     """Evaluate one configuration (a resolved config dict) into `run_dir`, its speedup taken from the
-    baseline run under `results_root` (its comparison directory; default: `run_dir`'s parent)."""
-    return evaluate(identify(cfg, results_root if results_root is not None else Path(run_dir).parent, run_dir), logger)
+    baseline run beside it (`run_dir`'s parent is its comparison directory)."""
+    return evaluate(identify(cfg, Path(run_dir).parent, run_dir), logger)
 
 
 def prepare_shapes(pair: ModelPair, batch_size: int, fitted: list[tuple[list[int], int]]) -> None:
@@ -351,16 +354,6 @@ def count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
     return value
-
-
-def throughput(store: SampleStore, todo: list, decode_wall: float) -> dict[str, Any]:
-    """What this invocation's decode loop (grading and writing included) did per second of wall
-    clock, loading, warm-up and resumed samples excluded: the batching gain, unlike the batch-1
-    `latency_s`."""
-    decoded = [store.records[(str(r.id), k)] for r, k in todo if store.done(r.id, k)]
-    rate = lambda n: n / decode_wall if decoded and decode_wall > 0 else None  # noqa: E731
-    return {"decode_wall_s": decode_wall if decoded else None, "decoded_samples": len(decoded),
-            "samples_per_s": rate(len(decoded)), "decode_tokens_per_s": rate(sum(r["tokens"] for r in decoded))}
 
 
 def run_config(cfg: dict[str, Any], logger=None) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """`rstitch-run -m ... hydra/launcher=slurm_cpu|slurm_gpu|local`: Hydra loads launchers only from its plugin
 package, so the stock submitit ones run, set up here to end: in a job, a failed run is a `JobError` (a bare
 SystemExit leaves submitit no result and its submitter waiting) and scancel stops after the sample in flight;
-the submitter reads job states from squeue/scontrol (submitit asks only sacct, which a cluster without
+the submitter reads job states from squeue (submitit asks only sacct, which a cluster without
 accounting never answers), and checks the requests against sinfo and `sbatch --test-only` first."""
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from hydra.errors import CompactHydraException
 
+from rstitch.configs import override_value
 from rstitch.errors import ConfigError
 
 SLURM_LAUNCHERS = ("slurm", "slurm_cpu", "slurm_gpu")
@@ -24,7 +25,7 @@ SUBMITIT_LAUNCHERS = (*SLURM_LAUNCHERS, "local")
 # Pending reasons with which a job never starts: it is cancelled and reported instead of waited on.
 NEVER_STARTS = ("PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints", "InvalidAccount",
                 "InvalidQOS", "QOSMax", "AssocMax", "JobHeldAdmin")
-UNKNOWN_GRACE_S = 60  # a job neither squeue nor scontrol knows is reported after this long
+UNKNOWN_GRACE_S = 60  # a job squeue does not know is reported after this long
 
 
 class JobError(CompactHydraException):
@@ -56,25 +57,18 @@ def slurm_job_preempted() -> bool:
 
 
 def job_states(array_ids: Sequence[str]) -> dict[str, dict[str, str]]:
-    """{job id ('12_3', '12'): {'State', 'Reason'}} from squeue and scontrol (which also knows jobs ended lately)."""
-    ids = ",".join(array_ids)
+    """{job id ('12_3', '12'): {'State', 'Reason'}} from squeue, jobs ended lately included (`-t all`)."""
+    squeue = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(array_ids), "-o", "%i|%T|%r"],
+                            capture_output=True, text=True)
     info: dict[str, dict[str, str]] = {}
-    squeue = subprocess.run(["squeue", "-h", "-r", "-j", ids, "-o", "%i|%T|%r"], capture_output=True, text=True)
     for line in squeue.stdout.splitlines():
         job_id, state, reason = (line.split("|") + ["", ""])[:3]
         info[job_id.strip()] = {"State": state.strip(), "Reason": reason.strip()}
-    for array_id in array_ids:
-        scontrol = subprocess.run(["scontrol", "show", "job", "-o", array_id], capture_output=True, text=True)
-        for line in scontrol.stdout.splitlines():
-            fields = dict(item.split("=", 1) for item in line.split() if "=" in item)
-            task = fields.get("ArrayTaskId", "")
-            job_id = f"{fields.get('ArrayJobId')}_{task}" if task.isdigit() else fields.get("JobId", "")
-            info.setdefault(job_id, {"State": fields.get("JobState", "UNKNOWN"), "Reason": fields.get("Reason", "")})
     return info
 
 
 def install_slurm_watcher() -> Any:
-    """submitit's Slurm jobs watched from now on by a fresh watcher that reads squeue and scontrol instead of
+    """submitit's Slurm jobs watched from now on by a fresh watcher that reads squeue instead of
     sacct, prints each submitted array's id and cancels a job that will never start."""
     from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
@@ -103,7 +97,7 @@ def install_slurm_watcher() -> Any:
             for job_id in self._registered - self._finished:
                 state = info.get(job_id)
                 if state is None and time.time() - self.registered_at.get(job_id, 0) > UNKNOWN_GRACE_S:
-                    state = {"State": "NOT_FOUND", "Reason": "neither squeue nor scontrol knows it"}
+                    state = {"State": "NOT_FOUND", "Reason": "squeue does not know it"}
                 if state and state["State"] == "PENDING" and state["Reason"].startswith(NEVER_STARTS):
                     subprocess.run(["scancel", job_id], check=False)
                     state = {"State": "CANCELLED", "Reason": f"it would never start ({state['Reason']})"}
@@ -116,12 +110,6 @@ def install_slurm_watcher() -> Any:
 
     SlurmJob.watcher = SqueueWatcher()
     return SlurmJob.watcher
-
-
-def launcher_of(argv: Sequence[str]) -> str | None:
-    """The `hydra/launcher=...` choice of a command line (the last one wins, as in Hydra)."""
-    choices = [a.split("=", 1)[1] for a in argv if a.lstrip("+").split("=", 1)[0] == "hydra/launcher"]
-    return choices[-1] if choices else None
 
 
 def failure_line(err: BaseException, states: Mapping[str, Mapping[str, str]]) -> str:
@@ -159,7 +147,7 @@ def wait_for_the_rest(watcher: Any) -> dict[str, dict[str, str]]:
 @contextlib.contextmanager
 def submitting(argv: Sequence[str]) -> Iterator[None]:
     """Around `rstitch-run -m ... hydra/launcher=<submitit launcher>` in the submitter; other command lines as they are."""
-    launcher = launcher_of(argv)
+    launcher = override_value(argv, "hydra/launcher")
     if not any(a in ("-m", "--multirun") for a in argv) or launcher not in SUBMITIT_LAUNCHERS:
         yield
         return

@@ -32,14 +32,8 @@ class Shard:
     dir: Path
     key: dict[str, Any]      # run_key.json
     config: dict[str, Any]   # the resolved config of summary.json
-
-    @property
-    def index(self) -> int:
-        return self.key["dataset"]["shard"]
-
-    @property
-    def count(self) -> int:
-        return self.key["dataset"]["num_shards"]
+    index: int               # dataset.shard
+    count: int               # dataset.num_shards
 
 
 @dataclass
@@ -65,7 +59,7 @@ def read_shard(run_dir: str | Path) -> Shard:
     config = json.loads(summary_file.read_text()).get("config")
     if not isinstance(config, dict):
         raise ConfigError(f"{run_dir}/{SUMMARY_FILE} has no resolved config; rerun the shard to rewrite it")
-    return Shard(run_dir, key, config)
+    return Shard(run_dir, key, config, key["dataset"]["shard"], key["dataset"]["num_shards"])
 
 
 def _without_shard_index(key: dict[str, Any]) -> dict[str, Any]:
@@ -177,15 +171,11 @@ def shard_overrides(shard: Shard) -> list[str]:
     return [o for o in overrides if override_key(o) not in ("dataset.shard", "dataset.num_shards")]
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="rstitch-merge", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", help="the shard run directories of one configuration (with --all: results roots)")
     parser.add_argument("--all", action="store_true", help="merge every sharded configuration found under the paths")
-    return parser.parse_args(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
     try:
         groups = find_shard_groups(args.paths) if args.all else [[read_shard(p) for p in args.paths]]
         merged = merge(groups)

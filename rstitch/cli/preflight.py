@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rstitch.config_groups import check_group_choices
-from rstitch.configs import CONF_DIR, override_key
+from rstitch.configs import CONF_DIR, override_key, override_value
 from rstitch.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -25,19 +25,16 @@ SLURM_COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "scancel")
 def check_results_root(argv: Sequence[str]) -> None:
     """Hydra creates the run directory before the run starts, and an unwritable results_root
     would end in its traceback: check the nearest existing ancestor first."""
-    given = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("results_root=")]
-    root = given[-1] if given else "runs"  # the last override wins, as in Hydra
+    root = override_value(argv, "results_root") or "runs"
     existing = Path(root).expanduser().absolute()
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"results_root '{root}' is not writable "
-                          f"({existing} is {'read-only' if existing.is_dir() else 'not a directory'})")
+        raise ConfigError(f"results_root '{root}' is not writable ({existing} is {'read-only' if existing.is_dir() else 'not a directory'})")
     try:  # permissions are not the whole story (root ignores them; /proc refuses new directories to everyone)
         os.rmdir(tempfile.mkdtemp(prefix=".rstitch-probe-", dir=existing))
     except OSError as err:
-        raise ConfigError(f"results_root '{root}' cannot be created: no new directory can be made in {existing} "
-                          f"({err.strerror})") from None
+        raise ConfigError(f"results_root '{root}' cannot be created: no new directory can be made in {existing} ({err.strerror})") from None
 
 
 def parsed_overrides(overrides: Sequence[str]) -> list[Override]:
@@ -63,9 +60,9 @@ def check_sweep_needs_multirun(overrides: Sequence[str], multirun: bool) -> None
 
 def check_slurm(overrides: Sequence[str]) -> None:
     """A Slurm launcher without Slurm (submitit's traceback) or with requests no node meets (pending forever)."""
-    from rstitch.cli.cluster import SLURM_LAUNCHERS, check_requests, launcher_of
+    from rstitch.cli.cluster import SLURM_LAUNCHERS, check_requests
 
-    launcher = launcher_of(overrides)
+    launcher = override_value(overrides, "hydra/launcher")
     if launcher not in SLURM_LAUNCHERS:
         return
     missing = [c for c in SLURM_COMMANDS if shutil.which(c) is None]

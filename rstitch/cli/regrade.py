@@ -35,7 +35,6 @@ SPEEDUP_KEYS = ("speedup", "speedup_cpu", "speedup_estimate", "speedup_tokens_pe
 
 @dataclass
 class Regraded:
-    run_dir: Path
     method: str
     samples: int
     changed: int            # samples whose verdict flipped
@@ -48,19 +47,17 @@ class Regraded:
 
 def find_runs(roots: Sequence[str | Path]) -> tuple[list[Path], list[Path]]:
     """(finished run directories, unfinished ones) under `roots`: an unfinished one has no config yet (--force later)."""
-    finished: dict[Path, None] = {}
-    unfinished: dict[Path, None] = {}
+    runs: dict[Path, bool] = {}  # run directory (each once, in the order found) -> finished
     for root in map(Path, roots):
         if not root.is_dir():
             raise ConfigError(f"no such results directory: {root}")
         for key_file in sorted(root.rglob(RUN_KEY_FILE)):
             run_dir = key_file.parent.resolve()
-            target = finished if (run_dir / SUMMARY_FILE).is_file() else unfinished
             if (run_dir / SAMPLES_FILE).is_file():
-                target.setdefault(run_dir, None)
-    if not finished and not unfinished:
+                runs[run_dir] = (run_dir / SUMMARY_FILE).is_file()
+    if not runs:
         raise ConfigError(f"no runs ({RUN_KEY_FILE} and {SAMPLES_FILE}) under {', '.join(map(str, roots))}")
-    return list(finished), list(unfinished)
+    return [d for d, finished in runs.items() if finished], [d for d, finished in runs.items() if not finished]
 
 
 class RecordIndex:
@@ -112,6 +109,8 @@ def regrade_samples(samples: list[dict[str, Any]], records: dict[str, Any], run_
 
 def regrade_run(run_dir: Path, index: RecordIndex, force: bool = False, dry_run: bool = False) -> Regraded | None:
     """Grade one finished run again; None when its summary already records the current grader."""
+    from rstitch.methods import build_method  # lazy: the method registry imports the engines
+
     old = json.loads((run_dir / SUMMARY_FILE).read_text())
     version = summary_grader_version(old)
     if version == GRADER_VERSION and not force:
@@ -123,23 +122,17 @@ def regrade_run(run_dir: Path, index: RecordIndex, force: bool = False, dry_run:
     run_key = json.loads((run_dir / RUN_KEY_FILE).read_text())
     with SampleStore(run_dir, run_key) as store:  # the run's lock: a run still decoding is waited for
         samples, changed, gained = regrade_samples(list(iter_samples(run_dir / SAMPLES_FILE)), records, run_dir)
-        summary = _summary(config, samples, run_dir, old)
+        # The comparison root is <results_root>/<pair>/<dataset>, as for a run of rstitch-run.
+        new = summarize_run(config, build_method(**config["method"]), samples, run_dir.parent.parent)
+        for key in SPEEDUP_KEYS:  # latencies did not change: a speedup whose baseline is not at hand stands
+            if new.get(key) is None and old.get(key) is not None:
+                new[key] = old[key]
+        summary = {**{k: v for k, v in old.items() if k not in new}, **new}  # e.g. merged_from
         if not dry_run:
             write_samples(run_dir, samples)  # first the samples; the summary, with the version, last
             store.write_summary(summary)
-    return Regraded(run_dir, old.get("method", config["method"]["name"]), len(samples), changed, gained,
+    return Regraded(old.get("method", config["method"]["name"]), len(samples), changed, gained,
                     old.get("accuracy"), summary.get("accuracy"), version, not dry_run)
-
-
-def _summary(config: dict[str, Any], samples: list[dict[str, Any]], run_dir: Path, old: dict[str, Any]) -> dict[str, Any]:
-    from rstitch.methods import build_method  # lazy: the method registry imports the engines
-
-    # The comparison root is <results_root>/<pair>/<dataset>, as for a run of rstitch-run.
-    new = summarize_run(config, build_method(**config["method"]), samples, run_dir.parent.parent)
-    for key in SPEEDUP_KEYS:  # latencies did not change: a speedup whose baseline is not at hand stands
-        if new.get(key) is None and old.get(key) is not None:
-            new[key] = old[key]
-    return {**{k: v for k, v in old.items() if k not in new}, **new}  # e.g. merged_from
 
 
 def regrade(roots: Sequence[str | Path], force: bool = False, dry_run: bool = False,
@@ -176,18 +169,14 @@ def method_table(results: list[Regraded]) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="+", type=Path, help="results roots or run directories")
     parser.add_argument("--force", action="store_true", help="also grade runs already graded by the current grader")
     parser.add_argument("--dry-run", action="store_true", help="count the changes, write nothing")
     parser.add_argument("--weak-code-sandbox", action="store_true",
                         help="grade code samples even without bubblewrap's empty root (programs can read the host's files)")
-    return parser.parse_args(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
     try:
         results, unfinished, current = regrade(args.results, force=args.force, dry_run=args.dry_run,
                                               weak_code_sandbox=args.weak_code_sandbox)

@@ -15,7 +15,6 @@ from pathlib import Path
 from rstitch.errors import ConfigError
 
 PROG = "rstitch-report"
-DEFAULT_REPORT = "report.html"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -39,7 +38,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.output is None:  # beside the runs of the one results directory given, else here
         one_folder = len(args.results) == 1 and args.results[0].is_dir()
-        args.output = (args.results[0] if one_folder else Path()) / DEFAULT_REPORT
+        args.output = (args.results[0] if one_folder else Path()) / "report.html"
     if args.entropy_samples is not None and args.entropy_samples < 1:
         parser.error(f"--entropy-samples must be >= 1, got {args.entropy_samples}")
     return args

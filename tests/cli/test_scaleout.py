@@ -631,11 +631,12 @@ def test_a_rerun_that_changed_no_sample_does_not_log_the_sweep_summary_again(tmp
 
 
 def test_slurm_requests_and_states_are_read_as_slurm_writes_them():
-    from rstitch.cli.cluster import failure_line, gpu_count, launcher_of, minutes, sbatch_flags
+    from rstitch.cli.cluster import failure_line, gpu_count, minutes, sbatch_flags
+    from rstitch.configs import override_value
 
     assert [gpu_count(g) for g in ("(null)", "gpu:2", "gpu:a100:4(S:0-1)", "gpu:a100:4,gpu:v100:2,shard:8")] == [0, 2, 4, 6]
     assert [minutes(t) for t in ("infinite", "30:00", "2:00:00", "1-00:00:00", "45")] == [float("inf"), 30, 120, 1440, 45]
-    assert launcher_of(["-m", "hydra/launcher=slurm", "x=1", "hydra/launcher=slurm_cpu"]) == "slurm_cpu"
+    assert override_value(["-m", "hydra/launcher=slurm", "x=1", "hydra/launcher=slurm_cpu"], "hydra/launcher") == "slurm_cpu"
     flags = sbatch_flags({"cpus_per_task": 2, "mem_gb": 4, "gpus_per_node": 0, "timeout_min": 60, "qos": "low",
                           "additional_parameters": {"mail_type": "END"}}, "debug")
     assert flags == ["--partition=debug", "--cpus-per-task=2", "--ntasks-per-node=1", "--nodes=1", "--mem=4096M", "--time=60",
