@@ -19,7 +19,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from rstitch.engines.hf import cache_kwargs
 from rstitch.judge_prompt import judge_prompt
-from rstitch.methods.specreason import digit_ids
+from rstitch.methods.specreason import digit_ids, digit_score
 from rstitch.results.uncertainty import roc_auc
 from rstitch.scorers.likelihood_prm import CheckedLogProbs, CheckedValues, LikelihoodHead, encode_prm_input, fit_head, step_features
 from rstitch.testbed import (
@@ -391,8 +391,7 @@ class FamilyTrainer:
             labels = check_steps(q, steps)
             k = vrng.randrange(len(steps))
             ids = self.tok.encode(judge_prompt(self.tok, q.problem, steps[: k + 1], STEP_SEPARATOR), add_special_tokens=False)
-            lp = llm(input_ids=torch.tensor([ids])).logits[0, -1, self.digit_ids].log_softmax(-1)
-            j_scores.append(float((lp.exp() * torch.arange(10)).sum()))
+            j_scores.append(digit_score(llm(input_ids=torch.tensor([ids])).logits[0, -1], self.digit_ids, "expected"))
             j_labels.append(labels[k])
         return roc_auc(j_scores, j_labels)
 
