@@ -73,8 +73,8 @@ def png_bytes(fig: Figure, dpi: int = 130) -> bytes:
 MIN_ACCURACY_SPAN = 10.0  # percentage points the accuracy axis shows at least
 
 
-def _accuracy_axis(ax, points: pd.DataFrame) -> None:
-    """Fitted to the accuracies and interval ends, a tenth of their span (at least MIN_ACCURACY_SPAN) as margin."""
+def _accuracy_axis(ax, points: pd.DataFrame, group: str) -> None:
+    """Fitted to the accuracies and interval ends, a tenth of their span (at least MIN_ACCURACY_SPAN) as margin; title, legend."""
     ax.set_ylabel("accuracy (%)")
     ends = [c for c in ("accuracy", "accuracy_ci_low", "accuracy_ci_high") if c in points]
     known = points[ends].stack().dropna() * 100
@@ -85,6 +85,8 @@ def _accuracy_axis(ax, points: pd.DataFrame) -> None:
     margin = (high - low) / 10
     ax.set_ylim(max(-3.0, low - margin), min(103.0, high + margin))
     ax.grid(alpha=0.3)
+    ax.set_title(group, fontsize=10)
+    _legend_right(ax)
 
 
 def accuracy_latency_figure(runs: pd.DataFrame, group: str, latency: str = "latency_s") -> Figure:
@@ -116,9 +118,7 @@ def accuracy_latency_figure(runs: pd.DataFrame, group: str, latency: str = "late
     if len(positive) and positive.max() / positive.min() > 20:  # SLM-only and LLM-only can be 10x apart
         ax.set_xscale("log")
     ax.set_xlabel(LATENCY_LABELS[latency])
-    _accuracy_axis(ax, points)
-    ax.set_title(group, fontsize=10)
-    _legend_right(ax)
+    _accuracy_axis(ax, points, group)
     separate_labels(fig, labels)
     return fig
 
@@ -181,9 +181,7 @@ def accuracy_acceptance_figure(runs: pd.DataFrame, group: str) -> Figure:
         _error_bars(ax, mine, "acceptance", method_style(method)[0], x_scale=100)
     ax.set_xlabel("acceptance rate (%): small-model proposals kept")
     ax.set_xlim(-3, 103)
-    _accuracy_axis(ax, points)
-    ax.set_title(group, fontsize=10)
-    _legend_right(ax)
+    _accuracy_axis(ax, points, group)
     return fig
 
 
