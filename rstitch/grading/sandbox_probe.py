@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rstitch.grading.code import grade_code
-from rstitch.grading.sandbox import SandboxLimits, SandboxResult, run_python
+from rstitch.grading.sandbox import SandboxLimits, run_python
 
 MIB = 1024**2
 
@@ -182,19 +182,11 @@ def probe_whole_sample_limits(outer_s: float) -> list[ProbeOutcome]:
     outcomes = []
     for source, limits, attack, most, shown in attacks:
         done = run_bounded(functools.partial(run_python, source, limits=limits), outer_s)
-        count = _printed_int(done)
+        printed = done[0].stdout.split() if done is not None else []  # the program's last act: one count
+        count = int(printed[-1]) if printed and printed[-1].isdigit() else None
         outcome = shown.format(count) if count is not None else "did not run to the end"
         outcomes.append(ProbeOutcome("3 whole sample", attack, outcome, count is None or count <= most))
     return outcomes
-
-
-def _printed_int(done: tuple[SandboxResult, float] | None) -> int | None:
-    if done is None:
-        return None
-    try:
-        return int(done[0].stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return None
 
 
 PROC_SCAN = """
