@@ -11,7 +11,7 @@ from rstitch.configs import override_key
 from rstitch.errors import ConfigError
 from rstitch.results.keys import RunIdentity, comparison_dir, identify, key_differences
 from rstitch.results.metrics import baseline_method
-from rstitch.results.store import find_summaries
+from rstitch.results.store import run_summaries
 
 
 def wants_baseline_run(cfg: dict[str, Any]) -> bool:
@@ -52,7 +52,7 @@ def missing_speedup_reason(summary: dict[str, Any], comparison_root: str | Path)
     name = baseline_method()
     if summary.get("speedup") is not None or summary.get("method") == name:
         return None
-    found = [key_differences(summary.get("comparison_key"), s.get("comparison_key")) for s in find_summaries(comparison_root)
+    found = [key_differences(summary.get("comparison_key"), s.get("comparison_key")) for _, s in run_summaries(comparison_root)
              if s.get("method") == name]
     if not found:
         return f"no {name} run under {comparison_root} yet"

@@ -76,13 +76,9 @@ def _pair(interval: tuple[float, float] | None) -> list[float] | None:
     return None if interval is None else [interval[0], interval[1]]
 
 
-def find_speedup(summary: dict[str, Any], others: Iterable[dict[str, Any]]) -> float | None:
-    """Lat(llm_only) / Lat(method) against the LLM-only run of the same pair, data, budget, seed."""
-    return find_speedups(summary, others)["speedup"]
-
-
 def find_speedups(summary: dict[str, Any], others: Iterable[dict[str, Any]]) -> dict[str, float | None]:
-    """Against the matching LLM-only run: SPEEDUP_LATENCIES' ratios and the throughput ratio EASD reports."""
+    """Against the LLM-only run of the same comparison key: SPEEDUP_LATENCIES' ratios (`speedup`: Lat(llm_only) / Lat(method))
+    and the throughput ratio EASD reports."""
     found = find_baseline_run(summary, ((None, other) for other in others))
     return speedups_against(summary, found[1]) if found else dict.fromkeys([*SPEEDUP_LATENCIES.values(), "speedup_tokens_per_s"])
 

@@ -150,7 +150,3 @@ def run_summaries(root: str | os.PathLike) -> Iterator[tuple[Path, dict[str, Any
             yield path.parent, json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-
-
-def find_summaries(root: str | os.PathLike) -> Iterator[dict[str, Any]]:
-    return (summary for _, summary in run_summaries(root))

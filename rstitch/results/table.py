@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from rstitch.results.keys import is_sharded
-from rstitch.results.store import find_summaries
+from rstitch.results.store import run_summaries
 
 COLUMNS = ("pair", "dataset", "method", "run_tag", "n_samples", "accuracy", "latency_s", "speedup", "tokens",
            "tokens_slm", "tokens_llm", "llm_token_share", "flops", "accuracy_se", "accuracy_diff", "accuracy_diff_se",
@@ -17,7 +17,7 @@ COLUMNS = ("pair", "dataset", "method", "run_tag", "n_samples", "accuracy", "lat
 def load_summaries(root: str | os.PathLike) -> pd.DataFrame:
     """One row per run under `root`, the method's parameters as `method.<name>` columns; shard runs left out."""
     rows = []
-    for summary in find_summaries(root):
+    for _, summary in run_summaries(root):
         if is_sharded(summary.get("config", {}).get("dataset", {})):
             continue
         row = {c: summary.get(c) for c in COLUMNS}

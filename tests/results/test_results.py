@@ -4,7 +4,7 @@ import re
 import pytest
 
 from rstitch.errors import ConfigError
-from rstitch.results import SampleStore, find_speedup, find_speedups, load_summaries, pareto_front, summarize_samples
+from rstitch.results import SampleStore, find_speedups, load_summaries, pareto_front, summarize_samples
 from rstitch.results.baseline import missing_baseline_note, missing_speedup_reason
 from rstitch.results.keys import comparison_key, fingerprint, method_weights, run_tag
 from rstitch.results.summary import format_table
@@ -63,8 +63,8 @@ def test_summary_and_speedup():
     assert summary["accuracy"] == 0.5 and summary["latency_s"] == 2.0 and summary["llm_token_share"] == 0.2
     key = {"pair": "x"}
     llm = {"method": "llm_only", "latency_s": 5.0, "comparison_key": key}
-    assert find_speedup({"latency_s": 2.0, "comparison_key": key}, [llm]) == 2.5
-    assert find_speedup({"latency_s": 2.0, "comparison_key": {"pair": "y"}}, [llm]) is None
+    assert find_speedups({"latency_s": 2.0, "comparison_key": key}, [llm])["speedup"] == 2.5
+    assert find_speedups({"latency_s": 2.0, "comparison_key": {"pair": "y"}}, [llm])["speedup"] is None
 
 
 def write_summary(root, name: str, **summary) -> None:
