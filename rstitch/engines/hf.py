@@ -199,7 +199,7 @@ class HFModelRunner(ModelRunner):
 
     def forward_batch(self, requests: list[ForwardRequest]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         if self.static is not None:
-            return self.static.forward(requests)
+            return forward_by_width(requests, self.static.forward)
         if not self.capabilities.batched_forward:
             return super().forward_batch(requests)
         if self._slots is None:

@@ -26,7 +26,6 @@ from rstitch.engines.hf_forward import (
     attention_mask,
     cache_kwargs,
     compiled_path,
-    forward_by_width,
     kv_shape,
 )
 from rstitch.errors import ConfigError
@@ -404,10 +403,7 @@ class StaticDecoder:
 
     @torch.inference_mode()
     def forward(self, requests: list[ForwardRequest]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        """The requests' forwards in one step, or one per group of similar widths."""
-        return forward_by_width(requests, self._forward_group)
-
-    def _forward_group(self, requests: list[ForwardRequest]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """The requests' forwards in one step (the runner groups them by width first: `forward_by_width`)."""
         seqs = [r.seq for r in requests]
         assert all(isinstance(s, StaticSequence) for s in seqs), "a static runner's sequences are StaticSequences"
         self._compact(seqs)  # type: ignore[arg-type]

