@@ -13,6 +13,7 @@ import pandas as pd
 from rstitch.errors import ConfigError
 from rstitch.methods import baseline_method, method_class, method_rank
 from rstitch.results.keys import comparison_key, is_sharded, method_defaults, short_hash
+from rstitch.results.metrics import SPEEDUP_LATENCIES
 from rstitch.results.store import RUN_KEY_FILE, SAMPLES_FILE, SUMMARY_FILE, iter_samples
 from rstitch.results.uncertainty import recorded_intervals
 
@@ -159,8 +160,7 @@ def run_row(summary: Mapping[str, Any], config: Mapping[str, Any], run_dir: str 
         "budget": config.get("max_new_tokens"),
         "comparison": short_hash(key), "comparison_key": key, "run_dir": run_dir,
         **{k: summary.get(k) for k in RUN_METRICS},
-        "speedup_recorded": summary.get("speedup"), "speedup_cpu_recorded": summary.get("speedup_cpu"),
-        "speedup_estimate_recorded": summary.get("speedup_estimate"),
+        **{f"{speedup}_recorded": summary.get(speedup) for speedup in SPEEDUP_LATENCIES.values()},
         **recorded_intervals(summary),  # replaced by those of the samples in reports (`uncertainty.with_intervals`)
         "acceptance": acceptance, "acceptance_kind": kind, "params": params,
     }
@@ -172,13 +172,13 @@ def runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """Rows to the runs frame: speedups against the LLM-only run of each comparison, group labels, order."""
     frame = pd.DataFrame(rows)
     frame["setting"] = _settings(frame)
-    frame["speedup"] = _speedups(frame)
-    frame["speedup_cpu"] = _speedups(frame, "latency_cpu_s", "speedup_cpu_recorded")
-    frame["speedup_estimate"] = _speedups(frame, "latency_estimate_s", "speedup_estimate_recorded")
+    for latency, speedup in SPEEDUP_LATENCIES.items():  # Lat(BASELINE) / Lat(run) within each comparison, else as recorded
+        times = pd.to_numeric(frame[latency], errors="coerce")
+        measured = frame["comparison"].map(times[frame["method"] == BASELINE].groupby(frame["comparison"]).min()) / times
+        frame[speedup] = measured.where(measured.notna(), pd.to_numeric(frame[f"{speedup}_recorded"], errors="coerce")).astype(float)
     # `pair / dataset / budget N`, plus the settings that tell its comparison apart (`comparison_settings`)
     frame["group"] = _with_settings(frame["pair"] + " / " + frame["dataset"] + " / budget " + frame["budget"].astype(str), frame, ", ")
-    order = frame["method"].map(method_rank)
-    frame = frame.assign(_order=order).sort_values(["pair", "dataset", "budget", "comparison", "_order", "latency_s"])
+    frame = frame.assign(_order=frame["method"].map(method_rank)).sort_values(["pair", "dataset", "budget", "comparison", "_order", "latency_s"])
     return frame.drop(columns="_order").reset_index(drop=True)
 
 
@@ -207,14 +207,6 @@ def _settings(frame: pd.DataFrame) -> pd.Series:
 def is_baseline(method: str) -> bool:
     """A single-model reference run (LLM-only, SLM-only), not a hybrid."""
     return method_class(method).baseline is not None
-
-
-def _speedups(frame: pd.DataFrame, latency: str = "latency_s", recorded: str = "speedup_recorded") -> pd.Series:
-    """Lat(BASELINE) / Lat(run) within each comparison, of wall clock or of CPU time (`latency`)."""
-    times = pd.to_numeric(frame[latency], errors="coerce")
-    baseline = times[frame["method"] == BASELINE].groupby(frame["comparison"]).min()
-    measured = frame["comparison"].map(baseline) / times
-    return measured.where(measured.notna(), pd.to_numeric(frame[recorded], errors="coerce")).astype(float)
 
 
 LABEL_BASE = ["pair", "dataset", "budget"]  # what every group label names
