@@ -314,8 +314,6 @@ def speedup_consistency_figure(points: pd.DataFrame, runs: pd.DataFrame) -> Figu
     ax.set_xlim(-3, 103)
     ax.grid(alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
-    handles.append(Line2D([], [], ls="", marker="o", ms=4, color="grey", alpha=0.5))
-    labels.append("one problem")
-    _legend_right(ax, handles, labels)
+    _legend_right(ax, [*handles, Line2D([], [], ls="", marker="o", ms=4, color="grey", alpha=0.5)], [*labels, "one problem"])
     ax.set_title(", ".join(sorted(set(points["group"]))), fontsize=10)
     return fig

@@ -113,8 +113,7 @@ class Table:
                     heads += [""] * width
                 start += width
             lines += [" & ".join(heads) + r" \\", " ".join(rules)]
-        lines.append(" & ".join(latex_escape(c.name) for c in self.columns) + r" \\")
-        lines.append(r"\midrule")
+        lines += [" & ".join(latex_escape(c.name) for c in self.columns) + r" \\", r"\midrule"]
         lines += [" & ".join(row) + r" \\" for row in self.cells(1)]
         lines += [r"\bottomrule", r"\end{tabular}"]
         if self.note:
