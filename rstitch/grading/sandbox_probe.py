@@ -79,7 +79,7 @@ def _replace_outputs(make: str) -> str:
 
 
 HUMANEVAL_TESTS: dict[str, Any] = {"kind": "script", "prefix": "def add_all(numbers):\n",
-                   "suffix": "def check(candidate):\n    assert candidate([1, 2]) == 3\n    assert candidate([]) == 0\n\ncheck(add_all)\n"}
+                   "suffix": "def check(candidate):\n    assert all([candidate([1, 2]) == 3])\n    assert candidate([]) == 0\n\ncheck(add_all)\n"}
 LEETCODE_TESTS: dict[str, Any] = {"kind": "functional", "func_name": "plus",
                   "cases": [{"input": "[1, 2]\n3", "output": "5"}, {"input": "[]\n1", "output": "1"}]}
 ALWAYS_EQUAL = "class Same:\n    def __eq__(self, other):\n        return True\n"
@@ -98,8 +98,7 @@ FAKE_PASSES = (
 
 def probe_fake_passes(outer_s: float) -> list[ProbeOutcome]:
     """Class 2: wrong solutions that try to be graded right; the right ones must stay right."""
-    suffix = HUMANEVAL_TESTS["suffix"].replace("assert candidate([1, 2]) == 3", "assert all([candidate([1, 2]) == 3])")
-    tests: dict[str, dict[str, Any]] = {"script": dict(HUMANEVAL_TESTS, suffix=suffix), "functional": LEETCODE_TESTS}
+    tests: dict[str, dict[str, Any]] = {"script": HUMANEVAL_TESTS, "functional": LEETCODE_TESTS}
     right = {"script": "    return sum(numbers)", "functional": "class Solution:\n    def plus(self, nums, k):\n        return len(nums) + k"}
     outcomes = []
     for kind, program in right.items():
