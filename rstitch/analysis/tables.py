@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,22 +16,18 @@ from rstitch.methods import method_rank
 Formatter = Callable[[Any], tuple[str, str]]  # value -> (markdown, latex)
 
 
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
 def number_format(fmt: str, suffix_md: str = "", suffix_tex: str = "") -> Formatter:
     """A number; `(value, se)` as `value ± se`, `(value, low, high)` as `value [low, high]` (missing ones left out)."""
     def render(value: Any) -> tuple[str, str]:
         estimate, *spread = value if isinstance(value, tuple) else (value,)
-        if _missing(estimate):
+        if pd.isna(estimate):
             return "-", "--"
         text = fmt.format(estimate)
         md, tex = text + suffix_md, text + suffix_tex
-        if len(spread) == 1 and not _missing(spread[0]):
+        if len(spread) == 1 and not pd.isna(spread[0]):
             error = fmt.format(spread[0]).lstrip("+")
             md, tex = f"{md} ± {error}", f"{tex} $\\pm$ {error}"
-        elif len(spread) == 2 and not any(_missing(v) for v in spread):
+        elif len(spread) == 2 and not any(pd.isna(v) for v in spread):
             interval = f" [{fmt.format(spread[0])}, {fmt.format(spread[1])}]"
             md, tex = md + interval, tex + interval
         return md, tex
