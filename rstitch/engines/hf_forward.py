@@ -105,6 +105,7 @@ class KVBuffers:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.free: list[int] = []
+        self.peak_in_use = 0  # the most slots held at once
         self.reserve(slots, length)
 
     @property
@@ -118,7 +119,9 @@ class KVBuffers:
     def acquire(self) -> int:
         if not self.free:
             self.reserve(2 * self.slots, self.length)
-        return heapq.heappop(self.free)
+        slot = heapq.heappop(self.free)
+        self.peak_in_use = max(self.peak_in_use, self.slots - len(self.free))
+        return slot
 
     def release(self, slot: int) -> None:
         heapq.heappush(self.free, slot)

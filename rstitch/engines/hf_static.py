@@ -162,7 +162,7 @@ class StaticSequence(Sequence):
         super().__init__(runner, prompt_ids, want_hidden)
         decoder = runner.static
         assert decoder is not None, "a runner opens static sequences only with its decoder"
-        self._slot = [decoder.acquire()]  # a box: the decoder may move the sequence to another slot
+        self._slot = [decoder.kv.acquire()]  # a box: the decoder may move the sequence to another slot
         box = self._slot
         weakref.finalize(self, lambda: decoder.kv.release(box[0]))
         self._summaries: list[tuple[float, int]] = []  # (entropy, argmax) of each window row
@@ -196,8 +196,7 @@ class StaticKV(KVBuffers):
 
     def __init__(self, config: Any, dtype: torch.dtype, device: torch.device, name: str, on_resize: Callable[[], None]):
         self.config, self.name, self.on_resize = config, name, on_resize
-        self._windows: dict[tuple[int, int], list[tuple[torch.Tensor, ...]]] = {}
-        self._columns: dict[int, torch.Tensor] = {}
+        self._views: dict[tuple[Any, ...], Any] = {}  # made once per step shape (stale after a resize)
         # False under torch.compile: views kept between calls would enter its graphs as inputs, not
         # as views of the buffers, and tensors made while tracing would be outputs a replay overwrites.
         self.memoize = True
@@ -211,30 +210,25 @@ class StaticKV(KVBuffers):
                             self.name)
         log.info("static cache of %s: %d slots x %d positions", self.name, slots, length)
         self.on_resize()
-        self._windows.clear()
+        self._views.clear()
         super().resize(slots, length)
 
     def windows(self, rows: int, read: int) -> list[tuple[torch.Tensor, ...]]:
         """Per layer, views of rows [0, R) of its keys and values and of their first `read` positions."""
-        return self._memo(self._windows, (rows, read), lambda: [(k[:rows], v[:rows], k[:rows, :, :read], v[:rows, :, :read])
-                                                                for k, v in zip(self.keys, self.values)])
+        return self._memo(("windows", rows, read), lambda: [(k[:rows], v[:rows], k[:rows, :, :read], v[:rows, :, :read])
+                                                            for k, v in zip(self.keys, self.values)])
 
     def columns(self, read: int) -> torch.Tensor:
         """0 .. read-1 on the cache's device (the key positions a step's mask compares against)."""
-        return self._memo(self._columns, read, lambda: torch.arange(read, device=self.device))
+        return self._memo(("columns", read), lambda: torch.arange(read, device=self.device))
 
-    def _memo(self, store: dict[Any, Any], key: Any, make: Callable[[], Any]) -> Any:
+    def _memo(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
         """`make()`, made once per key unless `memoize` is off."""
         if not self.memoize:
             return make()
-        if key not in store:
-            store[key] = make()
-        return store[key]
-
-    def move_slot(self, source: int, target: int, length: int) -> None:
-        """Copy the first `length` positions of slot `source` to slot `target`."""
-        for store in (*self.keys, *self.values):
-            store[target, :, :length] = store[source, :, :length]
+        if key not in self._views:
+            self._views[key] = make()
+        return self._views[key]
 
 
 class _RowsLayer(ViewLayer):
@@ -343,7 +337,6 @@ class StaticDecoder:
         self.base = getattr(self.model, self.model.base_model_prefix)
         [self.cache_argument] = cache_kwargs(self.base, None)  # read once: torch.compile traces no functools.cache
         self.head = self.model.get_output_embeddings()
-        self.peak_in_use = 0  # the most slots held at once (a sample's sequences, in the runner's warm-up decode)
         self.steps: dict[tuple[int, int, int], _Step] = {}
         captures = mode == "graphs" or (mode == "inductor" and runner.device.type == "cuda")
         self.streams = CaptureStream(runner.device) if captures else None
@@ -364,11 +357,6 @@ class StaticDecoder:
             dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, 4 * shapes)
             self.kv.memoize = False
 
-    def acquire(self) -> int:
-        slot = self.kv.acquire()
-        self.peak_in_use = max(self.peak_in_use, self.kv.slots - len(self.kv.free))
-        return slot
-
     def _drop_steps(self) -> None:
         self.steps.clear()
         if self.streams is not None:  # every graph was freed: a handle whose graphs were all freed cannot be reused
@@ -382,7 +370,8 @@ class StaticDecoder:
         while self.kv.free and self.kv.free[0] < max(s.slot for s in seqs):
             seq = max(seqs, key=lambda s: s.slot)
             target = heapq.heappop(self.kv.free)
-            self.kv.move_slot(seq.slot, target, seq.n_cached)
+            for store in (*self.kv.keys, *self.kv.values):  # its cached positions, to the lower slot
+                store[target, :, : seq.n_cached] = store[seq.slot, :, : seq.n_cached]
             self.kv.release(seq.slot)
             seq.slot = target
 
@@ -393,7 +382,7 @@ class StaticDecoder:
         `graphs` only (`inductor` stays lazy). Returns the steps captured."""
         if self.mode != "graphs":
             return 0
-        self.kv.reserve(grown_slots(batch_size * max(self.peak_in_use, 1)), grown_length(longest))
+        self.kv.reserve(grown_slots(batch_size * max(self.kv.peak_in_use, 1)), grown_length(longest))
         before, began = self.captured, time.perf_counter()
         for rows, width, read in warm_shapes(self.kv.slots, self.kv.length, shortest, longest):
             self._step(rows, width, read)
