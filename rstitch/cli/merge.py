@@ -177,8 +177,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--all", action="store_true", help="merge every sharded configuration found under the paths")
     args = parser.parse_args(argv)
     try:
-        groups = find_shard_groups(args.paths) if args.all else [[read_shard(p) for p in args.paths]]
-        merged = merge(groups)
+        merged = merge(find_shard_groups(args.paths) if args.all else [[read_shard(p) for p in args.paths]])
     except ConfigError as err:
         print(f"rstitch-merge: error: {err}", file=sys.stderr)
         sys.exit(2)

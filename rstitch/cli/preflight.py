@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from rstitch.config_groups import check_group_choices
 from rstitch.configs import CONF_DIR, override_key, override_value
@@ -60,6 +60,9 @@ def check_sweep_needs_multirun(overrides: Sequence[str], multirun: bool) -> None
 
 def check_slurm(overrides: Sequence[str]) -> None:
     """A Slurm launcher without Slurm (submitit's traceback) or with requests no node meets (pending forever)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
     from rstitch.cli.cluster import SLURM_LAUNCHERS, check_requests
 
     launcher = override_value(overrides, "hydra/launcher")
@@ -70,20 +73,10 @@ def check_slurm(overrides: Sequence[str]) -> None:
         raise ConfigError(f"hydra/launcher={launcher} submits Slurm jobs, and this machine has no {' or '.join(missing)} on PATH; "
                           "run it on a Slurm login node, or use hydra/launcher=local (parallel processes here) "
                           "or no launcher (one run after another)")
-    check_requests(launcher_settings(overrides))
-
-
-def launcher_settings(overrides: Sequence[str]) -> dict:
-    """`hydra.launcher` as the command line composes it."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
     hydra_overrides = [o for o in overrides if o.lstrip("+~").startswith("hydra")]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):  # `hydra.launcher` as the command line composes it
         cfg = compose(config_name="config", overrides=hydra_overrides, return_hydra_config=True)
-    settings = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
-    assert isinstance(settings, dict), "hydra.launcher is a mapping"
-    return settings
+    check_requests(cast(dict, OmegaConf.to_container(cfg.hydra.launcher, resolve=False)))  # a launcher's config is a mapping
 
 
 def grid_points(sweeper_params: dict | None) -> int:

@@ -41,8 +41,7 @@ def discard_if_empty(run_dir: Path) -> None:
     """A run that failed on bad input leaves no directory behind (Hydra creates it up front)."""
     if not run_dir.is_dir():
         return
-    entries = list(run_dir.iterdir())
-    if all(p.name in (".hydra", ".lock", "run_key.json") or p.suffix == ".log" for p in entries):
+    if all(p.name in (".hydra", ".lock", "run_key.json") or p.suffix == ".log" for p in run_dir.iterdir()):
         shutil.rmtree(run_dir)
         for parent in list(run_dir.parents)[:keys.RUN_DIR_DEPTH - 1]:  # <pair>/<dataset>/<method>, if now empty
             try:
