@@ -252,11 +252,11 @@ def estimate_latency(forwards: Iterable[Forward], models: Mapping[str, LatencyMo
                 for key, group in by_model.items()), 0.0)
 
 
+@dataclass
 class ForwardTrace:
     """Logs (model, n_inf, n_kv, seconds) of every forward of the sequences opened through `wrap(pair)`."""
 
-    def __init__(self) -> None:
-        self.forwards: list[Forward] = []
+    forwards: list[Forward] = field(default_factory=list)
 
     def wrap(self, pair: ModelPair) -> ModelPair:
         # A _TracedRunner stands in for a ModelRunner: what it does not define is the wrapped runner's.

@@ -106,10 +106,8 @@ class SampleStore:
             os.fsync(f.fileno())
         self.records[key] = record
 
-    def write_summary(self, summary: dict[str, Any]) -> Path:
-        path = self.dir / SUMMARY_FILE
-        atomic_write(path, json.dumps(summary, indent=1, sort_keys=True, default=str))
-        return path
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        atomic_write(self.dir / SUMMARY_FILE, json.dumps(summary, indent=1, sort_keys=True, default=str))
 
 
 def iter_samples(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
@@ -124,11 +122,9 @@ def iter_samples(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
                 raise ConfigError(f"{path}:{number}: not a JSON sample ({err.msg})") from None
 
 
-def write_samples(run_dir: str | os.PathLike, samples: list[dict[str, Any]]) -> Path:
+def write_samples(run_dir: str | os.PathLike, samples: list[dict[str, Any]]) -> None:
     """Replace a run's samples.jsonl at once (a merge of shards)."""
-    path = Path(run_dir) / SAMPLES_FILE
-    atomic_write(path, "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))
-    return path
+    atomic_write(Path(run_dir) / SAMPLES_FILE, "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))
 
 
 def atomic_write(path: Path, text: str) -> None:
