@@ -33,7 +33,6 @@ class _SampledCandidates(StepMethod):
                  prm: Any = None, **step_options: Any):
         super().__init__(**step_options)
         self.n = require_int(self.name, "n", n)
-        self.model = model
         self.source = MODEL_SOURCES[require_choice(self.name, "model", model, MODEL_SOURCES)]
         self.temperature = None if temperature is None else require_number(self.name, "temperature", temperature, low=0.0)
         self.top_p = None if top_p is None else require_number(self.name, "top_p", top_p, 0.0, 1.0)

@@ -156,9 +156,8 @@ class _DeerDecoder:
                     thinking = False
                 # Fresh watcher: the transition just judged (and kept, if no exit) is not found again.
                 transitions = StopWatcher(self.tokenizer, self.m.transitions)
-        stats = {**self.stats, "deer_confidences": [round(c, 6) for c in self.stats["deer_confidences"]]}
         state = self.state
-        return DecodeResult(state.output, state.sources, finish, state.discarded, state.switches, stats)
+        return DecodeResult(state.output, state.sources, finish, state.discarded, state.switches, self.stats)
 
     def _transition_start(self) -> int:
         """Output index of the token where the transition string just completed begins: the
@@ -199,7 +198,7 @@ class _DeerDecoder:
         conf = confidence(max_probs, self.m.confidence)
         self.stats["deer_trials"] += 1
         self.stats["deer_trial_tokens"] += len(tokens)
-        self.stats["deer_confidences"].append(conf)
+        self.stats["deer_confidences"].append(round(conf, 6))
         return tokens, conf
 
     def _exit(self, cut: int, reason: str, trial: list[int] | None) -> bool:

@@ -187,13 +187,12 @@ class CostMeter:
         out: dict[str, Any] = {"flops": sum(flops.values())}
         out.update({f"flops_{k}": v for k, v in flops.items()})
         out[EXTRA_FLOPS] = sum(flops.get(k, 0.0) for k in ("prm", "router"))  # outside the pair: the runner adds it
-        for key in ("prm", "router"):
+        if self.judge.forward_calls:
+            spent["judge"] = self.judge
+        for key in ("prm", "router", "judge"):
             if key in spent:
                 out.update({f"{key}_tokens": tokens[key], f"{key}_calls": spent[key].forward_calls,
                             f"{key}_time_s": spent[key].forward_time_s})
-        if self.judge.forward_calls:
-            out.update({"judge_tokens": tokens["judge"], "judge_calls": self.judge.forward_calls,
-                        "judge_time_s": self.judge.forward_time_s})
         return out
 
 
