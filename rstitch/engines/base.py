@@ -256,8 +256,6 @@ class Sequence(ABC):
         """Drop the last `n` tokens (cached or pending)."""
         if n < 0 or n > len(self.tokens):
             raise ValueError(f"cannot roll back {n} of {len(self.tokens)} tokens")
-        if n == 0:
-            return
         del self.tokens[len(self.tokens) - n:]
         if self.n_cached > len(self.tokens):
             self._crop(len(self.tokens))
@@ -330,12 +328,8 @@ class Sequence(ABC):
         self._window_logits, self._window_hidden = logits, hidden
 
     def _window_covers(self, position: int) -> bool:
-        return (
-            self._window_logits is not None
-            and self._window_start <= position
-            and self._window_start + self._window_logits.shape[0] > position
-            and position < self.n_cached
-        )
+        return (self._window_logits is not None
+                and self._window_start <= position < min(self._window_start + self._window_logits.shape[0], self.n_cached))
 
     def _dist_at(self, position: int) -> TokenDistribution:
         """The distribution computed at token index `position`: it predicts token position+1."""

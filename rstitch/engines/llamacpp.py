@@ -35,11 +35,10 @@ def _weight_type(llama_cpp, model) -> str:
 
 def _silence(llama_cpp) -> None:
     """llama.cpp logs every tensor at load: keep only errors."""
-    level_error = 4  # GGML_LOG_LEVEL_ERROR
 
     @llama_cpp.llama_log_callback
     def callback(level, text, _user_data):
-        if level == level_error:
+        if level == 4:  # GGML_LOG_LEVEL_ERROR
             print(text.decode("utf-8", errors="replace"), end="", flush=True)
 
     _silence.callback = callback  # type: ignore[attr-defined]  # keep a reference: llama.cpp calls it from C
