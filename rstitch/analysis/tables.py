@@ -152,7 +152,7 @@ def _method_rows(block: pd.DataFrame) -> list[tuple[tuple[str, str], dict[str, p
 def _value(run: pd.Series | None, column: str, scale: float = 1.0) -> float | None:
     """`column` of `run` times `scale`; None where the run, the column or its value is missing."""
     value = None if run is None else run.get(column)
-    return None if pd.isna(value) else float(value) * scale
+    return None if value is None or pd.isna(value) else float(value) * scale
 
 
 def _with_se(run: pd.Series | None, column: str, scale: float = 1.0) -> tuple[float | None, float | None]:
