@@ -16,18 +16,6 @@ from rstitch.scorers.arbitrage_router import ArbitrageRouter
 _ROUTERS: dict[str, ArbitrageRouter] = {}  # loaded once per process, like PRMs and model pairs
 
 
-def resolve_router(spec: ArbitrageRouter | dict[str, Any]) -> ArbitrageRouter:
-    if isinstance(spec, ArbitrageRouter):
-        return spec
-    key = json.dumps(spec, sort_keys=True)
-    if key not in _ROUTERS:
-        try:
-            _ROUTERS[key] = ArbitrageRouter(**spec)
-        except TypeError as err:
-            raise ConfigError(f"method.router of 'arbitrage': {err}") from None
-    return _ROUTERS[key]
-
-
 @register_method("arbitrage_oracle")
 class ArbitrageOracle(StepMethod):
     def __init__(self, tau: float = 0.0, prm: Any = None, **step_options: Any):
@@ -57,7 +45,15 @@ class ArbitrageRouted(DraftVerifyMethod):
         self.router_spec = router if router is not None else {}
 
     def router(self) -> ArbitrageRouter:
-        return resolve_router(self.router_spec)
+        if isinstance(self.router_spec, ArbitrageRouter):
+            return self.router_spec
+        key = json.dumps(self.router_spec, sort_keys=True)
+        if key not in _ROUTERS:
+            try:
+                _ROUTERS[key] = ArbitrageRouter(**self.router_spec)
+            except TypeError as err:
+                raise ConfigError(f"method.router of 'arbitrage': {err}") from None
+        return _ROUTERS[key]
 
     def verify(self, run: StepRun, path: StepDecoder, draft: Step) -> Verdict:
         """y_hat = P(delta > 0) from (problem, earlier steps tagged "Model 0: " / "Model 1: " by who

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from rstitch.engines import Sampler
 from rstitch.errors import ConfigError
 from rstitch.grading import extract_answer, normalize_answer
 from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult, register_method, require_choice, require_int, require_number
@@ -18,7 +19,6 @@ from rstitch.methods.steps import (
     StepDecoder,
     StepMethod,
     StepRun,
-    candidate_sampler,
 )
 
 MODEL_SOURCES = {"slm": SLM, "llm": LLM}
@@ -42,7 +42,14 @@ class _SampledCandidates(StepMethod):
             raise ConfigError(f"method '{self.name}' uses no PRM, got method.prm={prm!r}")
 
     def sample_step(self, run: StepRun, path: StepDecoder) -> Step:
-        return path.generate(self.source, candidate_sampler(run.ctx, self.temperature, self.top_p))
+        """`source`'s step at the method's temperature / top_p (None: the run's), drawn from the run's
+        (per-sample) generator."""
+        sampler = run.ctx.sampler
+        if self.temperature is not None or self.top_p is not None:
+            sampler = Sampler(temperature=sampler.temperature if self.temperature is None else self.temperature,
+                              top_p=sampler.top_p if self.top_p is None else self.top_p)
+            sampler.generator = run.ctx.sampler.generator
+        return path.generate(self.source, sampler)
 
     def next_step(self, run: StepRun, path: StepDecoder) -> Step:
         return self.sample_step(run, path)  # full solutions take every sampled step

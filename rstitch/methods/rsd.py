@@ -4,6 +4,7 @@ the step, so steps follow eq. 2's mixture P_RSD = omega_r P_m + nu P_M (docs/ste
 """
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -11,7 +12,7 @@ import torch
 
 from rstitch.methods.base import DecodeContext, register_method, require_choice, require_number
 from rstitch.methods.drafts import Step, Verdict
-from rstitch.methods.steps import DEFAULT_PRM, DraftVerifyMethod, StepDecoder, StepRun, decision_generator
+from rstitch.methods.steps import DEFAULT_PRM, DraftVerifyMethod, StepDecoder, StepRun
 
 
 def _clip01(x: float) -> float:
@@ -61,7 +62,9 @@ class RSD(DraftVerifyMethod):
 
     def start(self, prompt_ids: list[int], ctx: DecodeContext) -> StepRun:
         run = super().start(prompt_ids, ctx)
-        run.state["coins"] = decision_generator(self.seed, prompt_ids)
+        # The accept/reject coins' own generator, apart from the sampler's so coins do not shift tokens.
+        digest = hashlib.sha256(f"{self.seed}/{prompt_ids}".encode()).digest()
+        run.state["coins"] = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
         return run
 
     def verify(self, run: StepRun, path: StepDecoder, draft: Step) -> Verdict:

@@ -6,7 +6,6 @@ every step of one model is that model's plain decoding (docs/step-level.md "Step
 """
 from __future__ import annotations
 
-import hashlib
 import statistics
 from abc import abstractmethod
 from collections import Counter
@@ -14,8 +13,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
-
-import torch
 
 from rstitch.engines import CostCounter, ModelPair, Sampler
 from rstitch.errors import ConfigError
@@ -304,21 +301,6 @@ class DraftVerifyMethod(StepMethod):
         return self.regenerate_step(run, path)
 
 
-def candidate_sampler(ctx: DecodeContext, temperature: float | None, top_p: float | None = None) -> Sampler:
-    """The run's sampler, or one at `temperature` / `top_p` (None: the run's) drawing from the
-    same (per-sample) generator."""
-    if temperature is None and top_p is None:
-        return ctx.sampler
-    sampler = Sampler(temperature=ctx.sampler.temperature if temperature is None else temperature,
-                      top_p=ctx.sampler.top_p if top_p is None else top_p)
-    sampler.generator = ctx.sampler.generator
-    return sampler
-
-
-def decision_generator(seed: int, prompt_ids: list[int]) -> torch.Generator:
-    """Randomness for accept/reject coins, apart from the sampler's so coins do not shift tokens."""
-    digest = hashlib.sha256(f"{seed}/{prompt_ids}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
 
 _MEAN_KEYS = (  # "flops" itself is the common summary's (the mean of the samples' totals)
     "steps", "draft_calls", "target_calls", "generated_tokens", "flops_draft", "flops_target",
