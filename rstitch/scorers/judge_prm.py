@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-from rstitch.engines import TokenDistribution, load_scoring_model
+from rstitch.engines import load_scoring_model
 from rstitch.errors import ConfigError
 from rstitch.scorers.prefix_cache import PrefixCachedScorer
 from rstitch.scorers.prm import ProcessRewardModel
@@ -33,15 +33,16 @@ class LLMJudgePRM(ProcessRewardModel):
             raise ConfigError(f"PRM llm_judge: the tokenizer of '{path}' has no chat template (it needs an instruct model)")
         self.name = "llm_judge"
         self.tokenizer, self.separator, self.question = tokenizer, separator, question
-        self.answer_ids = [_single_token(tokenizer, a, path) for a in ANSWERS]
-        self.scorer = PrefixCachedScorer(runner, self._answer_logits)
+        answers = [tokenizer.encode(a, add_special_tokens=False) for a in ANSWERS]
+        for text, ids in zip(ANSWERS, answers):
+            if len(ids) != 1:
+                raise ConfigError(f"PRM llm_judge: '{text}' is not a single token of the tokenizer of '{path}'")
+        self.answer_ids = [ids[0] for ids in answers]
+        self.scorer = PrefixCachedScorer(runner, lambda dists: torch.stack([d.logits[self.answer_ids] for d in dists]))
         self.cost = runner.cost
         self.num_parameters = runner.num_parameters
         self._problem: str | None = None
         self._memo: dict[tuple[str, ...], float] = {}
-
-    def _answer_logits(self, dists: list[TokenDistribution]) -> torch.Tensor:
-        return torch.stack([d.logits[self.answer_ids] for d in dists])
 
     def score(self, problem: str, steps: Sequence[str]) -> list[float]:
         if problem != self._problem:  # a new sample: earlier memos can never be asked again
@@ -50,13 +51,10 @@ class LLMJudgePRM(ProcessRewardModel):
         for i in range(len(steps)):
             key = tuple(steps[: i + 1])
             if key not in self._memo:
-                self._memo[key] = self._judge(problem, key)
+                logits = self.scorer.last_row(self.prompt_ids(problem, key))
+                self._memo[key] = float(torch.softmax(logits, dim=-1)[0])
             scores.append(self._memo[key])
         return scores
-
-    def _judge(self, problem: str, steps: Sequence[str]) -> float:
-        logits = self.scorer.last_row(self.prompt_ids(problem, steps))
-        return float(torch.softmax(logits, dim=-1)[0])
 
     def prompt_ids(self, problem: str, steps: Sequence[str]) -> list[int]:
         """The judge's input for the last of `steps`; its next token is the answer."""
@@ -67,10 +65,3 @@ class LLMJudgePRM(ProcessRewardModel):
         ]
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self.tokenizer.encode(text, add_special_tokens=False)
-
-
-def _single_token(tokenizer, text: str, path: str) -> int:
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    if len(ids) != 1:
-        raise ConfigError(f"PRM llm_judge: '{text}' is not a single token of the tokenizer of '{path}'")
-    return ids[0]

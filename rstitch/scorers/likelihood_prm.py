@@ -177,20 +177,14 @@ class TestbedPRM(ProcessRewardModel):
         self._checked: set[str] = set()
         self._testbed_only = Path(path).resolve() == PRM_DIR.resolve()  # the shipped PRM knows nothing else
 
-    def encode(self, problem: str, steps: Sequence[str]) -> tuple[list[int], int, list[int]]:
-        """Input ids, the first solution token, and the last token of each step's separator."""
+    def score(self, problem: str, steps: Sequence[str]) -> list[float]:
+        if not steps:
+            return []
         if self._testbed_only and problem not in self._checked:
             from rstitch.scorers.oracle import parse_problem
 
             parse_problem(problem)
             self._checked.add(problem)
-        return encode_prm_input(self.tokenizer, problem, steps, self.separator)
-
-    def features(self, problem: str, steps: Sequence[str]) -> torch.Tensor:
-        ids, start, ends = self.encode(problem, steps)
-        return step_features(self.scorer.rows(ids), ids, start, ends, self.values, self.head.floor)
-
-    def score(self, problem: str, steps: Sequence[str]) -> list[float]:
-        if not steps:
-            return []
-        return [float(s) for s in self.head.score(self.features(problem, steps))]
+        ids, start, ends = encode_prm_input(self.tokenizer, problem, steps, self.separator)
+        features = step_features(self.scorer.rows(ids), ids, start, ends, self.values, self.head.floor)
+        return [float(s) for s in self.head.score(features)]
