@@ -75,20 +75,15 @@ class MajorityVote(_SampledCandidates):
     def decode(self, prompt_ids: list[int], ctx: DecodeContext) -> DecodeResult:
         run = self.start(prompt_ids, ctx)
         solutions = self.full_solutions(run)
-        multiple_choice = bool(ctx.metadata.get("multiple_choice"))
-        answers = [self._answer(path, multiple_choice) for path, _ in solutions]
+        texts = [ctx.pair.tokenizer.decode(path.output, skip_special_tokens=True) for path, _ in solutions]
+        extracted = [extract_answer(text, multiple_choice=bool(ctx.metadata.get("multiple_choice"))) for text in texts]
+        answers = [None if a is None else normalize_answer(a) for a in extracted]
         votes = Counter(a for a in answers if a is not None)
         winner = votes.most_common(1)[0][0] if votes else None
         index = answers.index(winner) if winner is not None else 0
         path, finish = solutions[index]
         self.log_path(run, path)
         return run.result(path, finish, candidate_answers=answers, votes=votes[winner] if winner is not None else 0)
-
-    @staticmethod
-    def _answer(path: StepDecoder, multiple_choice: bool) -> str | None:
-        text = path.ctx.pair.tokenizer.decode(path.output, skip_special_tokens=True)
-        answer = extract_answer(text, multiple_choice=multiple_choice)
-        return None if answer is None else normalize_answer(answer)
 
 
 @register_method("best_of_n")
