@@ -167,6 +167,5 @@ def start_wandb(mode: str, name: str, config: dict) -> Any:
     import wandb
 
     run_mode: Any = ("online" if os.environ.get("WANDB_API_KEY") else "offline") if mode == "auto" else mode
-    wandb_dir = Path("runs")  # beside rstitch-run's results (results_root)
-    wandb_dir.mkdir(exist_ok=True)
-    return wandb.init(project="rstitch", name=name, mode=run_mode, dir=str(wandb_dir), config=config, reinit="finish_previous")
+    Path("runs").mkdir(exist_ok=True)  # beside rstitch-run's results (results_root)
+    return wandb.init(project="rstitch", name=name, mode=run_mode, dir="runs", config=config, reinit="finish_previous")

@@ -388,11 +388,10 @@ class FamilyTrainer:
             steps = split_steps(t)
             if not steps:
                 continue
-            labels = check_steps(q, steps)
             k = vrng.randrange(len(steps))
             ids = self.tok.encode(judge_prompt(self.tok, q.problem, steps[: k + 1], STEP_SEPARATOR), add_special_tokens=False)
             j_scores.append(digit_score(llm(input_ids=torch.tensor([ids])).logits[0, -1], self.digit_ids, "expected"))
-            j_labels.append(labels[k])
+            j_labels.append(check_steps(q, steps)[k])
         return roc_auc(j_scores, j_labels)
 
     def run(self) -> dict:
