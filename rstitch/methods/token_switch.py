@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from rstitch.engines import Sequence, SwitchRule, TokenDistribution
+from rstitch.engines import Sequence, TokenDistribution
 from rstitch.methods.base import LLM, SLM, DecodeContext, DecodeResult
 from rstitch.scorers.prefix_cache import common_prefix_length
 
@@ -75,8 +75,12 @@ def switch_decode(prompt_ids: list[int], ctx: DecodeContext, policy: SwitchPolic
     while len(state.output) < ctx.max_new_tokens and state.finish != "eos":
         if rule is None:
             switch_step(models, ctx, policy, state)
-        else:
-            _run(models, ctx, rule(state.source), state)
+        else:  # one model's run of tokens under its rule, in one engine call
+            seq = models.synced(state.source, state.output)
+            run = seq.decode_until(ctx.max_new_tokens - len(state.output), ctx.sampler, rule(state.source), eos_ids=ctx.eos_ids)
+            state.write(run.token_ids, ctx.eos_ids)
+            if run.finish_reason == "switch":
+                state.hand_over(run.dropped)
     return DecodeResult(state.output, state.sources, state.finish, state.discarded, state.switches)
 
 
@@ -111,12 +115,3 @@ def switch_step(models: ModelSequences, ctx: DecodeContext, policy: SwitchPolicy
     state.write([ctx.sampler.sample(dist)], ctx.eos_ids)
     if state.finish != "eos" and policy.next(state.source, dist) != state.source:
         state.hand_over(dropped=False)
-
-
-def _run(models: ModelSequences, ctx: DecodeContext, rule: SwitchRule, state: SwitchState) -> None:
-    """One model's run of tokens under its rule, in one engine call."""
-    seq = models.synced(state.source, state.output)
-    run = seq.decode_until(ctx.max_new_tokens - len(state.output), ctx.sampler, rule, eos_ids=ctx.eos_ids)
-    state.write(run.token_ids, ctx.eos_ids)
-    if run.finish_reason == "switch":
-        state.hand_over(run.dropped)
