@@ -110,10 +110,6 @@ class StepDecoder:
             self.commit(next_step(self))
         return finish
 
-    @property
-    def switches(self) -> int:
-        return sum(1 for a, b in zip(self.steps, self.steps[1:]) if a.source != b.source)
-
 
 @dataclass
 class StepRecord:
@@ -215,7 +211,8 @@ class StepRun:
             **self.meter.stats(),
             **extra,
         }
-        return DecodeResult(path.output, path.sources, finish, generated - len(path.output), path.switches, stats)
+        switches = sum(1 for a, b in zip(path.steps, path.steps[1:]) if a.source != b.source)
+        return DecodeResult(path.output, path.sources, finish, generated - len(path.output), switches, stats)
 
 
 class StepMethod(Method):
