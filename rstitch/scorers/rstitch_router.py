@@ -84,19 +84,12 @@ def load_router(directory: str | Path) -> RStitchRouter:
     config = json.loads((directory / CONFIG_FILE).read_text())
     fields = {k: config[k] for k in ("slm_hidden", "llm_hidden", "width", "depth")}
     router = RStitchRouter(RouterConfig(**fields))
-    router.load_state_dict(_without_llm_projection(load_file(directory / WEIGHTS_FILE)))
+    # Older checkpoints' `inputs.0.*` (the SLM's projection) load as `input.*`, without `inputs.1.*` (the
+    # LLM's, never read under Algorithm 1).
+    state = {("input." + k.removeprefix("inputs.0.") if k.startswith("inputs.0.") else k): v
+             for k, v in load_file(directory / WEIGHTS_FILE).items() if not k.startswith("inputs.1.")}
+    router.load_state_dict(state)
     return router.eval()
-
-
-def _without_llm_projection(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Older checkpoints' `inputs.0.*` (the SLM's projection) as `input.*`, without `inputs.1.*` (the
-    LLM's, never read under Algorithm 1)."""
-    renamed = {}
-    for key, value in state.items():
-        if key.startswith("inputs.1."):
-            continue
-        renamed["input." + key.removeprefix("inputs.0.") if key.startswith("inputs.0.") else key] = value
-    return renamed
 
 
 def router_metadata(directory: str | Path) -> dict[str, Any]:
