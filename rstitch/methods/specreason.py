@@ -85,23 +85,30 @@ class SpecReason(DraftVerifyMethod):
         return len(path.steps) < self.first_n_by_base
 
     def verify(self, run: StepRun, path: StepDecoder, draft: Step) -> Verdict:
-        with run.meter.judging():
-            logits = self.judge_logits(run, path, draft)
-        score = digit_score(logits, run.state["digits"], self.score_mode)
+        if self.judge_context == "chat":
+            score = self.judge(run, path.step_texts + [draft.text])
+        else:
+            score = self.judge_in_reasoning(run, path, draft)
         return Verdict(score >= self.threshold, score)
 
-    def judge_logits(self, run: StepRun, path: StepDecoder, draft: Step) -> torch.Tensor:
-        """The base model's logits for its 0-9 score of `draft`: read on its own decoding sequence, or in
-        a separate conversation (`judge_context: chat`)."""
-        tokenizer = run.ctx.pair.llm.tokenizer
-        if self.judge_context == "chat":
-            text = judge_prompt(tokenizer, run.ctx.problem, path.step_texts + [draft.text], self.step_config.separator)
-            return run.state["judge"].aligned(LLM, tokenizer.encode(text, add_special_tokens=False)).next_distribution().logits
+    def judge_in_reasoning(self, run: StepRun, path: StepDecoder, draft: Step) -> float:
+        """The base model's 0-9 score of `draft`, read on its own decoding sequence."""
+        step = without_trailing_space(run.ctx.pair.llm.tokenizer, draft.token_ids)
         suffix = run.state["suffix"]
-        seq = path.models.aligned(LLM, path.prompt_ids + path.output + without_trailing_space(tokenizer, draft.token_ids))
-        logits = seq.score(suffix)[-1].logits  # keeps the draft's last position: no re-run after the rollback
-        seq.rollback(len(suffix))
-        return logits
+        with run.meter.judging():
+            seq = path.models.aligned(LLM, path.prompt_ids + path.output + step)
+            logits = seq.score(suffix)[-1].logits  # keeps the draft's last position: no re-run after the rollback
+            seq.rollback(len(suffix))
+        return digit_score(logits, run.state["digits"], self.score_mode)
+
+    def judge(self, run: StepRun, steps: list[str]) -> float:
+        """The 0-9 score of the last of `steps` in a separate conversation (`judge_context: chat`)."""
+        base = run.ctx.pair.llm
+        text = judge_prompt(base.tokenizer, run.ctx.problem, steps, self.step_config.separator)
+        ids = base.tokenizer.encode(text, add_special_tokens=False)
+        with run.meter.judging():
+            logits = run.state["judge"].aligned(LLM, ids).next_distribution().logits
+        return digit_score(logits, run.state["digits"], self.score_mode)
 
 
 @register_method("specreason_decode")
