@@ -130,10 +130,9 @@ def require_number(method: str, key: str, value: Any, low: float | None = None, 
     """Thresholds come from the command line: reject strings, booleans, NaN (it compares false with
     every threshold, so it would silently pick one model) and, unless ``infinite_ok`` (a threshold
     whose documented extremes are +-inf), infinities, with one clear line."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value)
+            or (math.isinf(value) and not infinite_ok)):
         raise ConfigError(f"method.{key} of '{method}' must be a {'' if infinite_ok else 'finite '}number, got {value!r}")
-    if math.isinf(value) and not infinite_ok:
-        raise ConfigError(f"method.{key} of '{method}' must be a finite number, got {value!r}")
     if (low is not None and value < low) or (high is not None and value > high):
         allowed = f"[{low}, {high}]" if low is not None and high is not None else f">= {low}" if low is not None else f"<= {high}"
         raise ConfigError(f"method.{key} of '{method}' must be {'in ' if allowed[0] == '[' else ''}{allowed}, got {value!r}")
