@@ -33,11 +33,11 @@ def auc_fields(name: str, scores: list[float], steps: list[tuple[str, list[str],
 def prm_scores(prm, steps: list[tuple[str, list[str], bool]]) -> list[float]:
     """The PRM's score of each labelled step (the last score of its prefix)."""
     scores = {}
-    for problem, prefix, _ in steps:  # score each full trace once; prefixes are its rows
-        key = (problem, len(prefix))
+    for problem, prefix, _ in steps:  # each distinct prefix scored once (two traces may share their first steps)
+        key = (problem, tuple(prefix))
         if key not in scores:
             scores[key] = prm.score(problem, prefix)[-1]
-    return [scores[(p, len(x))] for p, x, _ in steps]
+    return [scores[(p, tuple(x))] for p, x, _ in steps]
 
 
 def judge_scores(pair, steps: list[tuple[str, list[str], bool]]) -> list[float]:
