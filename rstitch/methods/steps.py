@@ -298,7 +298,6 @@ class DraftVerifyMethod(StepMethod):
         return self.regenerate_step(run, path)
 
 
-
 _MEAN_KEYS = (  # "flops" itself is the common summary's (the mean of the samples' totals)
     "steps", "draft_calls", "target_calls", "generated_tokens", "flops_draft", "flops_target",
     "flops_judge", "flops_prm", "flops_router", "prm_tokens", "prm_time_s", "judge_tokens", "judge_time_s",
