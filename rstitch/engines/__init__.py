@@ -23,6 +23,7 @@ from rstitch.engines.base import (
     require,
     resolve_model_path,
 )
+from rstitch.engines.loading import model_specs
 from rstitch.engines.sampling import Sampler
 from rstitch.errors import ConfigError
 from rstitch.hub import check_hub_model
@@ -129,11 +130,8 @@ def load_pair(slm: dict, llm: dict, engine: str = "hf", **shared: Any) -> ModelP
     (e.g. an engine's memory share of each model) apply to one of them."""
     check_engine_installed(engine)
     slm, llm = (_resolved(spec) for spec in (slm, llm))  # a bad path fails before either model loads
-    per_model = dict(shared.pop("per_model", None) or {})
-    unknown = sorted(set(per_model) - set(ROLES))
-    if unknown:
-        raise ConfigError(f"engine.per_model has unknown model keys {unknown}; valid: {', '.join(ROLES)}")
-    small, large = (load_model(engine, **{**shared, **(per_model.get(role) or {}), **spec}) for role, spec in zip(ROLES, (slm, llm)))
+    specs = model_specs(dict(zip(ROLES, (slm, llm))), shared)
+    small, large = (load_model(engine, **specs[role]) for role in ROLES)
     check_same_tokenizer(small, large)
     return ModelPair(small, large)
 

@@ -38,6 +38,7 @@ from rstitch.engines.loading import (
     load_tokenizer,
     model_load_errors,
     model_name,
+    model_specs,
     shared_vocab_size,
 )
 from rstitch.errors import ConfigError
@@ -229,8 +230,7 @@ class HFModelRunner(ModelRunner):
         if device.type != "cuda":
             return
         shared = {"dtype": pair_cfg.get("dtype", "float32"), **{k: v for k, v in engine_cfg.items() if k != "name"}}
-        per_model = shared.pop("per_model", None) or {}
-        specs = {role: {**shared, **(per_model.get(role) or {}), **pair_cfg[role]} for role in ("slm", "llm")}
+        specs = model_specs({role: pair_cfg[role] for role in ("slm", "llm")}, shared)
         paths = {role: resolve_model_path(spec["path"]) for role, spec in specs.items()}
         static = {role: resolve_mode(spec.get("compile", "auto"), device) != "off" for role, spec in specs.items()}
         if not any(static.values()) or not all(os.path.isdir(path) for path in paths.values()):

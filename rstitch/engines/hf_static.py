@@ -279,7 +279,7 @@ class _Step:
 
     def __init__(self, decoder: StaticDecoder, rows: int, width: int, read: int, capture: str):
         device = decoder.kv.device
-        self.decoder, self.rows, self.width, self.read = decoder, rows, width, read
+        self.decoder, self.read = decoder, read
         self.inputs = torch.zeros((2, rows, width), dtype=torch.long, device=device)  # filled by one copy per forward
         self.ids, self.positions = self.inputs[0], self.inputs[1]
         self.graph: Any = None

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -16,6 +16,17 @@ def model_load_errors(path: str) -> Iterator[None]:
         yield
     except OSError as err:
         raise ConfigError(f"cannot load model '{path}': {str(err).splitlines()[0]}") from None
+
+
+def model_specs(models: Mapping[str, Mapping[str, Any]], shared: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each model's options: `shared` ones, then its `per_model` entry (e.g. an engine's memory share
+    of each model), then its own spec (`models[role]`: path, name...), later ones winning."""
+    shared = dict(shared)
+    per_model = dict(shared.pop("per_model", None) or {})
+    unknown = sorted(set(per_model) - set(models))
+    if unknown:
+        raise ConfigError(f"engine.per_model has unknown model keys {unknown}; valid: {', '.join(models)}")
+    return {role: {**shared, **(per_model.get(role) or {}), **spec} for role, spec in models.items()}
 
 
 def load_tokenizer(path: str, tokenizer: Any = None, **options: Any) -> Any:

@@ -32,6 +32,7 @@ from rstitch.engines.loading import (
     load_tokenizer,
     model_load_errors,
     model_name,
+    model_specs,
     shared_vocab_size,
 )
 from rstitch.engines.sampling import Sampler
@@ -334,8 +335,7 @@ class VLLMModelRunner(ModelRunner):
                      longest_prompt: Callable[[Any], int], max_new_tokens: int) -> None:
         """Both pools hold `batch_size` of the run's longest samples (`vllm_memory.check_run`), from config.json."""
         shared = {"dtype": pair_cfg.get("dtype", "float32"), **{k: v for k, v in engine_cfg.items() if k != "name"}}
-        per_model = shared.pop("per_model", None) or {}
-        specs = {role: {**shared, **(per_model.get(role) or {}), **pair_cfg[role]} for role in ("slm", "llm")}
+        specs = model_specs({role: pair_cfg[role] for role in ("slm", "llm")}, shared)
         models, contexts = [], []
         for role, spec in specs.items():
             path, remote = resolve_model_path(spec["path"]), spec.get("trust_remote_code", False)

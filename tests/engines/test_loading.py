@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from rstitch.engines import load_model
-from rstitch.engines.loading import eos_token_ids, generation_eos, load_tokenizer, model_load_errors, shared_vocab_size
+from rstitch.engines.loading import eos_token_ids, generation_eos, load_tokenizer, model_load_errors, model_specs, shared_vocab_size
 from rstitch.errors import ConfigError
 from rstitch.testbed import SLM_DIR
 
@@ -22,6 +22,16 @@ def test_eos_ids_merge_the_tokenizer_and_every_source():
 
 def test_shared_vocabulary_is_the_smaller_of_tokenizer_and_model():
     assert shared_vocab_size(Tok(), 512) == 470 and shared_vocab_size(Tok(), 400) == 400
+
+
+def test_model_options_merge_shared_then_per_model_then_the_models_own():
+    models = {"slm": {"path": "s", "dtype": "float16"}, "llm": {"path": "l"}}
+    shared = {"dtype": "float32", "compile": "off", "per_model": {"llm": {"compile": "graphs", "path": "ignored"}}}
+    assert model_specs(models, shared) == {"slm": {"path": "s", "dtype": "float16", "compile": "off"},
+                                           "llm": {"path": "l", "dtype": "float32", "compile": "graphs"}}
+    assert "per_model" in shared  # the caller's options are left as they were
+    with pytest.raises(ConfigError, match=r"unknown model keys \['prm'\]; valid: slm, llm"):
+        model_specs(models, {"per_model": {"prm": {}}})
 
 
 def test_the_testbed_checkpoint_reads_as_every_engine_reads_it():
