@@ -44,6 +44,8 @@ def grade_code(response: str, tests: Mapping[str, Any], limits: SandboxLimits | 
 def run_tests(program: str, tests: Mapping[str, Any], limits: SandboxLimits | None = None) -> dict[str, Any]:
     """Run ``tests`` against ``program``; stops at the first failing case (pass@1 needs them all)."""
     kind = tests.get("kind")
+    if kind in ("stdio", "functional") and not tests.get("cases"):
+        raise ValueError(f"the {kind} tests have no cases: a program cannot pass them")
     if kind == "script":
         setup_and_program = f"{tests.get('prefix', '')}\n{program}\n"
         return _run_harness("script", "", setup_and_program, str(tests.get("suffix", "")), [], limits)

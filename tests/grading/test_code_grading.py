@@ -114,6 +114,13 @@ def test_unknown_answer_type_is_a_grading_error_not_a_crash():
     assert out["correct"] is False and "unknown answer_type" in out["grading_error"]
 
 
+@pytest.mark.parametrize("kind", ["stdio", "functional"])
+def test_a_problem_without_test_cases_is_a_grading_error_that_says_so(kind):
+    tests = {"kind": kind, "func_name": "f", "cases": []}
+    out = grade_sample(fenced("print(1)"), "", metadata={"answer_type": "code", "tests": tests})
+    assert out["correct"] is False and out["grading_error"] == f"ValueError: the {kind} tests have no cases: a program cannot pass them"
+
+
 # --------------------------------------------------------------------------- fake passes (issue 41)
 # Each wrong solution below was graded right when a pass was exit status 0 and the expected
 # values lived in the program's process.
