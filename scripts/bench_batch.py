@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from rstitch.cli.run import compose_config
+from rstitch.errors import exit_on_config_error
 from rstitch.runner import get_pair, run
 
 METHODS = ("llm_only", "rstitch", "specdec", "rsd", "specreason")
@@ -88,6 +89,7 @@ def _differences(base: dict, other: dict) -> str:
     return f"no: {len(differ)} of {len(base)} samples differ"
 
 
+@exit_on_config_error()
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--problems", type=int, default=32)

@@ -21,6 +21,7 @@ from rstitch.cli.run import compose_config
 from rstitch.data.prompts import PromptFormat
 from rstitch.engines import Sampler
 from rstitch.engines.cache import clear_pairs, get_pair
+from rstitch.errors import exit_on_config_error
 from rstitch.methods import DecodeContext, build_method
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
@@ -53,6 +54,7 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+@exit_on_config_error()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engines", default="hf,llamacpp")

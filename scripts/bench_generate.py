@@ -22,6 +22,7 @@ from rstitch.cli.run import compose_config
 from rstitch.data.prompts import PromptFormat
 from rstitch.engines import packaged
 from rstitch.engines.hf import load_causal_lm
+from rstitch.errors import exit_on_config_error
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
 
@@ -47,6 +48,7 @@ def generate_tokens_per_s(model, rows: list[list[int]], batch_size: int, n_token
     return produced / (time.perf_counter() - start)
 
 
+@exit_on_config_error()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default="qwen2.5_coder_0.5b_1.5b")

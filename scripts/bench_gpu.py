@@ -42,6 +42,7 @@ import torch
 from rstitch.config_groups import group_config
 from rstitch.engines import ModelPair, Sampler, load_pair
 from rstitch.engines.batching import BatchScheduler
+from rstitch.errors import exit_on_config_error
 from rstitch.methods import DecodeContext, build_method
 from rstitch.testbed import TOKENIZER_DIR
 
@@ -57,6 +58,7 @@ PROMPT = ("Natalia sold clips to 48 of her friends in April, and then she sold h
           "How many clips did Natalia sell altogether in April and May? Think step by step. ") * 2
 
 
+@exit_on_config_error()
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rstitch.config_groups import compose_config
+from rstitch.errors import exit_on_config_error
 from rstitch.methods.steps import CostMeter
 from rstitch.results.keys import run_dir
 from rstitch.runner import run_config
@@ -95,6 +96,7 @@ HEADER = ("| judge_context | problems | judgements | rejected | judge wall s per
           "latency per problem (CPU s) |\n" + "|---" * 11 + "|")
 
 
+@exit_on_config_error()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=20, help="first N test problems (default 20)")

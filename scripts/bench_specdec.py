@@ -25,6 +25,7 @@ import torch
 from rstitch.data.prompts import PromptFormat
 from rstitch.engines import ModelPair, Sampler, load_pair
 from rstitch.engines.hf_generate import hf_assisted_generate, hf_greedy_generate
+from rstitch.errors import exit_on_config_error
 from rstitch.methods import DecodeContext, build_method
 from rstitch.testbed import ASSETS_DIR, generate_problems
 
@@ -134,6 +135,7 @@ def report(contenders: dict[str, Contender], label: str, k: int, spec: dict) -> 
           f"per position [{per_position}]")
 
 
+@exit_on_config_error()
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--slm", default=str(ASSETS_DIR / "slm"))

@@ -22,7 +22,7 @@ from transformers import PreTrainedModel
 
 from rstitch.engines import Sampler
 from rstitch.engines.hf import HFModelRunner
-from rstitch.errors import ConfigError
+from rstitch.errors import exit_on_config_error
 from rstitch.testbed import LLM_DIR
 
 Times = tuple[float, float]  # (wall, cpu) seconds
@@ -75,11 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
-    try:
+    with exit_on_config_error():
         runner = HFModelRunner(args.model, compile="static", num_threads=args.threads)
-    except ConfigError as err:
-        print(f"bench_static: {err}", file=sys.stderr)
-        return 2
     global CPU_CLOCK
     CPU_CLOCK = time.thread_time if args.threads == 1 else time.process_time
     vocab = runner.vocab_size

@@ -32,6 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from rstitch.data.prompts import PromptFormat
 from rstitch.engines import ModelPair, Sampler, SwitchRule, load_pair
 from rstitch.engines.vllm import complete_topk, count_engine_steps
+from rstitch.errors import exit_on_config_error
 from rstitch.methods import DecodeContext, build_method
 from rstitch.testbed import ASSETS_DIR, LLM_DIR, SLM_DIR, generate_problems
 
@@ -251,6 +252,7 @@ def count_row(run: Callable, counters: Callable[[], tuple[int, ...]], items: lis
     return tokens, steps, requests, retries, blocks, reads.count, log_reads[0] - logs
 
 
+@exit_on_config_error()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", nargs="*", default=DEFAULT_METHODS)

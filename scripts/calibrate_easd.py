@@ -17,14 +17,13 @@ $RSTITCH_CACHE/easd_calibration.json, RSTITCH_CACHE defaulting to ~/.cache/rstit
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 
 from rstitch.config_groups import group_choices, pair_config, prompt_format
 from rstitch.engines import load_pair
-from rstitch.errors import ConfigError
+from rstitch.errors import exit_on_config_error
 from rstitch.methods.easd import store_calibration, user_calibration_file
 from rstitch.training.easd_calibration import CALIBRATION_SETS, calibrate, check_calibration_set, dataset_prompts, validation_prompts
 
@@ -49,10 +48,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     if bool(args.slm) != bool(args.llm):
         parser.error("give both --slm and --llm, or neither")
-    try:
+    with exit_on_config_error():
         run(args)
-    except ConfigError as err:
-        sys.exit(f"calibrate_easd: error: {err}")
 
 
 def run(args: argparse.Namespace) -> None:

@@ -12,10 +12,12 @@ import argparse
 from pathlib import Path
 
 from rstitch.data.gold_check import check_all, report
+from rstitch.errors import exit_on_config_error
 
 DEFAULT_BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"  # beside the checkout
 
 
+@exit_on_config_error()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--benchmarks", type=Path, default=DEFAULT_BENCHMARKS, help="folder of benchmark JSONL files")

@@ -10,11 +10,13 @@ import logging
 import sys
 from pathlib import Path
 
+from rstitch.errors import exit_on_config_error
 from rstitch.grading.peer_check import Agreement, load_cases, math_verify_verdict, our_verdict, report
 
 DEFAULT_CASES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "grading_peers.jsonl"
 
 
+@exit_on_config_error()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=Path, default=DEFAULT_CASES, help="the cases file (JSONL)")

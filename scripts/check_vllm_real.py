@@ -21,6 +21,7 @@ from pathlib import Path
 from rstitch.cli.run import compose_config
 from rstitch.data.prompts import PromptFormat
 from rstitch.engines import Sampler, load_model
+from rstitch.errors import exit_on_config_error
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
 TAUS = (0.01, 0.02, 0.03, 0.04, 0.05)
@@ -37,6 +38,7 @@ def continuation_and_entropies(model, prompts: list[list[int]], budget: int, ref
     return outputs, entropies
 
 
+@exit_on_config_error()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=3)

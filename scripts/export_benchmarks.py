@@ -12,11 +12,10 @@ PROVENANCE.jsonl in the output folder records each file's hub id, revision, size
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from rstitch.data.export import DEFAULT_DATASETS, export_dataset
-from rstitch.errors import ConfigError
+from rstitch.errors import exit_on_config_error
 
 
 def main() -> None:
@@ -26,11 +25,8 @@ def main() -> None:
                         help=f"dataset names (default: {' '.join(DEFAULT_DATASETS)}, the ones the tests read)")
     args = parser.parse_args()
     for name in args.datasets:
-        try:
+        with exit_on_config_error():
             done = export_dataset(name, args.out.expanduser())
-        except ConfigError as err:
-            print(f"export_benchmarks: error: {err}", file=sys.stderr)
-            sys.exit(2)
         print(f"{done['file']}: {done['records']} records of {done['hf_id']} @ {str(done['revision'])[:8]}")
 
 

@@ -15,11 +15,13 @@ import json
 from pathlib import Path
 
 from rstitch.cli.run import compose_config
+from rstitch.errors import exit_on_config_error
 from rstitch.runner import get_pair
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
 
 
+@exit_on_config_error()
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=8)

@@ -20,6 +20,7 @@ from rstitch.analysis.tables import replace_marked_section
 from rstitch.config_groups import compose_config
 from rstitch.data import load_dataset_records
 from rstitch.engines.cache import get_pair
+from rstitch.errors import exit_on_config_error
 from rstitch.results.keys import run_dir
 from rstitch.runner import run_config
 from rstitch.scorers import load_prm
@@ -47,6 +48,7 @@ def family_overrides(family: Path | None) -> list[str]:
     return [f"pair.{m}.path={(family / m).resolve()}" for m in ("slm", "llm")]
 
 
+@exit_on_config_error()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=300, help="test problems")

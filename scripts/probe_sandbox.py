@@ -15,9 +15,11 @@ import argparse
 import os
 import signal
 
+from rstitch.errors import exit_on_config_error
 from rstitch.grading.sandbox_probe import report, run_probes
 
 
+@exit_on_config_error()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--outer-timeout", type=float, default=20.0, help="seconds before one attack is abandoned")

@@ -36,6 +36,7 @@ import torch
 from rstitch.config_groups import group_choices, group_config, pair_config, prompt_format
 from rstitch.data.prompts import PromptFormat
 from rstitch.engines import Sampler, load_pair
+from rstitch.errors import exit_on_config_error
 from rstitch.latency.model import (
     PROFILE_STATISTICS,
     ForwardTrace,
@@ -173,6 +174,7 @@ def check_trajectories(pair, models, prompt: PromptFormat, n: int, taus: list[fl
     }
 
 
+@exit_on_config_error()
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pair", default="testbed", choices=group_choices("pair"), help="a conf/pair/*.yaml name")

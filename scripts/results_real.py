@@ -13,11 +13,10 @@ Commit the folder after each call.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from rstitch.cli.report_decode import ReportSpec, decode_report, refresh_page
-from rstitch.errors import ConfigError
+from rstitch.errors import exit_on_config_error
 
 REPORTS = Path(__file__).resolve().parents[1] / "docs" / "reports"
 BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
@@ -62,14 +61,11 @@ def main() -> None:
     wanted = None if args.methods is None else {"llm_only", *args.methods.split(",")}
     rows = [r for r in ROWS if wanted is None or r[0] in wanted]
     folder = args.folder or REPORTS / f"real-pair-{args.engine}-{args.dataset}"
-    try:
+    with exit_on_config_error():
         if args.render_only:
             refresh_page(folder, spec(args, rows))
         else:
             print(f"decoded {decode_report(folder, spec(args, rows), args.minutes)} problems into {folder}")
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -12,11 +12,10 @@ so a later call, on this machine or a fresh clone, goes on where this one stoppe
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from rstitch.cli.report_decode import ReportSpec, decode_report, refresh_page
-from rstitch.errors import ConfigError
+from rstitch.errors import exit_on_config_error
 
 FOLDER = Path(__file__).resolve().parents[1] / "docs" / "reports" / "testbed"
 
@@ -65,15 +64,12 @@ def main() -> None:
     parser.add_argument("--folder", type=Path, default=FOLDER, help="the report folder")
     parser.add_argument("--render-only", action="store_true", help="decode nothing; rewrite README.md from the records")
     args = parser.parse_args()
-    try:
+    with exit_on_config_error():
         if args.render_only:
             refresh_page(args.folder, spec(args.n, args.minutes))
         else:
             decoded = decode_report(args.folder, spec(args.n, args.minutes), args.minutes)
             print(f"decoded {decoded} problems into {args.folder}")
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

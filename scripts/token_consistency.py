@@ -24,6 +24,7 @@ from tqdm import tqdm
 from rstitch.config_groups import group_choices, prompt_format
 from rstitch.data import load_dataset_records
 from rstitch.engines import ModelPair, load_pair
+from rstitch.errors import exit_on_config_error
 from rstitch.methods.spec_stats import greedy_consistency
 from rstitch.testbed import ASSETS_DIR
 
@@ -54,6 +55,7 @@ def parse_options(pairs: list[str]) -> dict[str, Any]:
     return options
 
 
+@exit_on_config_error()
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair-slm", default=str(ASSETS_DIR / "slm"))

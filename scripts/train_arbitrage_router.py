@@ -36,7 +36,7 @@ import torch
 
 from rstitch.config_groups import group_choices
 from rstitch.engines import load_pair
-from rstitch.errors import ConfigError
+from rstitch.errors import ConfigError, exit_on_config_error
 from rstitch.scorers import load_prm
 from rstitch.scorers.arbitrage_settings import ROUTER_TRAINING_SETTINGS, apply_router_training_settings
 from rstitch.testbed import ASSETS_DIR, LLM_DIR, SLM_DIR
@@ -103,6 +103,7 @@ def parse_args() -> argparse.Namespace:
 # ----------------------------------------------------------------------------- main
 
 
+@exit_on_config_error()
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)

@@ -55,6 +55,7 @@ import torch
 
 from rstitch.config_groups import group_choices, pair_config, prompt_format
 from rstitch.engines import load_pair
+from rstitch.errors import exit_on_config_error
 from rstitch.latency.model import fit_profile, load_pair_latency, profile_runners
 from rstitch.scorers.rstitch_router import save_router
 from rstitch.testbed import ASSETS_DIR
@@ -148,6 +149,7 @@ def pair_and_latency(args: argparse.Namespace) -> tuple[dict, object, dict]:
     return pair_cfg, pair, latency
 
 
+@exit_on_config_error()
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)

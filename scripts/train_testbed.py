@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rstitch.errors import exit_on_config_error
 from rstitch.testbed import ASSETS_DIR
 from rstitch.training.testbed_family import FamilyTrainer
 
@@ -99,6 +100,7 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+@exit_on_config_error()
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from typing import Any
 
 from rstitch.configs import override_key
 from rstitch.data import load_dataset_records
-from rstitch.errors import ConfigError
+from rstitch.errors import ConfigError, exit_on_config_error
 from rstitch.results.baseline import missing_baseline_note
 from rstitch.results.keys import is_sharded, key_differences, run_key, run_tag, unsharded
 from rstitch.results.measurement import contention_notes, summarize_measurement
@@ -176,11 +175,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("paths", nargs="+", help="the shard run directories of one configuration (with --all: results roots)")
     parser.add_argument("--all", action="store_true", help="merge every sharded configuration found under the paths")
     args = parser.parse_args(argv)
-    try:
+    with exit_on_config_error("rstitch-merge"):
         merged = merge(find_shard_groups(args.paths) if args.all else [[read_shard(p) for p in args.paths]])
-    except ConfigError as err:
-        print(f"rstitch-merge: error: {err}", file=sys.stderr)
-        sys.exit(2)
     for plan, summary in merged:
         print(format_table(summary))
         for line in contention_notes([summary]):

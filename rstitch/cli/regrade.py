@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rstitch.errors import ConfigError
+from rstitch.errors import ConfigError, exit_on_config_error
 from rstitch.grading import grade_sample
 from rstitch.grading.sandbox import check_code_sandbox
 from rstitch.grading.version import GRADER_VERSION, summary_grader_version
@@ -177,12 +177,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--weak-code-sandbox", action="store_true",
                         help="grade code samples even without bubblewrap's empty root (programs can read the host's files)")
     args = parser.parse_args(argv)
-    try:
+    with exit_on_config_error(PROG):
         results, unfinished, current = regrade(args.results, force=args.force, dry_run=args.dry_run,
                                               weak_code_sandbox=args.weak_code_sandbox)
-    except ConfigError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        sys.exit(2)
     if unfinished:
         print(f"{PROG}: left out {len(unfinished)} unfinished run(s) without {SUMMARY_FILE}, e.g. {unfinished[0]}; "
               f"once resumed to the end, grade them again with {PROG} --force", file=sys.stderr)

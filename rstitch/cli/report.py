@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rstitch.errors import ConfigError
+from rstitch.errors import ConfigError, exit_on_config_error
 
 PROG = "rstitch-report"
 
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     from rstitch.analysis.collect import older_grader_run_dirs, repeated_runs
     from rstitch.analysis.report import FORMATS, build_report, write_latex, write_report
 
-    try:
+    with exit_on_config_error(PROG):
         if args.output.suffix not in FORMATS:  # before the runs load (and the traces are scored)
             raise ConfigError(f"report file must end in {' or '.join(FORMATS)}, got '{args.output.name}'")
         if args.threads:
@@ -59,9 +59,6 @@ def main(argv: list[str] | None = None) -> None:
             torch.set_num_threads(args.threads)
         runs = load_runs(args.results)
         report = build_report(runs, args.latency, args.entropy, args.entropy_samples, args.title)
-    except ConfigError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        sys.exit(2)
     for left_out, kept in repeated_runs(args.results):
         print(f"{PROG}: {left_out} holds the same run (run key) as {kept}, measured again; the first root given wins, "
               f"so it is left out (pass only one of them to choose)", file=sys.stderr)

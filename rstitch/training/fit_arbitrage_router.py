@@ -12,15 +12,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rstitch import hub
 from rstitch.config_groups import prompt_format
 from rstitch.data import load_dataset_records
 from rstitch.engines.base import StopWatcher
+from rstitch.errors import ConfigError
 from rstitch.methods.base import LLM, SLM
 from rstitch.methods.steps import step_text
 from rstitch.results.uncertainty import spearman
 from rstitch.scorers.arbitrage_router import encode_router_input
 from rstitch.training.testbed_family import decode_rows, log, padded
 
+NUMINA_MATH = "AI-MO/NuminaMath-CoT"  # the Arbitrage paper's training problems
 FOLLOW_TAU = {"oracle": 0.0, "draft": math.inf, "target": -math.inf}
 SEPARATOR = "\n\n"
 
@@ -32,7 +35,12 @@ def problems(data: str, n: int, seed: int, held_out: bool) -> list[str]:
         return [r.problem for r in load_dataset_records("testbed", split="validation" if held_out else "train", n=n, seed=seed)]
     from datasets import load_dataset
 
-    rows = load_dataset("AI-MO/NuminaMath-CoT", split="test" if held_out else "train")
+    split = "test" if held_out else "train"
+    try:  # the whole split's rows are not made Python objects (hub.read_dataset would): only n problems are
+        rows = load_dataset(NUMINA_MATH, split=split)
+    except Exception as err:  # noqa: BLE001 - network, cache and auth errors alike: one line
+        raise ConfigError(f"cannot load {NUMINA_MATH} split {split} from the hub: {hub.first_line(err)}; "
+                          "run once with network to cache it, or train on --data testbed") from None
     return list(rows.shuffle(seed=seed).select(range(min(n, len(rows))))["problem"])
 
 
