@@ -14,7 +14,7 @@ class ConfigError(ValueError):
 @contextmanager
 def exit_on_config_error(prog: str | None = None) -> Iterator[None]:
     """A `ConfigError` inside leaves the program as one line, ``<prog>: error: <why>``, with argparse's
-    exit status 2. Also a decorator: ``@exit_on_config_error()`` on a script's ``main``."""
+    exit status 2: ``@exit_on_config_error()`` on a command's or script's ``main``."""
     try:
         yield
     except ConfigError as err:

@@ -67,6 +67,7 @@ def transformers_static(model: PreTrainedModel, prompt: list[int], new_tokens: i
     return prefill, since(start, new_tokens), tokens
 
 
+@exit_on_config_error()
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=str(LLM_DIR), help="a causal LM directory (default: the testbed LLM)")
@@ -75,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
-    with exit_on_config_error():
-        runner = HFModelRunner(args.model, compile="static", num_threads=args.threads)
+    runner = HFModelRunner(args.model, compile="static", num_threads=args.threads)
     global CPU_CLOCK
     CPU_CLOCK = time.thread_time if args.threads == 1 else time.process_time
     vocab = runner.vocab_size

@@ -28,6 +28,7 @@ from rstitch.methods.easd import store_calibration, user_calibration_file
 from rstitch.training.easd_calibration import CALIBRATION_SETS, calibrate, check_calibration_set, dataset_prompts, validation_prompts
 
 
+@exit_on_config_error()
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default="testbed", choices=group_choices("pair"), help="a conf/pair name (ignored with --slm/--llm)")
@@ -48,8 +49,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     if bool(args.slm) != bool(args.llm):
         parser.error("give both --slm and --llm, or neither")
-    with exit_on_config_error():
-        run(args)
+    run(args)
 
 
 def run(args: argparse.Namespace) -> None:

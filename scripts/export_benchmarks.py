@@ -18,6 +18,7 @@ from rstitch.data.export import DEFAULT_DATASETS, export_dataset
 from rstitch.errors import exit_on_config_error
 
 
+@exit_on_config_error()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="folder for the JSONL files")
@@ -25,8 +26,7 @@ def main() -> None:
                         help=f"dataset names (default: {' '.join(DEFAULT_DATASETS)}, the ones the tests read)")
     args = parser.parse_args()
     for name in args.datasets:
-        with exit_on_config_error():
-            done = export_dataset(name, args.out.expanduser())
+        done = export_dataset(name, args.out.expanduser())
         print(f"{done['file']}: {done['records']} records of {done['hf_id']} @ {str(done['revision'])[:8]}")
 
 

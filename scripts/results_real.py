@@ -47,6 +47,7 @@ def spec(args: argparse.Namespace, rows: list[tuple[str, dict]]) -> ReportSpec:
                       command=command, overrides=overrides, rows=rows, tables=[(args.dataset, rows)], columns=COLUMNS)
 
 
+@exit_on_config_error()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engine", default="hf", help="hf | llamacpp | vllm")
@@ -61,11 +62,10 @@ def main() -> None:
     wanted = None if args.methods is None else {"llm_only", *args.methods.split(",")}
     rows = [r for r in ROWS if wanted is None or r[0] in wanted]
     folder = args.folder or REPORTS / f"real-pair-{args.engine}-{args.dataset}"
-    with exit_on_config_error():
-        if args.render_only:
-            refresh_page(folder, spec(args, rows))
-        else:
-            print(f"decoded {decode_report(folder, spec(args, rows), args.minutes)} problems into {folder}")
+    if args.render_only:
+        refresh_page(folder, spec(args, rows))
+    else:
+        print(f"decoded {decode_report(folder, spec(args, rows), args.minutes)} problems into {folder}")
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ def spec(n: int, minutes: float) -> ReportSpec:
         tables=[(family, BASELINES + GRID[family]) for family in GRID], columns=COLUMNS)
 
 
+@exit_on_config_error()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=20, help="first n test problems")
@@ -64,12 +65,11 @@ def main() -> None:
     parser.add_argument("--folder", type=Path, default=FOLDER, help="the report folder")
     parser.add_argument("--render-only", action="store_true", help="decode nothing; rewrite README.md from the records")
     args = parser.parse_args()
-    with exit_on_config_error():
-        if args.render_only:
-            refresh_page(args.folder, spec(args.n, args.minutes))
-        else:
-            decoded = decode_report(args.folder, spec(args.n, args.minutes), args.minutes)
-            print(f"decoded {decoded} problems into {args.folder}")
+    if args.render_only:
+        refresh_page(args.folder, spec(args.n, args.minutes))
+    else:
+        decoded = decode_report(args.folder, spec(args.n, args.minutes), args.minutes)
+        print(f"decoded {decoded} problems into {args.folder}")
 
 
 if __name__ == "__main__":

@@ -170,13 +170,13 @@ def shard_overrides(shard: Shard) -> list[str]:
     return [o for o in overrides if override_key(o) not in ("dataset.shard", "dataset.num_shards")]
 
 
+@exit_on_config_error("rstitch-merge")
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="rstitch-merge", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", help="the shard run directories of one configuration (with --all: results roots)")
     parser.add_argument("--all", action="store_true", help="merge every sharded configuration found under the paths")
     args = parser.parse_args(argv)
-    with exit_on_config_error("rstitch-merge"):
-        merged = merge(find_shard_groups(args.paths) if args.all else [[read_shard(p) for p in args.paths]])
+    merged = merge(find_shard_groups(args.paths) if args.all else [[read_shard(p) for p in args.paths]])
     for plan, summary in merged:
         print(format_table(summary))
         for line in contention_notes([summary]):

@@ -169,6 +169,7 @@ def method_table(results: list[Regraded]) -> str:
     return "\n".join(lines)
 
 
+@exit_on_config_error(PROG)
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="+", type=Path, help="results roots or run directories")
@@ -177,9 +178,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--weak-code-sandbox", action="store_true",
                         help="grade code samples even without bubblewrap's empty root (programs can read the host's files)")
     args = parser.parse_args(argv)
-    with exit_on_config_error(PROG):
-        results, unfinished, current = regrade(args.results, force=args.force, dry_run=args.dry_run,
-                                              weak_code_sandbox=args.weak_code_sandbox)
+    results, unfinished, current = regrade(args.results, force=args.force, dry_run=args.dry_run,
+                                          weak_code_sandbox=args.weak_code_sandbox)
     if unfinished:
         print(f"{PROG}: left out {len(unfinished)} unfinished run(s) without {SUMMARY_FILE}, e.g. {unfinished[0]}; "
               f"once resumed to the end, grade them again with {PROG} --force", file=sys.stderr)

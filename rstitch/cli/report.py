@@ -44,21 +44,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+@exit_on_config_error(PROG)
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from rstitch.analysis import load_runs, unfinished_run_dirs
     from rstitch.analysis.collect import older_grader_run_dirs, repeated_runs
     from rstitch.analysis.report import FORMATS, build_report, write_latex, write_report
 
-    with exit_on_config_error(PROG):
-        if args.output.suffix not in FORMATS:  # before the runs load (and the traces are scored)
-            raise ConfigError(f"report file must end in {' or '.join(FORMATS)}, got '{args.output.name}'")
-        if args.threads:
-            import torch
+    if args.output.suffix not in FORMATS:  # before the runs load (and the traces are scored)
+        raise ConfigError(f"report file must end in {' or '.join(FORMATS)}, got '{args.output.name}'")
+    if args.threads:
+        import torch
 
-            torch.set_num_threads(args.threads)
-        runs = load_runs(args.results)
-        report = build_report(runs, args.latency, args.entropy, args.entropy_samples, args.title)
+        torch.set_num_threads(args.threads)
+    runs = load_runs(args.results)
+    report = build_report(runs, args.latency, args.entropy, args.entropy_samples, args.title)
     for left_out, kept in repeated_runs(args.results):
         print(f"{PROG}: {left_out} holds the same run (run key) as {kept}, measured again; the first root given wins, "
               f"so it is left out (pass only one of them to choose)", file=sys.stderr)

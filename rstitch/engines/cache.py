@@ -5,6 +5,7 @@ import json
 from typing import Any
 
 from rstitch.engines import ModelPair, load_pair
+from rstitch.engines.loading import run_model_specs
 
 _PAIRS: dict[str, ModelPair] = {}
 
@@ -14,11 +15,8 @@ def get_pair(pair_cfg: dict[str, Any], engine_cfg: dict[str, Any]) -> ModelPair:
     cache_key = _cache_key(pair_cfg, engine_cfg)
     if cache_key not in _PAIRS:
         _PAIRS.clear()  # one pair at a time: a sweep over pairs must not keep every pair in (GPU) memory
-        options = {k: v for k, v in engine_cfg.items() if k != "name"}
-        _PAIRS[cache_key] = load_pair(
-            pair_cfg["slm"], pair_cfg["llm"], engine=engine_cfg["name"],
-            dtype=pair_cfg.get("dtype", "float32"), device=pair_cfg.get("device", "cpu"), **options,
-        )
+        specs = run_model_specs(pair_cfg, engine_cfg)
+        _PAIRS[cache_key] = load_pair(specs["slm"], specs["llm"], engine=engine_cfg["name"])
     return _PAIRS[cache_key]
 
 

@@ -38,7 +38,7 @@ from rstitch.engines.loading import (
     load_tokenizer,
     model_load_errors,
     model_name,
-    model_specs,
+    run_model_specs,
     shared_vocab_size,
 )
 from rstitch.errors import ConfigError
@@ -229,8 +229,7 @@ class HFModelRunner(ModelRunner):
         device = torch.device(pair_cfg.get("device", "cpu"))
         if device.type != "cuda":
             return
-        shared = {"dtype": pair_cfg.get("dtype", "float32"), **{k: v for k, v in engine_cfg.items() if k != "name"}}
-        specs = model_specs({role: pair_cfg[role] for role in ("slm", "llm")}, shared)
+        specs = run_model_specs(pair_cfg, engine_cfg)
         paths = {role: resolve_model_path(spec["path"]) for role, spec in specs.items()}
         static = {role: resolve_mode(spec.get("compile", "auto"), device) != "off" for role, spec in specs.items()}
         if not any(static.values()) or not all(os.path.isdir(path) for path in paths.values()):

@@ -29,6 +29,14 @@ def model_specs(models: Mapping[str, Mapping[str, Any]], shared: Mapping[str, An
     return {role: {**shared, **(per_model.get(role) or {}), **spec} for role, spec in models.items()}
 
 
+def run_model_specs(pair_cfg: Mapping[str, Any], engine_cfg: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """`model_specs` of a run config's `pair` and `engine` groups: the pair's dtype and device and the
+    engine's options (its name aside) are shared."""
+    shared = {"dtype": pair_cfg.get("dtype", "float32"), "device": pair_cfg.get("device", "cpu"),
+              **{k: v for k, v in engine_cfg.items() if k != "name"}}
+    return model_specs({role: pair_cfg[role] for role in ("slm", "llm")}, shared)
+
+
 def load_tokenizer(path: str, tokenizer: Any = None, **options: Any) -> Any:
     """`tokenizer` if one is given, else the checkpoint's (None options left out)."""
     if tokenizer is not None:

@@ -32,7 +32,7 @@ from rstitch.engines.loading import (
     load_tokenizer,
     model_load_errors,
     model_name,
-    model_specs,
+    run_model_specs,
     shared_vocab_size,
 )
 from rstitch.engines.sampling import Sampler
@@ -334,8 +334,7 @@ class VLLMModelRunner(ModelRunner):
     def check_memory(pair_cfg: dict[str, Any], engine_cfg: dict[str, Any], batch_size: int,
                      longest_prompt: Callable[[Any], int], max_new_tokens: int) -> None:
         """Both pools hold `batch_size` of the run's longest samples (`vllm_memory.check_run`), from config.json."""
-        shared = {"dtype": pair_cfg.get("dtype", "float32"), **{k: v for k, v in engine_cfg.items() if k != "name"}}
-        specs = model_specs({role: pair_cfg[role] for role in ("slm", "llm")}, shared)
+        specs = run_model_specs(pair_cfg, engine_cfg)
         models, contexts = [], []
         for role, spec in specs.items():
             path, remote = resolve_model_path(spec["path"]), spec.get("trust_remote_code", False)

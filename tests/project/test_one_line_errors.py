@@ -36,13 +36,10 @@ def test_other_errors_pass_through():
 
 
 def handles_config_errors(path: Path) -> bool:
-    """True when `main` is decorated with exit_on_config_error or calls it in a `with`."""
+    """True when the script's `main` is decorated with exit_on_config_error."""
     tree = ast.parse(path.read_text())
     main = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main")
-    decorated = any(isinstance(d, ast.Call) and getattr(d.func, "id", None) == "exit_on_config_error" for d in main.decorator_list)
-    wrapped = any(isinstance(node, ast.With) and any(getattr(getattr(item.context_expr, "func", None), "id", None) == "exit_on_config_error"
-                                                     for item in node.items) for node in ast.walk(main))
-    return decorated or wrapped
+    return any(isinstance(d, ast.Call) and getattr(d.func, "id", None) == "exit_on_config_error" for d in main.decorator_list)
 
 
 @pytest.mark.parametrize("path", sorted(p for p in (ROOT / "scripts").glob("*.py") if p.name not in NO_CONFIG_ERRORS), ids=lambda p: p.name)
