@@ -203,14 +203,15 @@ class StaticKV(KVBuffers):
         super().__init__(config, dtype, device, 1, INITIAL_LENGTH)
 
     def resize(self, slots: int, length: int) -> None:
-        """Grow, keeping what is stored (captured steps go stale: `on_resize`); on CUDA the budget is checked first."""
+        """Grow, keeping what is stored; on CUDA the budget is checked first, once the captured steps
+        (stale now: `on_resize`) are dropped."""
+        self.on_resize()
+        self._views.clear()
         if self.device.type == "cuda":
             held = kv_bytes(self.config, self.dtype, self.slots, self.length)
             check_kv_budget(self.config, self.dtype, slots, length, torch.cuda.mem_get_info(self.device)[0] + held,
                             self.name)
         log.info("static cache of %s: %d slots x %d positions", self.name, slots, length)
-        self.on_resize()
-        self._views.clear()
         super().resize(slots, length)
 
     def windows(self, rows: int, read: int) -> list[tuple[torch.Tensor, ...]]:
